@@ -1,0 +1,162 @@
+"""The storage seam: the one small interface between a queue and where its items live.
+
+A `PersistentQueue` (queue.py) keeps its semantics (limits, expiry, open
+transactions, waiters, stats) and tells its storage what happened, one call per
+state change.  Two backends sit behind this seam, chosen per queue by the
+`storage` config key:
+
+* `journal.Journal`: Kestrel's per-queue journal files (reference §6);
+* `cmdlog.CmdlogStorage`: a queue's view of its partition's workq command log.
+
+`MemoryStorage` below keeps nothing (and is what `keep_journal = false` uses).
+
+Call protocol, as the queue uses it:
+
+1. `replay(config)` once, before anything else: rebuild the queue's state from
+   disk and return a `ReplayState`.  The queue then rolls back every open
+   transaction left in it (reference §5.9: descending xid order, each through
+   `record_unremove`), so that reserved items come back first.
+2. Every state change, after the in-memory change and before the reply:
+   `record_add`, `record_remove` (the head item leaves for good: plain get,
+   expiry, discard, flush), `record_open` (reserved under xid),
+   `record_unremove`, `record_confirm`.
+3. `before_add(view)` runs before an add is recorded and `after_remove(view)`
+   after a remove that returned an item; that is where a journal rotates,
+   rewrites or checkpoints (§6.4).  `view` is the queue (see `QueueView`).
+4. Read-behind (§5.8): when `in_read_behind` is true the queue keeps only a
+   prefix of its items in memory and asks `fill_read_behind(max_bytes, now)` for
+   more after every removal.  Storages that cannot read behind return False from
+   `can_read_behind` and the queue keeps everything in memory.
+5. Durability: record_* calls may buffer.  `flush()` hands buffered bytes to the
+   OS (one write per batch: after it returns, the data survives `kill -9` of the
+   process); `sync()` makes them durable (fsync).  `sync_policy` tells the owner
+   which of "never", "always" or a period in ms the queue asked for.  The owner
+   (a worker, or the collection in stand-alone use) decides when to call them.
+6. `close()` flushes and syncs; `erase()` deletes every file of the queue.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable, Protocol
+
+from .item import QItem
+
+
+@dataclass
+class ReplayState:
+    """What replay rebuilt.  `items` holds the in-memory part of the queue in
+    order; when `read_behind` is true more items (`total_items - len(items)`,
+    `total_bytes - sum(len)` of them) wait on disk and come back through
+    `fill_read_behind`."""
+
+    items: deque[QItem] = field(default_factory=deque)
+    total_items: int = 0          # queue length including items not in memory
+    total_bytes: int = 0
+    open_transactions: dict[int, QItem] = field(default_factory=dict)   # xid -> item
+    xid_counter: int = 0          # last xid seen; the next xid is counter + 1
+    read_behind: bool = False
+    replayed_adds: int = 0        # ADD-type records applied: feeds the queue's total_items stat
+
+
+class QueueView(Protocol):
+    """What a storage may read of its queue when deciding to rotate or rewrite."""
+
+    name: str
+
+    @property
+    def length(self) -> int: ...           # items queued (excludes open transactions)
+
+    @property
+    def size_bytes(self) -> int: ...       # bytes of those items
+
+    def memory_items(self) -> Iterable[QItem]: ...       # in-memory items, head first
+
+    def open_items(self) -> dict[int, QItem]: ...       # xid -> reserved item
+
+
+class QueueStorage(Protocol):
+    sync_policy: str | int      # "never" | "always" | period in ms
+
+    def replay(self, config) -> ReplayState: ...
+    def record_add(self, item: QItem) -> None: ...
+    def record_remove(self, item: QItem) -> None: ...
+    def record_open(self, item: QItem, xid: int) -> None: ...
+    def record_unremove(self, item: QItem, xid: int) -> None: ...
+    def record_confirm(self, item: QItem, xid: int) -> None: ...
+    def before_add(self, view: QueueView, config, now_ms: int) -> None: ...
+    def after_remove(self, view: QueueView, config, now_ms: int) -> None: ...
+
+    @property
+    def can_read_behind(self) -> bool: ...
+    @property
+    def in_read_behind(self) -> bool: ...
+    def start_read_behind(self) -> None: ...
+    def fill_read_behind(self, max_bytes: int, now_ms: int) -> list[QItem]: ...
+
+    @property
+    def dirty(self) -> bool: ...           # has buffered or unsynced records
+    def flush(self) -> None: ...
+    def sync(self) -> None: ...
+    def close(self) -> None: ...
+    def erase(self) -> None: ...
+
+    # stats
+    @property
+    def logsize(self) -> int: ...          # current journal file size (0 if none)
+    rewrites: int
+    rotations: int
+
+
+class MemoryStorage:
+    """Keeps nothing: the backend of `keep_journal = false` and of unit tests."""
+
+    sync_policy = "never"
+    can_read_behind = False
+    in_read_behind = False
+    dirty = False
+    logsize = 0
+    rewrites = 0
+    rotations = 0
+
+    def replay(self, config) -> ReplayState:
+        return ReplayState()
+
+    def record_add(self, item: QItem) -> None:
+        pass
+
+    def record_remove(self, item: QItem) -> None:
+        pass
+
+    def record_open(self, item: QItem, xid: int) -> None:
+        pass
+
+    def record_unremove(self, item: QItem, xid: int) -> None:
+        pass
+
+    def record_confirm(self, item: QItem, xid: int) -> None:
+        pass
+
+    def before_add(self, view, config, now_ms: int) -> None:
+        pass
+
+    def after_remove(self, view, config, now_ms: int) -> None:
+        pass
+
+    def start_read_behind(self) -> None:
+        raise RuntimeError("memory storage cannot read behind")
+
+    def fill_read_behind(self, max_bytes: int, now_ms: int) -> list[QItem]:
+        return []
+
+    def flush(self) -> None:
+        pass
+
+    def sync(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def erase(self) -> None:
+        pass

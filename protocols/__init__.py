@@ -1,0 +1,1 @@
+"""Wire protocols: pure parsers and encoders, one module per protocol, no I/O."""

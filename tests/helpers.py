@@ -1,0 +1,111 @@
+"""Start a real `lanner serve` the way a user does, on free 127.0.0.1 ports."""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+READY_TIMEOUT = 60.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ServerHandle:
+    proc: subprocess.Popen
+    memcache_port: int | None
+    text_port: int | None
+    thrift_port: int | None
+    admin_port: int | None
+    queue_path: str
+    status_file: str
+    args: list[str] = field(default_factory=list)
+    ready_line: str = ""
+
+    def connect(self, port: int | None = None, timeout: float = 10.0) -> socket.socket:
+        s = socket.create_connection(("127.0.0.1", port or self.memcache_port), timeout=timeout)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return s
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for f in (self.proc.stdout, self.proc.stderr):
+            if f:
+                f.close()
+        return self.proc.returncode
+
+
+def start_server(tmp_path, *extra: str, workers: int = 1, fronts: int = 1, config: str | None = None,
+                 thrift: bool = False, admin: bool = False, queue_path: str | None = None,
+                 env: dict | None = None, cwd: str | None = None) -> ServerHandle:
+    """Start `lanner serve` and wait for its ready line.  Ports not asked for are turned off."""
+    qp = queue_path or os.path.join(str(tmp_path), "queues")
+    status_file = os.path.join(str(tmp_path), "status", "status")
+    mc, tx = free_port(), free_port()
+    th = free_port() if thrift else None
+    ad = free_port() if admin else None
+    args = [sys.executable, "-m", "engine.cli", "serve",
+            "--queue-path", qp, "--status-file", status_file, "--listen", "127.0.0.1",
+            "--memcache-port", str(mc), "--text-port", str(tx),
+            "--thrift-port", str(th) if th else "off", "--admin-port", str(ad) if ad else "off",
+            "--workers", str(workers), "--fronts", str(fronts)]
+    if config:
+        path = os.path.join(str(tmp_path), "lanner.toml")
+        with open(path, "w") as f:
+            f.write(config)
+        args += ["--config", path]
+    args += list(extra)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd or str(tmp_path),
+                            env={**os.environ, **(env or {})})
+    deadline = time.monotonic() + READY_TIMEOUT
+    line = b""
+    while time.monotonic() < deadline:
+        r, _, _ = select.select([proc.stdout], [], [], 0.5)
+        if r:
+            line = proc.stdout.readline()
+            if line.startswith(b"lanner ready"):
+                break
+            if not line and proc.poll() is not None:
+                break
+        elif proc.poll() is not None:
+            break
+    if not line.startswith(b"lanner ready"):
+        proc.kill()
+        err = proc.stderr.read().decode(errors="replace")
+        raise RuntimeError(f"lanner serve did not become ready: {line!r}\n{err[-4000:]}")
+    return ServerHandle(proc, mc, tx, th, ad, qp, status_file, args, line.decode().strip())
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            break
+        buf += chunk
+    return buf
+
+
+def recv_until(sock: socket.socket, terminator: bytes) -> bytes:
+    buf = b""
+    while not buf.endswith(terminator):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+    return buf
