@@ -9,3 +9,5 @@ The server's processes live here too: supervisor.py forks worker.py (a shard
 of the queues each), front processes (front.py, speaking the wire protocols of
 ../protocols) and cleaner.py, joined by shared-memory rings (ring.py).
 """
+
+__version__ = "0.1.0"

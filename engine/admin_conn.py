@@ -1,0 +1,52 @@
+"""An admin HTTP connection in a front: `/ping.json`, `/stats.json`, `/server_info.json`.
+
+The figures are the same as the memcache `stats` command's, gathered from every
+worker the same way, rendered in the shape Kestrel's Ostrich admin served them.
+"""
+from __future__ import annotations
+
+import time
+
+from protocols import admin
+
+from . import __version__
+from .front import BaseConn, Slot
+
+
+class AdminConn(BaseConn):
+    def __init__(self, front):
+        super().__init__(front)
+        self.parser = admin.AdminParser()
+
+    def feed(self, data: bytes) -> None:
+        self.parser.feed(data)
+
+    def next_command(self):
+        return self.parser.next()
+
+    def unavailable(self, slot: Slot, reason: str) -> None:
+        slot.out = admin.response(503, b'{"error":"%s"}' % reason.encode("ascii", "replace"),
+                                  keep_alive=False)
+        slot.close = True
+
+    def handle(self, req) -> None:
+        if isinstance(req, admin.HttpError):
+            self.reply_now(req.reply, close=True)
+            return
+        routed = admin.route(req)
+        keep = req.keep_alive
+        if isinstance(routed, bytes):
+            self.reply_now(routed, close=not keep)
+            return
+        if routed == "server_info":
+            f = self.front
+            body = admin.render_server_info_json(__version__, int(f.started_at * 1000),
+                                                 int((time.time() - f.started_at) * 1000))
+            self.reply_now(admin.response(200, body, keep), close=not keep)
+            return
+
+        def fmt(g, queues):
+            return admin.response(200, admin.render_stats_json(g, list(queues.items())), keep)
+        self.stats_slot(fmt)
+        if not keep:
+            self.slots[-1].close = True

@@ -1,0 +1,96 @@
+"""The cleaner process: journal packs and command-log segment rewrites, off the workers' loops.
+
+Workers send `pack` requests (files up to a checkpoint, the output path) over their
+socketpair and carry on serving; the cleaner runs the pure pack function
+(packer.py), replies `packed`, and the worker's journal adopts the `.pack` file.
+On its own timer (`[cmdlog] clean_interval`) it rewrites the closed segments of
+every command-log partition (rewrite.py), which never touch a segment a worker
+appends to.  Everything it writes goes to a temporary name first, so a killed
+cleaner leaves only temporaries, which the next pack or rewrite ignores or removes.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import signal
+import time
+
+from . import control
+
+log = logging.getLogger(__name__)
+
+
+def run_pack(msg: dict) -> dict:
+    from .packer import pack_files
+    t0 = time.monotonic()
+    try:
+        result = pack_files(msg["files"], msg["out"])
+    except Exception as e:       # reported to the worker, which keeps its journal as it was
+        log.exception("cleaner: pack into %s failed", msg.get("out"))
+        return {"cmd": "packed", "id": msg["id"], "ok": False, "error": str(e)}
+    log.info("cleaner: packed %d file(s) into %s in %.2fs", len(msg["files"]), msg["out"],
+             time.monotonic() - t0)
+    return {"cmd": "packed", "id": msg["id"], "ok": True, "result": _plain(result)}
+
+
+def _plain(result):
+    """Pack results cross a msgpack socket: keep to plain values."""
+    if result is None or isinstance(result, (int, str, bytes, list, dict)):
+        return result
+    if hasattr(result, "__dataclass_fields__"):
+        return {k: getattr(result, k) for k in result.__dataclass_fields__}
+    return str(result)
+
+
+def rewrite_all(queue_path: str, clock) -> None:
+    root = os.path.join(queue_path, "cmdlog")
+    if not os.path.isdir(root):
+        return
+    from .rewrite import rewrite_segments
+    for entry in sorted(os.listdir(root)):
+        d = os.path.join(root, entry)
+        if entry.isdigit() and os.path.isdir(d):
+            try:
+                stats = rewrite_segments(d, clock)
+                log.info("cleaner: rewrote %s: %s", d, stats)
+            except Exception:
+                log.exception("cleaner: rewrite of %s failed; it will be retried", d)
+
+
+def cleaner_main(config, worker_socks, control_sock) -> int:
+    from .clock import SYSTEM_CLOCK
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+    sel = selectors.DefaultSelector()
+    readers = {}
+    for i, s in enumerate(worker_socks):
+        readers[i] = control.Reader(s)
+        sel.register(s, selectors.EVENT_READ, i)
+    ctl = control.Reader(control_sock)
+    sel.register(control_sock, selectors.EVENT_READ, "control")
+    control.send(control_sock, {"cmd": "ready", "cleaner": 0})
+    interval = config.cmdlog.clean_interval / 1000.0
+    next_clean = time.monotonic() + interval
+    while not stopping:
+        timeout = max(0.0, next_clean - time.monotonic())
+        for key, _ in sel.select(timeout):
+            if key.data == "control":
+                ctl.read()
+                if ctl.eof:
+                    stopping.append(1)
+                continue
+            reader = readers[key.data]
+            for msg in reader.read():
+                if msg.get("cmd") == "pack":
+                    try:
+                        control.send(worker_socks[key.data], run_pack(msg))
+                    except OSError:
+                        pass          # that worker died; its successor will ask again
+            if reader.eof:
+                sel.unregister(worker_socks[key.data])
+        if time.monotonic() >= next_clean:
+            rewrite_all(config.server.queue_path, SYSTEM_CLOCK)
+            next_clean = time.monotonic() + interval
+    return 0

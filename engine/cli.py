@@ -1,0 +1,79 @@
+"""The `lanner` command: serve, and the offline tools for journals and command logs."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+USAGE = """usage: lanner <command> [options]
+
+commands:
+  serve                     run the server (see `lanner serve --help`)
+  qdump [-q] [-d] [-A] [-Q] FILE...   describe Kestrel journal files
+  qpack -f NEWFILE FILE...  pack journal files into one
+  cmdlog check DIR          verify a workq command-log directory
+  cmdlog dump DIR [--json]  print every record of a command-log directory
+"""
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lanner serve", description="Run the Lanner server.")
+    p.add_argument("--config", help="TOML config file")
+    p.add_argument("--queue-path", dest="queue_path", help="journals and segments live here")
+    p.add_argument("--status-file", dest="status_file", help="persisted server status")
+    p.add_argument("--listen", dest="listen_address", help="bind address for every listener")
+    p.add_argument("--memcache-port", dest="memcache_port", help="port, or off")
+    p.add_argument("--text-port", dest="text_port", help="port, or off")
+    p.add_argument("--thrift-port", dest="thrift_port", help="port, or off")
+    p.add_argument("--admin-port", dest="admin_port", help="port, or off")
+    p.add_argument("--workers", help="shard worker processes")
+    p.add_argument("--fronts", help="protocol front processes")
+    p.add_argument("--log-level", dest="log_level", help="debug, info, warning, error")
+    return p
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
+                        format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
+
+
+def cmd_serve(argv: list[str]) -> int:
+    args = serve_parser().parse_args(argv)
+    from .config import ConfigError, load_config
+    overrides = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
+    try:
+        config = load_config(args.config, overrides)
+    except ConfigError as e:
+        sys.stderr.write(f"lanner: {e}\n")
+        return 1
+    except OSError as e:
+        sys.stderr.write(f"lanner: cannot read config {args.config}: {e.strerror or e}\n")
+        return 1
+    setup_logging(config.server.log_level)
+    from .supervisor import serve
+    return serve(config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        sys.stdout.write(USAGE)
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "serve":
+        return cmd_serve(rest)
+    if cmd == "qdump":
+        from .qtools import qdump_main
+        return qdump_main(rest)
+    if cmd == "qpack":
+        from .qtools import qpack_main
+        return qpack_main(rest)
+    if cmd == "cmdlog":
+        from .cmdlog_tool import cmdlog_main
+        return cmdlog_main(rest)
+    sys.stderr.write(f"lanner: unknown command {cmd!r}\n{USAGE}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,674 @@
+"""Configuration: the TOML file of contract.md, validated into frozen dataclasses.
+
+Layout (contract.md "Config file"): `[server]` (ServerConfig), `[default]`
+(QueueConfig), `[queues."<name>"]` (per-queue overrides), `[aliases."<name>"]`
+(`destinations = [...]`) and `[cmdlog]` (CmdlogConfig).  Everything is checked
+when the file is read, at start-up and at `reload`: an unknown table or key, a
+wrong TOML type, a bad size or duration, a negative number, or a bad enum value
+raises ConfigError, whose one-line message starts with the dotted key at fault
+and ends with the file.  Nothing is checked later, so code holding a Config can
+trust every value in it.
+
+Values:
+
+* Sizes are int bytes or strings with binary units; `KB`/`MB`/... are binary
+  too, as in Kestrel.  They saturate at 2**63-1 (Kestrel's Long.MaxValue), so
+  the sample's `"8EiB"` means "unlimited" and equals the built-in default.
+* Durations are int milliseconds or strings ("250ms", "1s", "5m", "1h", "1d");
+  `"off"` is None where the setting is optional.  Fractions of a byte or a
+  millisecond are dropped.
+* Booleans must be TOML booleans; plain integers must be TOML integers.  Only
+  command-line overrides may spell integers, ports and "off" as strings.
+
+Queue names: TOML text is Unicode, but the server sees queue names as the raw
+bytes a client sent, which the rest of Lanner carries as latin-1 decoded `str`.
+So every queue, alias, destination and expire_to_queue name from the file is
+turned into the latin-1 reading of its UTF-8 bytes (identity for ASCII), which
+is the name a client sending those UTF-8 bytes would use.
+
+Inheritance (reference §7.2, Kestrel 2.3.4+): a master queue's config is
+`[default]` with the queue's explicit fields applied; a fanout child `a+b` is
+master `a`'s resolved config with `a+b`'s explicit fields applied.  All names
+with overrides are resolved once when the Config is built; any other name maps
+to `default` or to its master's config, so `queue_config` never allocates and
+its cache stays bounded by the file, whatever names clients invent.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import tomllib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Any, Callable
+
+from .placement import PARTITIONS
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "CmdlogConfig", "Config", "ConfigError", "QueueConfig", "ServerConfig",
+    "config_items", "load_config", "parse_duration", "parse_size", "reload_config",
+    "validate_queue_name",
+]
+
+INT_MAX = 2147483647          # Kestrel's Int.MaxValue
+LONG_MAX = 2**63 - 1          # Kestrel's Long.MaxValue
+CMDLOG_HEADER_SIZE = 8        # workq segment header; a segment must hold more than that
+
+
+class ConfigError(Exception):
+    """A bad configuration value.  `key` is the dotted TOML key ("" when the
+    fault is the file itself) and `file` the config file, None for built-in
+    defaults or command-line overrides."""
+
+    def __init__(self, key: str, reason: str, file: str | None = None) -> None:
+        self.key = key
+        self.reason = reason
+        self.file = file
+        super().__init__(key, reason, file)
+
+    def __str__(self) -> str:
+        head = f"{self.key}: {self.reason}" if self.key else self.reason
+        return f"{head} (in {self.file})" if self.file else head
+
+    def in_file(self, file: str | None) -> "ConfigError":
+        return ConfigError(self.key, self.reason, file)
+
+
+# --------------------------------------------------------------------------- names
+
+_BAD_NAME = re.compile(r"[/\\~\x00-\x1f\x7f]")
+_BAD_NAME_DOTS = re.compile(r"[/\\~.\x00-\x1f\x7f]")
+
+
+def validate_queue_name(name: str, allow_dots: bool = False) -> None:
+    """Raise ValueError with a reason unless `name` can name a queue.
+
+    Names become file names under queue_path, so path separators, `~` (used by
+    Kestrel's temporary journals `<q>~~<ms>`) and control bytes are refused;
+    `.` separates a journal's name from its timestamp, so only queues stored in
+    a command log (which never use the name as a file name) may contain it.
+    """
+    if not name:
+        raise ValueError("Queue name is empty.")
+    try:
+        size = len(name.encode("latin-1"))
+    except UnicodeEncodeError:
+        raise ValueError("Queue name is not a byte string (characters above U+00FF).") from None
+    if size > 255:
+        raise ValueError(f"Queue name is too long ({size} bytes, at most 255).")
+    if (_BAD_NAME if allow_dots else _BAD_NAME_DOTS).search(name):
+        if allow_dots:
+            raise ValueError("Queue name contains illegal characters (one of: ~ / \\ or a control byte).")
+        raise ValueError("Queue name contains illegal characters (one of: ~ . / \\ or a control byte).")
+
+
+def _wire_name(name: str) -> str:
+    """The latin-1 str of the name's UTF-8 bytes: what a client sending it uses."""
+    return name.encode("utf-8", "surrogatepass").decode("latin-1")
+
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _key_part(name: str) -> str:
+    """`name` as a TOML key: bare when it can be, else a basic string with
+    escapes, so an error message stays on one line whatever the name holds."""
+    if _BARE_KEY.fullmatch(name):
+        return name
+    out = []
+    for c in name:
+        if c in '"\\':
+            out.append("\\" + c)
+        elif ord(c) < 0x20 or ord(c) == 0x7F:
+            out.append(f"\\u{ord(c):04x}")
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
+
+
+# ------------------------------------------------------------------- sizes, durations
+
+_NUMBER = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
+
+_SIZE_UNITS: dict[str, int] = {"": 1, "b": 1, "byte": 1, "bytes": 1}
+for _i, _p in enumerate("kmgtpe", start=1):
+    for _suffix in (_p, _p + "b", _p + "ib"):
+        _SIZE_UNITS[_suffix] = 1 << (10 * _i)
+
+_DURATION_UNITS: dict[str, int] = {}
+for _names, _ms in ((("", "ms", "msec", "millis", "millisecond", "milliseconds"), 1),
+                    (("s", "sec", "secs", "second", "seconds"), 1000),
+                    (("m", "min", "mins", "minute", "minutes"), 60_000),
+                    (("h", "hr", "hrs", "hour", "hours"), 3_600_000),
+                    (("d", "day", "days"), 86_400_000)):
+    for _n in _names:
+        _DURATION_UNITS[_n] = _ms
+
+
+def _scaled(text: str, units: dict[str, int]) -> int | None:
+    """`text` as a whole number of base units, or None when it is not a number with a known unit."""
+    m = _NUMBER.fullmatch(text)
+    if m is None:
+        return None
+    mult = units.get(m.group(2).lower())
+    if mult is None:
+        return None
+    try:
+        return int(Decimal(m.group(1)) * mult)
+    except InvalidOperation:
+        return None
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_size(value: object, key: str) -> int:
+    """Bytes from an int or a string such as "512KiB", "1.5MiB", "1GB" or "100".
+
+    Units are binary whatever their spelling, as Kestrel's StorageUnit; results
+    above 2**63-1 saturate there, so "8EiB" means "no limit".
+    """
+    if _is_int(value):
+        n = value
+    elif isinstance(value, str):
+        n = _scaled(value, _SIZE_UNITS)
+        if n is None:
+            raise ConfigError(key, f"expected a size such as 16MiB, got {value!r}")
+    else:
+        raise ConfigError(key, f"expected a size (integer bytes or a string such as \"16MiB\"), got {value!r}")
+    if n < 0:
+        raise ConfigError(key, f"a size cannot be negative, got {value!r}")
+    return min(n, LONG_MAX)
+
+
+def parse_duration(value: object, key: str) -> int | None:
+    """Milliseconds from an int or a string such as "250ms", "1s", "5m", "1h", "1d"; "off" is None.
+
+    Callers decide whether None (and 0) are allowed for their setting.
+    """
+    if _is_int(value):
+        n = value
+    elif isinstance(value, str):
+        if value.strip().lower() == "off":
+            return None
+        n = _scaled(value, _DURATION_UNITS)
+        if n is None:
+            raise ConfigError(key, f"expected a duration such as 250ms, 1s, 5m, 1h, 1d or \"off\", got {value!r}")
+    else:
+        raise ConfigError(key, f"expected a duration (integer milliseconds or a string such as \"1s\"), got {value!r}")
+    if n < 0:
+        raise ConfigError(key, f"a duration cannot be negative, got {value!r}")
+    if n > LONG_MAX:
+        raise ConfigError(key, f"duration too long: {value!r}")
+    return n
+
+
+# ------------------------------------------------------------------- the dataclasses
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    """One queue's settings (reference §7.2).  Sizes in bytes, durations in ms."""
+
+    max_items: int = INT_MAX
+    max_size: int = LONG_MAX
+    max_item_size: int = LONG_MAX
+    max_age: int | None = None
+    default_journal_size: int = 16 * 2**20
+    max_memory_size: int = 128 * 2**20
+    max_journal_size: int = 2**30
+    min_journal_compact_delay: int | None = 60_000
+    discard_old_when_full: bool = False
+    keep_journal: bool = True
+    sync_journal: str | int = "never"       # "never" | "always" | a period in ms (> 0)
+    expire_to_queue: str | None = None
+    max_expire_sweep: int = INT_MAX
+    fanout_only: bool = False
+    max_queue_age: int | None = None
+    disable_aggressive_rewrites: bool = False
+    open_transaction_timeout: int | None = None
+    storage: str = "journal"                # "journal" | "cmdlog"
+
+
+@dataclass(frozen=True, slots=True)
+class CmdlogConfig:
+    """Settings of the workq-format command logs (one per partition)."""
+
+    segment_size: int = 64 * 2**20
+    sync: str = "interval"                  # "interval" | "os" | "always"
+    sync_interval: int = 1000
+    clean_interval: int = 300_000
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Server-wide settings (reference §7.1); `reload` never changes them."""
+
+    listen_address: str = "127.0.0.1"
+    memcache_port: int | None = 22133
+    text_port: int | None = 2222
+    thrift_port: int | None = 2229
+    admin_port: int | None = 2223
+    queue_path: str = "data/queues"
+    status_file: str = "data/status"
+    default_status: str = "Up"
+    status_change_grace_period: int = 0
+    max_open_transactions: int = 1
+    expiration_timer_frequency: int | None = None
+    client_timeout: int | None = None
+    connection_limit_refuse_writes: int | None = None
+    connection_limit_refuse_reads: int | None = None
+    workers: int = 2
+    fronts: int = 2
+    log_level: str = "info"
+
+
+class FrozenMap(Mapping):
+    """A read-only, hashable, picklable dict (MappingProxyType cannot be pickled)."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self, data: Mapping | None = None) -> None:
+        self._d = dict(data or {})
+
+    def __getitem__(self, key):
+        return self._d[key]
+
+    def __iter__(self) -> Iterator:
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __contains__(self, key) -> bool:
+        return key in self._d
+
+    def get(self, key, default=None):
+        return self._d.get(key, default)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._d.items()))
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({self._d!r})"
+
+    def __getstate__(self):
+        return self._d
+
+    def __setstate__(self, state) -> None:
+        self._d = state
+
+
+def _freeze_overrides(overrides: Mapping[str, Mapping[str, object]]) -> FrozenMap:
+    if isinstance(overrides, FrozenMap) and all(isinstance(v, FrozenMap) for v in overrides.values()):
+        return overrides
+    return FrozenMap({name: FrozenMap(fields) for name, fields in overrides.items()})
+
+
+def _freeze_aliases(aliases: Mapping[str, tuple[str, ...]]) -> FrozenMap:
+    return FrozenMap({name: tuple(dest) for name, dest in aliases.items()})
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration.  Build it with load_config; the constructor is
+    public so tests can make one from parts (mappings are frozen on the way in)."""
+
+    server: ServerConfig = field(default_factory=ServerConfig)
+    default: QueueConfig = field(default_factory=QueueConfig)
+    queue_overrides: Mapping[str, Mapping[str, object]] = field(default_factory=FrozenMap)
+    aliases: Mapping[str, tuple[str, ...]] = field(default_factory=FrozenMap)
+    cmdlog: CmdlogConfig = field(default_factory=CmdlogConfig)
+    path: str | None = None
+    _resolved: Mapping[str, QueueConfig] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        overrides = _freeze_overrides(self.queue_overrides)
+        object.__setattr__(self, "queue_overrides", overrides)
+        object.__setattr__(self, "aliases", _freeze_aliases(self.aliases))
+        resolved: dict[str, QueueConfig] = {}
+        # Masters first: a child resolves against its master's resolved config.
+        for name, fields in overrides.items():
+            if "+" not in name:
+                resolved[name] = dataclasses.replace(self.default, **fields)
+        for name, fields in overrides.items():
+            plus = name.find("+")
+            if plus >= 0:
+                master = resolved.get(name[:plus], self.default)
+                resolved[name] = dataclasses.replace(master, **fields)
+        object.__setattr__(self, "_resolved", FrozenMap(resolved))
+
+    def queue_config(self, name: str) -> QueueConfig:
+        """Resolved config of queue `name` (default -> master -> child, §7.2)."""
+        qc = self._resolved.get(name)
+        if qc is not None:
+            return qc
+        plus = name.find("+")
+        if plus < 0:
+            return self.default
+        return self._resolved.get(name[:plus], self.default)
+
+    def is_alias(self, name: str) -> bool:
+        return name in self.aliases
+
+
+# ------------------------------------------------------------------- value checkers
+# Each checker is (value, key, lenient) -> validated value.  `lenient` is true for
+# command-line overrides, whose numbers arrive as strings.
+
+Checker = Callable[[object, str, bool], object]
+
+
+def _int_value(value: object, key: str, lenient: bool, what: str) -> int:
+    if _is_int(value):
+        return value
+    if lenient and isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        return int(value)
+    raise ConfigError(key, f"expected {what}, got {value!r}")
+
+
+def _int(lo: int, hi: int = LONG_MAX) -> Checker:
+    what = f"an integer from {lo} to {hi}" if hi != LONG_MAX else ("an integer" if lo == 0 else f"an integer >= {lo}")
+
+    def check(value, key, lenient):
+        n = _int_value(value, key, lenient, "an integer")
+        if not lo <= n <= hi:
+            raise ConfigError(key, f"expected {what}, got {n}")
+        return n
+    return check
+
+
+def _is_off(value: object, lenient: bool) -> bool:
+    return (lenient and value is None) or (isinstance(value, str) and value.strip().lower() == "off")
+
+
+def _optional(inner: Checker) -> Checker:
+    def check(value, key, lenient):
+        return None if _is_off(value, lenient) else inner(value, key, lenient)
+    return check
+
+
+def _size(lo: int = 0) -> Checker:
+    def check(value, key, lenient):
+        n = parse_size(value, key)
+        if n < lo:
+            raise ConfigError(key, f"must be larger than {lo - 1} bytes, got {value!r}")
+        return n
+    return check
+
+
+def _duration(lo: int = 0, optional: bool = False) -> Checker:
+    def check(value, key, lenient):
+        if lenient and value is None and optional:
+            return None
+        n = parse_duration(value, key)
+        if n is None:
+            if optional:
+                return None
+            raise ConfigError(key, "\"off\" is not allowed here; expected a duration")
+        if n < lo:
+            raise ConfigError(key, f"expected a duration of at least {lo}ms, got {value!r}")
+        return n
+    return check
+
+
+def _bool(value, key, lenient):
+    if isinstance(value, bool):
+        return value
+    if lenient and isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ConfigError(key, f"expected true or false, got {value!r}")
+
+
+def _choice(*names: str) -> Checker:
+    canon = {n.lower(): n for n in names}
+    shown = ", ".join(names)
+
+    def check(value, key, lenient):
+        if isinstance(value, str) and value.strip().lower() in canon:
+            return canon[value.strip().lower()]
+        raise ConfigError(key, f"expected one of {shown}, got {value!r}")
+    return check
+
+
+def _text(value, key, lenient):
+    if isinstance(value, str) and value.strip() and not any(c.isspace() or ord(c) < 0x20 for c in value):
+        return value
+    raise ConfigError(key, f"expected a non-empty string without spaces, got {value!r}")
+
+
+def _path(value, key, lenient):
+    if isinstance(value, str) and value and "\x00" not in value:
+        return value
+    raise ConfigError(key, f"expected a non-empty path, got {value!r}")
+
+
+def _sync_journal(value, key, lenient):
+    """"never", "always", or an fsync period in ms; a period of 0 is "always" (§6.6)."""
+    if isinstance(value, str) and value.strip().lower() in ("never", "always"):
+        return value.strip().lower()
+    try:
+        n = parse_duration(value, key)
+    except ConfigError:
+        n = None
+    if n is None:
+        raise ConfigError(key, f"expected \"never\", \"always\" or a period such as \"100ms\", got {value!r}")
+    return "always" if n == 0 else n
+
+
+def _queue_name_ref(value, key, lenient):
+    if _is_off(value, lenient):
+        return None
+    if not isinstance(value, str):
+        raise ConfigError(key, f"expected a queue name or \"off\", got {value!r}")
+    name = _wire_name(value)
+    try:
+        validate_queue_name(name, allow_dots=True)
+    except ValueError as e:
+        raise ConfigError(key, f"{e} ({value!r})") from None
+    return name
+
+
+_port = _optional(_int(1, 65535))
+
+QUEUE_FIELDS: dict[str, Checker] = {
+    "max_items": _int(0, INT_MAX),
+    "max_size": _size(),
+    "max_item_size": _size(),
+    "max_age": _duration(optional=True),
+    "default_journal_size": _size(),
+    "max_memory_size": _size(),
+    "max_journal_size": _size(),
+    "min_journal_compact_delay": _duration(optional=True),
+    "discard_old_when_full": _bool,
+    "keep_journal": _bool,
+    "sync_journal": _sync_journal,
+    "expire_to_queue": _queue_name_ref,
+    "max_expire_sweep": _int(0, INT_MAX),
+    "fanout_only": _bool,
+    "max_queue_age": _duration(optional=True),
+    "disable_aggressive_rewrites": _bool,
+    "open_transaction_timeout": _duration(optional=True),
+    "storage": _choice("journal", "cmdlog"),
+}
+
+SERVER_FIELDS: dict[str, Checker] = {
+    "listen_address": _text,
+    "memcache_port": _port,
+    "text_port": _port,
+    "thrift_port": _port,
+    "admin_port": _port,
+    "queue_path": _path,
+    "status_file": _path,
+    "default_status": _choice("Up", "ReadOnly", "Quiescent", "WriteAvoid"),
+    "status_change_grace_period": _duration(),
+    "max_open_transactions": _int(0, INT_MAX),
+    "expiration_timer_frequency": _duration(lo=1, optional=True),
+    "client_timeout": _duration(lo=1, optional=True),
+    "connection_limit_refuse_writes": _optional(_int(0)),
+    "connection_limit_refuse_reads": _optional(_int(0)),
+    "workers": _int(1, PARTITIONS),
+    "fronts": _int(1, 1024),
+    "log_level": _choice("debug", "info", "warning", "error"),
+}
+
+CMDLOG_FIELDS: dict[str, Checker] = {
+    "segment_size": _size(lo=CMDLOG_HEADER_SIZE + 1),
+    "sync": _choice("interval", "os", "always"),
+    "sync_interval": _duration(lo=1),
+    "clean_interval": _duration(lo=1),
+}
+
+assert set(QUEUE_FIELDS) == {f.name for f in dataclasses.fields(QueueConfig)}
+assert set(SERVER_FIELDS) == {f.name for f in dataclasses.fields(ServerConfig)}
+assert set(CMDLOG_FIELDS) == {f.name for f in dataclasses.fields(CmdlogConfig)}
+
+
+# ------------------------------------------------------------------- file -> Config
+
+def _table(value: object, key: str) -> dict:
+    if not isinstance(value, dict):
+        raise ConfigError(key, f"expected a table, got {value!r}")
+    return value
+
+
+def _fields(table: Mapping[str, Any], checkers: Mapping[str, Checker], prefix: str,
+            lenient: bool = False) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in table.items():
+        key = f"{prefix}.{_key_part(k)}"
+        checker = checkers.get(k)
+        if checker is None:
+            raise ConfigError(key, "unknown key")
+        out[k] = checker(v, key, lenient)
+    return out
+
+
+def _read_toml(path: str) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as e:
+        raise ConfigError("", f"cannot read config file: {e.strerror or e}", path) from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError("", f"invalid TOML: {e}", path) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError("", f"invalid TOML: not UTF-8 ({e.reason} at byte {e.start})", path) from None
+
+
+def _build(doc: Mapping[str, Any], path: str | None) -> Config:
+    unknown = set(doc) - {"server", "default", "queues", "aliases", "cmdlog"}
+    if unknown:
+        k = sorted(unknown)[0]
+        raise ConfigError(_key_part(k), "unknown table" if isinstance(doc[k], dict) else "unknown key")
+
+    server = _fields(_table(doc.get("server", {}), "server"), SERVER_FIELDS, "server")
+    default = QueueConfig(**_fields(_table(doc.get("default", {}), "default"), QUEUE_FIELDS, "default"))
+
+    queues: dict[str, dict[str, object]] = {}
+    raw_names: dict[str, str] = {}
+    for raw, table in _table(doc.get("queues", {}), "queues").items():
+        prefix = f"queues.{_key_part(raw)}"
+        name = _wire_name(raw)
+        queues[name] = _fields(_table(table, prefix), QUEUE_FIELDS, prefix)
+        raw_names[name] = raw
+
+    cmdlog = CmdlogConfig(**_fields(_table(doc.get("cmdlog", {}), "cmdlog"), CMDLOG_FIELDS, "cmdlog"))
+
+    aliases: dict[str, tuple[str, ...]] = {}
+    raw_alias: dict[str, str] = {}
+    for raw, table in _table(doc.get("aliases", {}), "aliases").items():
+        prefix = f"aliases.{_key_part(raw)}"
+        table = _table(table, prefix)
+        for k in table:
+            if k != "destinations":
+                raise ConfigError(f"{prefix}.{_key_part(k)}", "unknown key")
+        dests = table.get("destinations", [])
+        if not isinstance(dests, list) or not all(isinstance(d, str) for d in dests):
+            raise ConfigError(f"{prefix}.destinations", f"expected a list of queue names, got {dests!r}")
+        aliases[_wire_name(raw)] = tuple(_wire_name(d) for d in dests)
+        raw_alias[_wire_name(raw)] = raw
+
+    config = Config(ServerConfig(**server), default, queues, aliases, cmdlog, path)
+
+    # Names are checked last: whether a name may contain "." depends on the
+    # resolved storage of that queue.
+    for name, raw in raw_names.items():
+        try:
+            validate_queue_name(name, allow_dots=config.queue_config(name).storage == "cmdlog")
+        except ValueError as e:
+            raise ConfigError(f"queues.{_key_part(raw)}", str(e)) from None
+    for name, raw in raw_alias.items():
+        prefix = f"aliases.{_key_part(raw)}"
+        try:
+            validate_queue_name(name)
+        except ValueError as e:
+            raise ConfigError(prefix, str(e)) from None
+        for i, dest in enumerate(config.aliases[name]):
+            try:
+                validate_queue_name(dest, allow_dots=config.queue_config(dest).storage == "cmdlog")
+            except ValueError as e:
+                raise ConfigError(f"{prefix}.destinations[{i}]", f"{e} ({dest!r})") from None
+        if name in queues:
+            log.warning("alias %r has the name of a configured queue; the alias wins for adds and reads%s",
+                        name, f" (in {path})" if path else "")
+    return config
+
+
+def _apply_overrides(server: ServerConfig, overrides: Mapping[str, object]) -> ServerConfig:
+    """Command-line values win over the file; they are checked like file values
+    but may be strings as typed ("3", "off").  Their errors name no file."""
+    fields: dict[str, object] = {}
+    for k, v in overrides.items():
+        key = f"server.{k}"
+        checker = SERVER_FIELDS.get(k)
+        if checker is None:
+            raise ConfigError(key, "unknown setting (command-line override)")
+        try:
+            fields[k] = checker(v, key, True)
+        except ConfigError as e:
+            raise ConfigError(key, e.reason + " (command-line override)") from None
+    return dataclasses.replace(server, **fields)
+
+
+def load_config(path: str | None = None, overrides: Mapping[str, object] | None = None) -> Config:
+    """Read and validate the config file (None: built-in defaults), then apply
+    command-line `overrides` (ServerConfig field name -> value, strings allowed),
+    which win over the file."""
+    doc = _read_toml(path) if path is not None else {}
+    try:
+        config = _build(doc, path)
+    except ConfigError as e:
+        raise e.in_file(path) from None
+    if not overrides:
+        return config
+    server = _apply_overrides(config.server, overrides)
+    return Config(server, config.default, config.queue_overrides, config.aliases, config.cmdlog, path)
+
+
+def reload_config(old: Config) -> Config:
+    """Re-read `old.path` for `reload`/SIGHUP.  The new file is validated in full,
+    but its `[server]` section is not applied: server settings (ports, paths,
+    workers, command-line overrides) only change on restart (§7.1)."""
+    new = load_config(old.path)
+    return Config(old.server, new.default, new.queue_overrides, new.aliases, new.cmdlog, old.path)
+
+
+# ------------------------------------------------------------------- rendering
+
+def _render(value: object) -> str:
+    if value is None:
+        return "off"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def config_items(qc: QueueConfig) -> list[tuple[str, str]]:
+    """(key, value) pairs of a queue's config, in field order, as dump_config
+    prints them: sizes in bytes, durations in ms, None as "off"."""
+    return [(f.name, _render(getattr(qc, f.name))) for f in dataclasses.fields(qc)]

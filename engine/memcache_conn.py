@@ -1,0 +1,390 @@
+"""A memcache-dialect client connection in a front: commands → worker requests → reply bytes.
+
+The parser (protocols/memcache.py) decides framing and syntax; this module decides
+what each command means for the queues (reference §1), which worker(s) it goes to,
+and how the responses become Kestrel's bytes (with Lanner's deviations: errors carry a
+reason, noreply is honoured, VALUE echoes the key as sent, multi-key get).
+"""
+from __future__ import annotations
+
+from protocols import memcache as mc
+
+from . import __version__
+from .front import C_GET, C_PEEK, C_SET, BaseConn, Slot
+from .messages import (F_ABORT, F_CLOSE, F_NOREPLY, F_OPEN, F_PEEK, OP_ALIAS_PUT, OP_CONFIRM,
+                       OP_DELETE, OP_FLUSH, OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED, OP_FLUSH_EXPIRED,
+                       OP_GET, OP_MONITOR, OP_SET, R_CLIENT_ERROR, R_EMPTY, R_END, R_ERROR, R_ITEM, R_OK,
+                       R_SERVER_ERROR, R_VALUE, RF_CLOSE)
+
+_VERSION = mc.version_line(__version__)
+
+
+class MemcacheConn(BaseConn):
+    def __init__(self, front):
+        super().__init__(front)
+        cfg = front.config
+        self.parser = mc.MemcacheParser(item_limit=lambda q: cfg.queue_config(q).max_item_size)
+        self._handlers = {
+            mc.Get: self.on_get, mc.Set: self.on_set, mc.SetRefused: self.on_set_refused,
+            mc.Delete: self.on_delete, mc.Flush: self.on_flush, mc.FlushAll: self.on_flush_all,
+            mc.FlushExpired: self.on_flush_expired, mc.FlushAllExpired: self.on_flush_all_expired,
+            mc.Stats: self.on_stats, mc.DumpStats: self.on_dump_stats,
+            mc.DumpConfig: self.on_dump_config, mc.Monitor: self.on_monitor,
+            mc.Confirm: self.on_confirm, mc.Status: self.on_status, mc.Version: self.on_version,
+            mc.Reload: self.on_reload, mc.Shutdown: self.on_shutdown, mc.Quit: self.on_quit,
+            mc.ProtocolError: self.on_protocol_error,
+        }
+
+    def feed(self, data: bytes) -> None:
+        self.parser.feed(data)
+        if self.parser.buffered > (8 << 20) and not self.reading_paused:
+            # a blocked command holds back a pipeline: stop reading until it drains
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def next_command(self):
+        return self.parser.next()
+
+    def handle(self, cmd) -> None:
+        self._handlers[type(cmd)](cmd)
+
+    def unavailable(self, slot: Slot, reason: str) -> None:
+        slot.out = mc.server_error(reason)
+        slot.close = True
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def bad_name(self, queue: str) -> bool:
+        reason = self.check_name(queue)
+        if reason is None:
+            return False
+        self.reply_now(mc.client_error(reason), close=True)
+        return True
+
+    def writes_blocked(self) -> bool:
+        if self.refuse_writes:
+            self.reply_now(mc.server_error("writes refused: connection limit"), close=True)
+            return True
+        if self.front.status.blocks_writes():
+            self.reply_now(mc.server_error("server is %s" % self.front.status.enforced()), close=True)
+            return True
+        return False
+
+    def reads_blocked(self) -> bool:
+        if self.refuse_reads:
+            self.reply_now(mc.server_error("reads refused: connection limit"), close=True)
+            return True
+        if self.front.status.blocks_reads():
+            self.reply_now(mc.server_error("server is %s" % self.front.status.enforced()), close=True)
+            return True
+        return False
+
+    def first_failure(self, slot: Slot) -> bool:
+        """If any part failed (worker error, protocol violation), make that the reply."""
+        for p in slot.parts:
+            st = p.status
+            if st == R_SERVER_ERROR:
+                slot.out = mc.server_error(p.payload.decode("latin-1", "replace"))
+                slot.close = True
+                return True
+            if st == R_CLIENT_ERROR:
+                slot.out = mc.client_error(p.payload.decode("latin-1", "replace"))
+                slot.close = bool(p.flags & RF_CLOSE)
+                return True
+            if st == R_ERROR:
+                slot.out = mc.ERROR
+                slot.close = bool(p.flags & RF_CLOSE)
+                return True
+        return False
+
+    # -- storage ---------------------------------------------------------------------------------
+    def on_set(self, cmd: mc.Set) -> None:
+        q = cmd.queue
+        if self.bad_name(q) or self.writes_blocked():
+            return
+        f = self.front
+        f.my.incr(C_SET)
+        exptime = cmd.exptime
+        if exptime == 0:
+            expiry = 0
+        elif exptime < 1_000_000:
+            expiry = f.clock.now_ms() + exptime * 1000
+        else:
+            expiry = exptime * 1000
+        if expiry == 0 and exptime != 0:
+            expiry = -1          # "expired at the epoch" must not read as "never"
+        flags = F_NOREPLY if cmd.noreply else 0
+        dests = f.config.aliases.get(q)
+        if dests is not None:
+            self.alias_set(q, dests, cmd.data, expiry, cmd.noreply)
+            return
+        if cmd.noreply:
+            # nothing to wait for: fire and forget, no slot
+            self.touched |= 1 << f.owner(q)
+            f.send(f.owner(q), self.id, 0, OP_SET, flags, q.encode("latin-1"), expiry, 0, cmd.data)
+            return
+        slot = self.new_slot(_finish_stored)
+        self.request(slot, f.owner(q), OP_SET, 0, q.encode("latin-1"), expiry, 0, cmd.data)
+        self.seal(slot)
+
+    def alias_set(self, alias: str, dests, data: bytes, expiry: int, noreply: bool) -> None:
+        f = self.front
+
+        def finish(slot):
+            if any(p.status == R_SERVER_ERROR for p in slot.parts):
+                self.first_failure(slot)
+            else:
+                slot.out = mc.STORED if all(p.status == R_OK for p in slot.parts) else mc.NOT_STORED
+            if noreply and not slot.close:
+                slot.out = b""
+        slot = self.new_slot(finish)
+        a = alias.encode("latin-1")
+        f.send(f.owner(alias), self.id, 0, OP_ALIAS_PUT, 0, a, 1, len(data))
+        for d in dests:
+            self.request(slot, f.owner(d), OP_SET, 0, d.encode("latin-1"), expiry, 0, data)
+        self.seal(slot)
+
+    def on_set_refused(self, cmd: mc.SetRefused) -> None:
+        if self.bad_name(cmd.queue) or self.writes_blocked():
+            return
+        self.front.my.incr(C_SET)
+        if not cmd.noreply:
+            self.reply_now(mc.NOT_STORED)
+
+    # -- get -------------------------------------------------------------------------------------
+    def on_get(self, cmd: mc.Get) -> None:
+        f = self.front
+        keys = cmd.keys
+        for k in keys:
+            if self.bad_name(k.queue):
+                return
+        blocking = False
+        plan = []
+        for k in keys:
+            fetching = k.open or k.peek or not (k.close or k.abort)
+            if k.abort:
+                plan.append((k, F_ABORT, -1))
+                continue
+            if fetching and f.config.aliases.get(k.queue) is not None:
+                f.my.incr(C_PEEK if k.peek else C_GET)
+                plan.append((k, None, 0))        # alias: always empty
+                continue
+            if fetching and self.reads_blocked_quiet():
+                if k.close:                       # the close happens before the status check
+                    plan.append((k, F_CLOSE, -1))
+                self.send_plan(plan, False)
+                self.reply_now(mc.server_error("server is %s" % f.status.enforced()
+                                               if not self.refuse_reads else
+                                               "reads refused: connection limit"), close=True)
+                return
+            flags = (F_OPEN if k.open else 0) | (F_CLOSE if k.close else 0) | (F_PEEK if k.peek else 0)
+            if fetching:
+                f.my.incr(C_PEEK if k.peek else C_GET)
+            timeout = k.timeout_ms if (fetching and k.timeout_ms is not None) else -1
+            if timeout > 0:
+                blocking = True
+            plan.append((k, flags, timeout))
+        self.send_plan(plan, blocking)
+
+    def reads_blocked_quiet(self) -> bool:
+        return self.refuse_reads or self.front.status.blocks_reads()
+
+    def send_plan(self, plan, blocking: bool) -> None:
+        if not plan:
+            return
+        f = self.front
+        if len(plan) == 1:
+            k, flags, timeout = plan[0]
+            if flags is None:
+                self.reply_now(mc.END)
+                return
+            raw = k.raw
+            slot = self.new_slot(lambda s: _finish_get1(self, s, raw), blocking=blocking)
+            self.request(slot, f.owner(k.queue), OP_GET, flags, k.queue.encode("latin-1"), timeout)
+            self.seal(slot)
+            return
+        keys = []
+
+        def finish(slot):
+            if self.first_failure(slot):
+                return
+            out = []
+            for raw, p in keys:
+                if p is not None and p.status == R_ITEM:
+                    out.append(mc.value_block(raw, p.payload))
+            out.append(mc.END)
+            slot.out = b"".join(out)
+        slot = self.new_slot(finish, blocking=blocking)
+        for k, flags, timeout in plan:
+            if flags is None:
+                keys.append((k.raw, None))
+                continue
+            p = self.request(slot, f.owner(k.queue), OP_GET, flags, k.queue.encode("latin-1"), timeout)
+            keys.append((k.raw, p))
+        self.seal(slot)
+
+    # -- monitor / confirm -----------------------------------------------------------------------
+    def on_monitor(self, cmd: mc.Monitor) -> None:
+        q = cmd.queue
+        if self.bad_name(q) or self.reads_blocked():
+            return
+        f = self.front
+        if f.config.aliases.get(q) is not None or cmd.seconds <= 0:
+            self.reply_now(mc.END)
+            return
+
+        def stream(slot, part, data):
+            if part.status == R_ITEM:
+                return mc.value_block(q, data) + mc.END
+            return b""
+
+        def finish(slot):
+            if not self.first_failure(slot):
+                slot.out += mc.END
+        slot = self.new_slot(finish, stream=stream, blocking=True)
+        max_items = cmd.max_items if cmd.max_items is not None else -1
+        self.request(slot, f.owner(q), OP_MONITOR, 0, q.encode("latin-1"), cmd.seconds * 1000, max_items)
+        self.seal(slot)
+
+    def on_confirm(self, cmd: mc.Confirm) -> None:
+        if cmd.count < 0:
+            self.reply_now(mc.client_error("negative confirm count"), close=True)
+            return
+        f = self.front
+
+        def finish(slot):
+            if slot.parts[0].status == R_OK:
+                slot.out = mc.END
+            elif not self.first_failure(slot):
+                slot.out = mc.ERROR
+        slot = self.new_slot(finish)
+        self.request(slot, f.owner(cmd.queue), OP_CONFIRM, 0, cmd.queue.encode("latin-1"), cmd.count)
+        self.seal(slot)
+
+    # -- delete / flush --------------------------------------------------------------------------
+    def simple_queue_op(self, op: int, queue: str, noreply: bool, ok: bytes) -> None:
+        if self.writes_blocked():
+            return
+        f = self.front
+        if f.config.aliases.get(queue) is not None or self.check_name(queue) is not None:
+            if not noreply:
+                self.reply_now(ok)          # aliases and names that cannot exist: a no-op
+            return
+        if noreply:
+            self.touched |= 1 << f.owner(queue)
+            f.send(f.owner(queue), self.id, 0, op, F_NOREPLY, queue.encode("latin-1"))
+            return
+
+        def finish(slot):
+            if not self.first_failure(slot):
+                slot.out = ok
+        slot = self.new_slot(finish)
+        self.request(slot, f.owner(queue), op, 0, queue.encode("latin-1"))
+        self.seal(slot)
+
+    def on_delete(self, cmd: mc.Delete) -> None:
+        self.simple_queue_op(OP_DELETE, cmd.queue, cmd.noreply, mc.DELETED)
+
+    def on_flush(self, cmd: mc.Flush) -> None:
+        self.simple_queue_op(OP_FLUSH, cmd.queue, cmd.noreply, mc.END)
+
+    def on_flush_all(self, cmd: mc.FlushAll) -> None:
+        if self.writes_blocked():
+            return
+
+        def finish(slot):
+            if not self.first_failure(slot):
+                slot.out = b"" if cmd.noreply else mc.FLUSHED_ALL
+        self.broadcast(self.new_slot(finish), OP_FLUSH_ALL)
+
+    def on_flush_expired(self, cmd: mc.FlushExpired) -> None:
+        if self.writes_blocked():
+            return
+        q = cmd.queue
+        f = self.front
+        if f.config.aliases.get(q) is not None or self.check_name(q) is not None:
+            self.reply_now(mc.count_line(0))
+            return
+
+        def finish(slot):
+            if not self.first_failure(slot):
+                slot.out = mc.count_line(slot.parts[0].value)
+        slot = self.new_slot(finish)
+        self.request(slot, f.owner(q), OP_FLUSH_EXPIRED, 0, q.encode("latin-1"))
+        self.seal(slot)
+
+    def on_flush_all_expired(self, cmd) -> None:
+        def finish(slot):
+            if not self.first_failure(slot):
+                slot.out = mc.count_line(sum(p.value for p in slot.parts if p.status == R_VALUE))
+        self.broadcast(self.new_slot(finish), OP_FLUSH_ALL_EXPIRED)
+
+    # -- stats and admin commands ----------------------------------------------------------------
+    def on_stats(self, cmd) -> None:
+        self.stats_slot(lambda g, queues: mc.encode_stats(g, list(queues.items())))
+
+    def on_dump_stats(self, cmd: mc.DumpStats) -> None:
+        names = cmd.names or None
+
+        def fmt(g, queues):
+            if names is None:
+                return mc.encode_dump_stats(list(queues.items()))
+            return mc.encode_dump_stats([(n, queues.get(n)) for n in names])
+        self.stats_slot(fmt, names)
+
+    def on_dump_config(self, cmd) -> None:
+        self.config_slot(mc.encode_dump_config)
+
+    def on_status(self, cmd: mc.Status) -> None:
+        st = self.front.status
+        if cmd.name is None:
+            self.reply_now(mc.status_line(st.reported()))
+            return
+        from .status import StatusError
+        try:
+            st.set(cmd.name)
+        except StatusError as e:
+            self.reply_now(mc.client_error(str(e)), close=True)
+            return
+        self.reply_now(mc.END)
+
+    def on_version(self, cmd) -> None:
+        self.reply_now(_VERSION)
+
+    def on_reload(self, cmd) -> None:
+        self.reload_slot(mc.RELOADED)
+
+    def on_shutdown(self, cmd) -> None:
+        self.closing = True
+        self.front.request_shutdown()
+
+    def on_quit(self, cmd) -> None:
+        self.closing = True
+
+    def on_protocol_error(self, cmd: mc.ProtocolError) -> None:
+        self.reply_now(cmd.reply, close=cmd.close)
+
+
+def _finish_stored(slot: Slot) -> None:
+    p = slot.parts[0]
+    st = p.status
+    if st == R_OK:
+        slot.out = mc.STORED
+    elif st == R_SERVER_ERROR:
+        slot.out = mc.server_error(p.payload.decode("latin-1", "replace"))
+        slot.close = True
+    elif st == R_CLIENT_ERROR:
+        slot.out = mc.client_error(p.payload.decode("latin-1", "replace"))
+        slot.close = True
+    else:
+        slot.out = mc.NOT_STORED
+
+
+def _finish_get1(conn: MemcacheConn, slot: Slot, raw: str) -> None:
+    p = slot.parts[0]
+    st = p.status
+    if st == R_ITEM:
+        slot.out = mc.value_block(raw, p.payload) + mc.END
+    elif st == R_END or st == R_EMPTY:
+        slot.out = mc.END
+    else:
+        conn.first_failure(slot)

@@ -1,0 +1,404 @@
+"""One queue with Kestrel's semantics (reference §5): `PersistentQueue`.
+
+A FIFO of `QItem`s plus the items reserved by open transactions, the limits
+that refuse or discard adds, lazy expiry at the head, and the counters behind
+the per-queue stats (§4.2).  Single-threaded: no locks, no asyncio; "now"
+comes from the injected clock.  Everything durable goes through the storage
+seam (storage.py), one `record_*` call per state change.
+
+State and invariants:
+* `_items` is the in-memory part of the queue, head first.  `_length` and
+  `_bytes` count every queued item, including those a read-behind storage
+  keeps on disk only (§5.8), and never the open transactions.  While
+  `_length > 0`, `_items` is not empty (`_refill` pulls at least one item).
+* `_open` maps xid -> reserved item, in the order the reads were opened, so
+  its first key is the oldest open transaction (the one
+  `open_transaction_timeout` recycles, §5.9).
+* The journal order equals the order of the in-memory changes: every mutation
+  is recorded before the call returns, so replaying the records rebuilds
+  exactly this state.
+* Expiry is judged with the CURRENT `max_age`, measured from the item's add
+  time (§5.2, §9 #22): the stored expiry was clamped at add time already, and
+  a reload that shortens `max_age` expires old items retroactively.
+* Waking a waiter only moves it to the owner's list (`on_wake`); the owner
+  retries the fetch later in the same loop iteration (§5.10).
+"""
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import Callable
+
+from .item import QItem
+from .waiters import Waiter, WaitList
+
+log = logging.getLogger(__name__)
+
+_XID_MAX = 0x7FFFFFFF     # journal xids are i32; wrap to 1 (0 is never used)
+
+
+class PersistentQueue:
+    def __init__(self, name: str, config, storage, clock, *, is_fanout_child: bool = False,
+                 expire_sink: Callable[[bytes, int], None] | None = None,
+                 on_wake: Callable[[Waiter], None] | None = None) -> None:
+        """`expire_sink(data, now_ms)` receives expired items when the queue was
+        created with `expire_to_queue` set (the collection binds the target at
+        creation, §5.2); `on_wake(waiter)` receives every waiter this queue wakes."""
+        self.name = name
+        self.config = config
+        self.storage = storage
+        self.clock = clock
+        self.is_fanout_child = is_fanout_child
+        self.expire_sink = expire_sink
+        self.on_wake = on_wake
+        self.closed = False
+        self.created_ms = clock.now_ms()
+        self.waiters = WaitList()
+        self.children: list[str] = []      # fanout children, maintained by the collection
+        self._items: deque[QItem] = deque()
+        self._length = 0
+        self._bytes = 0
+        self._mem_bytes = 0
+        self._open: dict[int, QItem] = {}
+        self._open_deadline: dict[int, int] = {}   # xid -> ms, only under open_transaction_timeout
+        self._xid = 0
+        self._last_removed_add_time: int | None = None
+        self.total_items = 0
+        self.expired_items = 0
+        self.discarded = 0
+        self.transactions = 0
+        self.canceled_transactions = 0
+        self.total_flushes = 0
+
+    # -- the QueueView a storage reads -------------------------------------------------------
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    @property
+    def memory_bytes(self) -> int:
+        return self._mem_bytes
+
+    def memory_items(self) -> deque[QItem]:
+        """The in-memory items, head first (live view: do not mutate)."""
+        return self._items
+
+    def open_items(self) -> dict[int, QItem]:
+        """xid -> reserved item (live view: do not mutate)."""
+        return self._open
+
+    # -- start-up -----------------------------------------------------------------------------
+    def replay(self) -> None:
+        """Rebuild from storage, then roll back every open transaction (§5.9).
+
+        Rollback runs in DESCENDING xid order, each item going to the head, so
+        the lowest xid ends up first and reserved items come back ahead of the
+        never-fetched ones in their original order.  It counts no stats."""
+        st = self.storage.replay(self.config)
+        items = st.items if isinstance(st.items, deque) else deque(st.items)
+        self._items = items
+        self._mem_bytes = sum(len(i.data) for i in items)
+        self._length = st.total_items
+        self._bytes = st.total_bytes
+        self._xid = st.xid_counter
+        self.total_items = st.replayed_adds
+        self._open = {}
+        self._open_deadline = {}
+        record = self.storage.record_unremove
+        for xid in sorted(st.open_transactions, reverse=True):
+            item = st.open_transactions[xid]
+            self._push_head(item)
+            record(item, xid)
+            item.xid = 0
+
+    # -- adds ----------------------------------------------------------------------------------
+    def add(self, data: bytes, expiry_ms: int | None = None, add_time_ms: int | None = None, *,
+            count_total: bool = True) -> bool:
+        """Append an item; False when refused (§5.3).  `expiry_ms` is absolute
+        epoch ms, None or 0 for never.  `count_total` says whether the add counts
+        in this queue's `total_items` stat (every kind of add does by default)."""
+        config = self.config
+        if self.closed or len(data) > config.max_item_size:
+            return False
+        if config.fanout_only and not self.is_fanout_child:
+            return True
+        now = self.clock.now_ms()
+        # "Full" is judged before the expiry sweep of this add (§5.3, §9 #21).
+        while self._length >= config.max_items or self._bytes >= config.max_size:
+            if not config.discard_old_when_full:
+                return False
+            self.discard_expired(now)          # Kestrel's _remove sweeps before it takes the head
+            if not self._items:
+                if self._length >= config.max_items or self._bytes >= config.max_size:
+                    return False               # limits of 0: nothing left to discard
+                break
+            item = self._pop_head()
+            self._last_removed_add_time = item.add_time
+            self.storage.record_remove(item)
+            self._refill(now)
+            self.discarded += 1
+        expiry = expiry_ms or 0
+        max_age = config.max_age
+        if max_age is not None:
+            cap = now + max_age
+            if not expiry or cap < expiry:
+                expiry = cap
+        item = QItem(now if add_time_ms is None else add_time_ms, expiry, data)
+        storage = self.storage
+        storage.before_add(self, config, now)
+        if storage.can_read_behind and not storage.in_read_behind and self._bytes >= config.max_memory_size:
+            log.info("queue %r: dropping to read-behind at %d bytes", self.name, self._bytes)
+            storage.start_read_behind()
+        if self._items:
+            self.discard_expired(now)
+        storage.record_add(item)
+        n = len(data)
+        if not storage.in_read_behind:
+            self._items.append(item)
+            self._mem_bytes += n
+        self._length += 1
+        self._bytes += n
+        if count_total:
+            self.total_items += 1
+        if self.waiters._live:
+            self._wake_one()
+        return True
+
+    # -- removes -------------------------------------------------------------------------------
+    def remove(self, transactional: bool = False) -> QItem | None:
+        """Take the head item (reserved under a fresh `item.xid` when transactional)."""
+        if self.closed or not self._length:
+            return None
+        now = self.clock.now_ms()
+        if transactional:
+            self.transactions += 1     # counted even if the head turns out expired (§4.2)
+        if self._open_deadline and self.config.open_transaction_timeout is not None:
+            self._recycle_timed_out(now)
+        self.discard_expired(now)
+        if not self._items:
+            return None
+        item = self._pop_head()
+        self._last_removed_add_time = item.add_time
+        storage = self.storage
+        if transactional:
+            xid = self._next_xid()
+            item.xid = xid
+            self._open[xid] = item
+            timeout = self.config.open_transaction_timeout
+            if timeout is not None:
+                self._open_deadline[xid] = now + timeout
+            storage.record_open(item, xid)
+        else:
+            storage.record_remove(item)
+        self._refill(now)
+        storage.after_remove(self, self.config, now)
+        return item
+
+    def peek(self) -> QItem | None:
+        if self.closed or not self._length:
+            return None
+        self.discard_expired()
+        return self._items[0] if self._items else None
+
+    def unremove(self, xid: int) -> bool:
+        """Abort: the reserved item goes back to the HEAD and wakes one waiter (§5.9)."""
+        item = self._open.pop(xid, None) if not self.closed else None
+        if item is None:
+            log.warning("queue %r: abort of xid %d, which is not open", self.name, xid)
+            return False
+        self._open_deadline.pop(xid, None)
+        self._abort(item, xid)
+        if self.waiters._live:
+            self._wake_one()
+        return True
+
+    def confirm_remove(self, xid: int) -> bool:
+        item = self._open.pop(xid, None) if not self.closed else None
+        if item is None:
+            log.warning("queue %r: confirm of xid %d, which is not open", self.name, xid)
+            return False
+        self._open_deadline.pop(xid, None)
+        self.storage.record_confirm(item, xid)
+        return True
+
+    def flush(self) -> None:
+        """Remove every queued item, each recorded as a plain remove; open
+        transactions stay and can still be aborted back (§5.5)."""
+        if self.closed:
+            return
+        now = self.clock.now_ms()
+        storage = self.storage
+        config = self.config
+        while self._items:
+            item = self._pop_head()
+            self._last_removed_add_time = item.add_time
+            storage.record_remove(item)
+            self._refill(now)
+            storage.after_remove(self, config, now)
+        self.total_flushes += 1
+
+    # -- expiry --------------------------------------------------------------------------------
+    def is_expired(self, item: QItem, now: int) -> bool:
+        expiry = item.expiry
+        max_age = self.config.max_age
+        if max_age is not None:
+            cap = item.add_time + max_age
+            if not expiry or cap < expiry:
+                expiry = cap
+        return expiry != 0 and expiry <= now
+
+    def discard_expired(self, now: int | None = None, limit: int | None = None) -> int:
+        """Sweep expired items off the head, at most `max_expire_sweep` (and
+        `limit`) of them; stops at the first live item (§5.2).  Returns the count."""
+        items = self._items
+        if not items:
+            return 0
+        if now is None:
+            now = self.clock.now_ms()
+        cap = self.config.max_expire_sweep
+        if limit is not None and limit < cap:
+            cap = limit
+        sink = self.expire_sink
+        moved: list[bytes] = []
+        n = 0
+        record = self.storage.record_remove
+        is_expired = self.is_expired
+        while n < cap and items and is_expired(items[0], now):
+            item = self._pop_head()
+            record(item)
+            self._refill(now)
+            n += 1
+            if sink is not None:
+                moved.append(item.data)
+        self.expired_items += n
+        # Moves run after the sweep, as Kestrel's do (outside its lock), so a
+        # target that is this very queue sees a consistent state.
+        for data in moved:
+            sink(data, now)
+        return n
+
+    # -- life cycle ----------------------------------------------------------------------------
+    def reload(self, config) -> None:
+        """New limits take effect at once; the expire_to_queue binding does not change."""
+        self.config = config
+
+    def close(self) -> None:
+        """Stop serving: every waiter is evicted (answers empty); storage flushed and synced."""
+        if self.closed:
+            return
+        self.closed = True
+        on_wake = self.on_wake
+        for w in self.waiters.wake_all():
+            if on_wake is not None:
+                on_wake(w)
+        self.storage.close()
+
+    def destroy(self) -> None:
+        """`delete`: close, then erase every file of the queue."""
+        self.close()
+        self.storage.erase()
+
+    # -- stats ---------------------------------------------------------------------------------
+    def age_ms(self, now: int) -> int:
+        """Deviation 6: 0 until the first remove from this queue object, and 0 when empty."""
+        last = self._last_removed_add_time
+        if self._bytes == 0 or last is None:
+            return 0
+        return max(0, now - last)
+
+    def stats(self) -> list[tuple[str, str]]:
+        """Per-queue stats in the exact order of §4.1."""
+        storage = self.storage
+        out = [
+            ("items", str(self._length)),
+            ("bytes", str(self._bytes)),
+            ("total_items", str(self.total_items)),
+            ("logsize", str(storage.logsize)),
+            ("expired_items", str(self.expired_items)),
+            ("mem_items", str(len(self._items))),
+            ("mem_bytes", str(self._mem_bytes)),
+            ("age", str(self.age_ms(self.clock.now_ms()))),
+            ("discarded", str(self.discarded)),
+            ("waiters", str(len(self.waiters))),
+            ("open_transactions", str(len(self._open))),
+            ("transactions", str(self.transactions)),
+            ("canceled_transactions", str(self.canceled_transactions)),
+            ("total_flushes", str(self.total_flushes)),
+            ("journal_rewrites", str(storage.rewrites)),
+            ("journal_rotations", str(storage.rotations)),
+        ]
+        if self.children:
+            out.append(("children", ",".join(self.children)))
+        return out
+
+    # -- internals -----------------------------------------------------------------------------
+    def _pop_head(self) -> QItem:
+        item = self._items.popleft()
+        n = len(item.data)
+        self._mem_bytes -= n
+        self._bytes -= n
+        self._length -= 1
+        return item
+
+    def _push_head(self, item: QItem) -> None:
+        n = len(item.data)
+        self._items.appendleft(item)
+        self._mem_bytes += n
+        self._bytes += n
+        self._length += 1
+
+    def _refill(self, now: int) -> None:
+        """Read-behind (§5.8): pull items from storage while memory is under
+        max_memory_size, and always at least one while the queue is not empty."""
+        storage = self.storage
+        if not storage.in_read_behind:
+            return
+        limit = self.config.max_memory_size
+        items = self._items
+        while storage.in_read_behind and (self._mem_bytes < limit or not items):
+            got = storage.fill_read_behind(max(limit - self._mem_bytes, 1), now)
+            if not got:
+                break
+            for item in got:
+                items.append(item)
+                self._mem_bytes += len(item.data)
+
+    def _abort(self, item: QItem, xid: int) -> None:
+        self._push_head(item)
+        self.storage.record_unremove(item, xid)
+        item.xid = 0
+        self.canceled_transactions += 1
+
+    def _recycle_timed_out(self, now: int) -> None:
+        """open_transaction_timeout (§5.9, §9 #17): lazily, on a remove from a
+        non-empty queue, abort the single oldest open transaction if its time
+        is up, so this remove returns it.  No waiter is woken: the remover
+        takes the item."""
+        xid, deadline = next(iter(self._open_deadline.items()))
+        if deadline < now:
+            del self._open_deadline[xid]
+            item = self._open.pop(xid)
+            log.info("queue %r: open transaction %d timed out; redelivering", self.name, xid)
+            self._abort(item, xid)
+
+    def _next_xid(self) -> int:
+        xid = self._xid
+        open_ = self._open
+        while True:
+            xid = xid + 1 if xid < _XID_MAX else 1
+            if xid not in open_:
+                break
+        self._xid = xid
+        return xid
+
+    def _wake_one(self) -> None:
+        w = self.waiters.wake_one()
+        if w is not None and self.on_wake is not None:
+            self.on_wake(w)
+
+    def __repr__(self) -> str:
+        return f"<PersistentQueue {self.name!r} items={self._length} open={len(self._open)}>"

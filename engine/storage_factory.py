@@ -1,0 +1,118 @@
+"""A worker's storages: Kestrel journals for its queues, workq command logs for its partitions.
+
+Packing never runs in the worker: when a journal in read-behind finishes its
+checkpoint file (reference §6.5) the worker hands the pack request to the
+cleaner process and carries on; the cleaner writes the `.pack` file and the
+journal adopts it when the reply comes back.  Command-log partitions with the
+`interval` sync policy are fsynced from a helper thread on a timer, and the
+cleaner rewrites their closed segments on its own schedule.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from . import control
+from .placement import partition_of, partitions_of_worker
+from .storage import MemoryStorage
+
+log = logging.getLogger(__name__)
+
+
+class ShardStorage:
+    def __init__(self, config, clock, worker: int, nworkers: int, cleaner_sock=None):
+        self.config = config
+        self.clock = clock
+        self.queue_path = config.server.queue_path
+        self.cleaner = cleaner_sock
+        self.partitions = partitions_of_worker(worker, nworkers)
+        self._logs: dict[int, object] = {}
+        self._journals: dict[str, object] = {}
+        self._packs: dict[int, object] = {}       # request id -> journal
+        self._next_pack = 1
+        self._next_cmdlog_sync: int | None = None
+
+    # -- the factory the QueueCollection calls -------------------------------------------------
+    def __call__(self, name: str, qc):
+        if qc.storage == "cmdlog":
+            return self.partition_log(partition_of(name)).storage_for(name)
+        from .journal import Journal
+        if not qc.keep_journal:
+            Journal.erase_all(self.queue_path, name)
+            return MemoryStorage()
+        j = Journal(self.queue_path, name, self.clock, qc.sync_journal,
+                    inline_pack=self.cleaner is None)
+        self._journals[name] = j
+        return j
+
+    def partition_log(self, partition: int):
+        plog = self._logs.get(partition)
+        if plog is None:
+            from .cmdlog import open_partition_logs
+            plog = open_partition_logs(self.queue_path, [partition], self.clock,
+                                       self.config.cmdlog)[partition]
+            self._logs[partition] = plog
+            if self.config.cmdlog.sync == "interval" and self._next_cmdlog_sync is None:
+                self._next_cmdlog_sync = self.clock.now_ms() + self.config.cmdlog.sync_interval
+        return plog
+
+    def queue_names(self) -> list[str]:
+        """Queues held in this shard's command-log partitions (journal queues are files)."""
+        root = os.path.join(self.queue_path, "cmdlog")
+        names = []
+        for p in self.partitions:
+            if os.path.isdir(os.path.join(root, str(p))):
+                names.extend(self.partition_log(p).queue_names())
+        return names
+
+    # -- timers the worker drives --------------------------------------------------------------
+    def next_deadlines(self) -> list[int]:
+        return [self._next_cmdlog_sync] if self._next_cmdlog_sync is not None else []
+
+    def tick(self, now_ms: int) -> None:
+        if self._next_cmdlog_sync is not None and now_ms >= self._next_cmdlog_sync:
+            self._next_cmdlog_sync = now_ms + self.config.cmdlog.sync_interval
+            logs = [plog for plog in self._logs.values()]
+            for plog in logs:
+                plog.flush()
+            threading.Thread(target=_sync_logs, args=(logs,), name="cmdlog-sync", daemon=True).start()
+        if self.cleaner is not None:
+            for name, j in list(self._journals.items()):
+                req = j.pack_due() if j.in_read_behind or getattr(j, "checkpoint", None) else None
+                if req is not None:
+                    self.request_pack(j, req)
+
+    def request_pack(self, journal, req) -> None:
+        rid = self._next_pack
+        self._next_pack += 1
+        self._packs[rid] = journal
+        try:
+            control.send(self.cleaner, {"cmd": "pack", "id": rid, "files": list(req.files),
+                                        "out": req.out_path})
+        except OSError as e:
+            log.error("cannot reach the cleaner for a pack of %s: %s", req.out_path, e)
+            self._packs.pop(rid, None)
+
+    def on_cleaner_reply(self, msg) -> None:
+        if msg.get("cmd") != "packed":
+            return
+        j = self._packs.pop(msg["id"], None)
+        if j is None:
+            return
+        if msg.get("ok"):
+            j.pack_done(msg.get("result"))
+        else:
+            log.error("pack failed: %s", msg.get("error"))
+            j.pack_failed(msg.get("error"))
+
+    def forget(self, name: str) -> None:
+        self._journals.pop(name, None)
+
+
+def _sync_logs(logs) -> None:
+    for plog in logs:
+        try:
+            plog.sync()
+        except OSError as e:
+            log.error("cmdlog fsync failed: %s", e)

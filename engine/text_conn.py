@@ -1,0 +1,226 @@
+"""A text-protocol client connection in a front (reference §2).
+
+Every text get is a reliable read that the next get, peek, monitor or confirm on
+the same queue confirms (F_CONFIRM_ALL), so consumers are always one item behind;
+availability errors are `-Server not available for operation <op>` lines and the
+connection stays open.
+"""
+from __future__ import annotations
+
+from protocols import text as tx
+
+from . import __version__
+from .front import C_GET, C_PEEK, C_SET, BaseConn, Slot
+from .messages import (F_CONFIRM_ALL, F_OPEN, F_PEEK, OP_ALIAS_PUT, OP_CONFIRM, OP_DELETE,
+                       OP_FLUSH, OP_GET, OP_MONITOR, OP_SET, R_ERROR, R_ITEM, R_OK, R_SERVER_ERROR)
+
+_VERSION = tx.string(__version__)
+
+
+def _blocked(op: str) -> bytes:
+    return tx.error("Server not available for operation " + op)
+
+
+class TextConn(BaseConn):
+    def __init__(self, front):
+        super().__init__(front)
+        self.parser = tx.TextParser()
+        self._handlers = {
+            tx.Put: self.on_put, tx.Get: self.on_get, tx.Peek: self.on_peek,
+            tx.Monitor: self.on_monitor, tx.Confirm: self.on_confirm, tx.Flush: self.on_flush,
+            tx.Delete: self.on_delete, tx.Status: self.on_status, tx.Version: self.on_version,
+            tx.Shutdown: self.on_shutdown, tx.Quit: self.on_quit, tx.Reply: self.on_reply,
+            tx.ProtocolError: self.on_protocol_error,
+        }
+
+    def feed(self, data: bytes) -> None:
+        self.parser.feed(data)
+        if self.parser.buffered > (8 << 20) and not self.reading_paused:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def next_command(self):
+        return self.parser.next()
+
+    def handle(self, cmd) -> None:
+        self._handlers[type(cmd)](cmd)
+
+    def unavailable(self, slot: Slot, reason: str) -> None:
+        slot.out = tx.error(reason)
+
+    def bad_name(self, queue: str) -> bool:
+        reason = self.check_name(queue)
+        if reason is None:
+            return False
+        self.reply_now(tx.error(reason), close=True)
+        return True
+
+    def failure(self, slot: Slot) -> bool:
+        for p in slot.parts:
+            if p.status == R_SERVER_ERROR:
+                slot.out = tx.error(p.payload.decode("latin-1", "replace"))
+                return True
+        return False
+
+    # -- commands --------------------------------------------------------------------------------
+    def on_put(self, cmd: tx.Put) -> None:
+        q = cmd.queue
+        if self.bad_name(q):
+            return
+        f = self.front
+        if self.refuse_writes or f.status.blocks_writes():
+            self.reply_now(_blocked("setItem"))
+            return
+        f.my.incr(C_SET, len(cmd.items))
+        expiry = 0 if cmd.expiry_ms is None else f.clock.now_ms() + cmd.expiry_ms
+        if expiry == 0 and cmd.expiry_ms is not None:
+            expiry = -1
+        dests = f.config.aliases.get(q)
+        targets = dests if dests is not None else (q,)
+        if dests is not None:
+            f.send(f.owner(q), self.id, 0, OP_ALIAS_PUT, 0, q.encode("latin-1"), len(cmd.items),
+                   sum(len(i) for i in cmd.items))
+        ntargets = len(targets)
+
+        def finish(slot):
+            if self.failure(slot):
+                return
+            stored = 0
+            parts = slot.parts
+            for i in range(0, len(parts), max(ntargets, 1)):
+                group = parts[i:i + ntargets]
+                if all(p.status == R_OK for p in group):
+                    stored += 1
+            if ntargets == 0:
+                stored = len(cmd.items)
+            slot.out = tx.count(stored)
+        slot = self.new_slot(finish)
+        for data in cmd.items:
+            for t in targets:
+                self.request(slot, f.owner(t), OP_SET, 0, t.encode("latin-1"), expiry, 0, data)
+        self.seal(slot)
+
+    def fetch(self, queue: str, flags: int, timeout: int | None, counter: int, op_name: str) -> None:
+        if self.bad_name(queue):
+            return
+        f = self.front
+        if self.refuse_reads or f.status.blocks_reads():
+            self.reply_now(_blocked(op_name))
+            return
+        f.my.incr(counter)
+        if f.config.aliases.get(queue) is not None:
+            self.reply_now(tx.NONE)
+            return
+        t = timeout if timeout is not None and timeout > 0 else -1
+        mot = f.config.server.max_open_transactions
+
+        def finish(slot):
+            if self.failure(slot):
+                return
+            p = slot.parts[0]
+            if p.status == R_ITEM:
+                slot.out = tx.item(p.payload)
+            elif p.status == R_ERROR:
+                slot.out = tx.error("Too many open transactions; limit=%d" % mot)
+            else:
+                slot.out = tx.NONE
+        slot = self.new_slot(finish, blocking=t > 0)
+        self.request(slot, f.owner(queue), OP_GET, flags, queue.encode("latin-1"), t)
+        self.seal(slot)
+
+    def on_get(self, cmd: tx.Get) -> None:
+        self.fetch(cmd.queue, F_CONFIRM_ALL | F_OPEN, cmd.timeout_ms, C_GET, "getItem")
+
+    def on_peek(self, cmd: tx.Peek) -> None:
+        self.fetch(cmd.queue, F_CONFIRM_ALL | F_PEEK, cmd.timeout_ms, C_PEEK, "getItem")
+
+    def on_monitor(self, cmd: tx.Monitor) -> None:
+        q = cmd.queue
+        if self.bad_name(q):
+            return
+        f = self.front
+        if self.refuse_reads or f.status.blocks_reads():
+            self.reply_now(_blocked("monitorUntil"))
+            return
+        if f.config.aliases.get(q) is not None:
+            self.reply_now(tx.NONE)
+            return
+
+        def stream(slot, part, data):
+            return tx.item(data) if part.status == R_ITEM else b""
+
+        def finish(slot):
+            if not self.failure(slot):
+                slot.out += tx.NONE
+        slot = self.new_slot(finish, stream=stream, blocking=True)
+        self.request(slot, f.owner(q), OP_MONITOR, F_CONFIRM_ALL, q.encode("latin-1"),
+                     max(cmd.timeout_ms, 0), -1)
+        self.seal(slot)
+
+    def on_confirm(self, cmd: tx.Confirm) -> None:
+        f = self.front
+        if cmd.count < 0:
+            self.reply_now(tx.error("Not that many transactions open."))
+            return
+
+        def finish(slot):
+            if self.failure(slot):
+                return
+            if slot.parts[0].status == R_OK:
+                slot.out = tx.count(cmd.count)
+            else:
+                slot.out = tx.error("Not that many transactions open.")
+        slot = self.new_slot(finish)
+        self.request(slot, f.owner(cmd.queue), OP_CONFIRM, 0, cmd.queue.encode("latin-1"), cmd.count)
+        self.seal(slot)
+
+    def queue_op(self, op: int, queue: str, op_name: str) -> None:
+        f = self.front
+        if self.refuse_writes or f.status.blocks_writes():
+            self.reply_now(_blocked(op_name))
+            return
+        if f.config.aliases.get(queue) is not None or self.check_name(queue) is not None:
+            self.reply_now(tx.count(0))
+            return
+
+        def finish(slot):
+            if not self.failure(slot):
+                slot.out = tx.count(0)
+        slot = self.new_slot(finish)
+        self.request(slot, f.owner(queue), op, 0, queue.encode("latin-1"))
+        self.seal(slot)
+
+    def on_flush(self, cmd: tx.Flush) -> None:
+        self.queue_op(OP_FLUSH, cmd.queue, "flush")
+
+    def on_delete(self, cmd: tx.Delete) -> None:
+        self.queue_op(OP_DELETE, cmd.queue, "delete")
+
+    def on_status(self, cmd: tx.Status) -> None:
+        st = self.front.status
+        if cmd.name is None:
+            self.reply_now(tx.string(st.reported().upper()))
+            return
+        from .status import StatusError
+        try:
+            st.set(cmd.name)
+        except StatusError as e:
+            self.reply_now(tx.error(str(e)))
+            return
+        self.reply_now(tx.count(0))
+
+    def on_version(self, cmd) -> None:
+        self.reply_now(_VERSION)
+
+    def on_shutdown(self, cmd) -> None:
+        self.reply_now(tx.count(0))
+        self.front.request_shutdown()
+
+    def on_quit(self, cmd) -> None:
+        self.closing = True
+
+    def on_reply(self, cmd: tx.Reply) -> None:
+        self.reply_now(cmd.reply)
+
+    def on_protocol_error(self, cmd: tx.ProtocolError) -> None:
+        self.reply_now(cmd.reply, close=cmd.close)

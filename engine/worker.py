@@ -1,0 +1,632 @@
+"""A shard worker: one plain event loop that owns a shard of the queues.
+
+The worker owns every queue whose partition maps to it (placement.py), with
+their journals and command-log segments, the per-connection open reads of
+every client that touched them (keyed by (front, connection)), and the waiters
+of blocking gets and monitors, so fairness is FIFO per queue across all fronts.
+
+Loop, one iteration:
+  1. drain every inbound ring (one per front, one per other worker) and run
+     each request against the QueueCollection, collecting replies;
+  2. retry the waiters that adds and aborts woke;
+  3. hand every dirty journal/segment's buffered records to the OS in one
+     write each (so an acknowledged item survives `kill -9` of this process);
+  4. replies that depend on an fsync (sync "always") are held while a helper
+     thread fsyncs all of them at once (group commit); other replies are
+     published now, one publish per ring;
+  5. fire due timers (waiter deadlines, the expiration timer, periodic sync),
+     then sleep on the wake eventfd until a producer signals or a timer is due.
+No asyncio and no busy spinning: idle, the worker blocks in epoll.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import selectors
+import signal
+import threading
+from collections import defaultdict
+from dataclasses import dataclass
+
+import msgpack
+
+from . import control
+from .clock import SYSTEM_CLOCK
+from .collection import QueueCollection
+from .messages import (F_ABORT, F_CLOSE, F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_PEEK, OP_ALIAS_PUT,
+                       OP_CONFIRM, OP_DELETE, OP_DISCONNECT, OP_DUMP_CONFIG, OP_FLUSH, OP_FLUSH_ALL,
+                       OP_FLUSH_ALL_EXPIRED, OP_FLUSH_EXPIRED, OP_FORWARD_ADD, OP_GET, OP_MONITOR,
+                       OP_RELOAD, OP_SET, OP_STATS, R_CLIENT_ERROR, R_DATA, R_EMPTY, R_END, R_ERROR,
+                       R_ITEM, R_NOT_STORED, R_OK, R_SERVER_ERROR, R_VALUE, REQ_SIZE, RF_CLOSE, RF_MORE,
+                       Reassembler, pack_req, pack_resp, send, unpack_req)
+from .placement import worker_of
+from .sessions import Session
+from .storage_factory import ShardStorage
+from .waiters import Waiter
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_BOOT_ERROR = 3      # replay or config failure: the supervisor halts instead of looping
+
+
+@dataclass(slots=True, eq=False)
+class Pending:
+    """A blocked GET or a running MONITOR, parked on a queue's wait list."""
+    src: int
+    conn: int
+    req: int
+    queue: str
+    flags: int
+    monitor: bool = False
+    budget: int = 0          # monitor: items still allowed
+    deadline_ms: int | None = None
+    waiter: Waiter | None = None
+    done: bool = False
+
+
+class Worker:
+    def __init__(self, index: int, nworkers: int, config, status, inbound, outbound, wake_fd: int,
+                 control_sock, cleaner_sock=None, clock=SYSTEM_CLOCK, nfronts: int = 1):
+        """inbound[src] / outbound[dst]: rings indexed by peer: fronts 0..F-1, then workers F..F+W-1
+        (None for this worker's own slot)."""
+        self.index = index
+        self.nworkers = nworkers
+        self.nfronts = nfronts
+        self.config = config
+        self.status = status
+        self.inbound = inbound
+        self.outbound = outbound
+        self.wake_fd = wake_fd
+        self.control = control_sock
+        self.cleaner = cleaner_sock
+        self.clock = clock
+        self.sessions: dict[tuple[int, int], Session] = {}
+        self.pending_by_conn: dict[tuple[int, int], set[Pending]] = defaultdict(set)
+        self.alias_counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        self.down_peers: set[int] = set()
+        self.replies: list[tuple[int, bytes, bytes]] = []
+        self.held: list[tuple[int, bytes, bytes]] = []
+        self.sync_inflight = False
+        self.sync_done_r, self.sync_done_w = os.pipe()
+        os.set_blocking(self.sync_done_r, False)
+        self.stopping = False
+        self.mot = config.server.max_open_transactions
+        self.coll: QueueCollection | None = None
+        self.next_expire_ms: int | None = None
+        self.next_sync_ms: dict[object, int] = {}
+
+    # -- start-up --------------------------------------------------------------------------------
+    def owns(self, name: str) -> bool:
+        return worker_of(name, self.nworkers) == self.index
+
+    def boot(self) -> None:
+        factory = ShardStorage(self.config, self.clock, self.index, self.nworkers, self.cleaner)
+        self.coll = QueueCollection(self.config, self.clock, storage_factory=factory, owns=self.owns,
+                                    expire_forward=self.forward_add, autoflush=False)
+        self.storage_factory = factory
+
+        def progress(name, i, n):
+            log.info("worker %d: replaying queue %r (%d/%d)", self.index, name, i, n)
+        self.coll.load(progress=progress)
+        freq = self.config.server.expiration_timer_frequency
+        if freq:
+            self.next_expire_ms = self.clock.now_ms() + freq
+
+    # -- the loop --------------------------------------------------------------------------------
+    def run(self) -> int:
+        sel = selectors.DefaultSelector()
+        sel.register(self.wake_fd, selectors.EVENT_READ, "wake")
+        sel.register(self.control.fileno(), selectors.EVENT_READ, "control")
+        sel.register(self.sync_done_r, selectors.EVENT_READ, "sync")
+        if self.cleaner is not None:
+            sel.register(self.cleaner.fileno(), selectors.EVENT_READ, "cleaner")
+        ctl_reader = control.Reader(self.control)
+        cleaner_reader = control.Reader(self.cleaner) if self.cleaner is not None else None
+        rings = [(src, r) for src, r in enumerate(self.inbound) if r is not None]
+        self.asm = {src: Reassembler() for src, _ in rings}
+        outs = [r for r in self.outbound if r is not None]
+        while not self.stopping:
+            for r in outs:
+                if r.backlog:
+                    r.publish()
+            busy = self.drain(rings)
+            self.run_timers()
+            self.finish_batch()
+            if busy:
+                continue
+            # Going to sleep: tell every producer to signal us, then re-check.
+            if any(not r.prepare_sleep() for _, r in rings):
+                for _, r in rings:
+                    r.clear_sleep()
+                continue
+            timeout = self.next_timeout()
+            events = sel.select(timeout)
+            for _, r in rings:
+                r.clear_sleep()
+            for key, _ in events:
+                what = key.data
+                if what == "wake":
+                    try:
+                        os.eventfd_read(self.wake_fd)
+                    except BlockingIOError:
+                        pass
+                elif what == "control":
+                    for msg in ctl_reader.read():
+                        self.on_control(msg)
+                    if ctl_reader.eof:
+                        log.warning("worker %d: supervisor gone, exiting", self.index)
+                        self.stopping = True
+                elif what == "sync":
+                    self.on_sync_done()
+                elif what == "cleaner":
+                    for msg in cleaner_reader.read():
+                        self.on_cleaner(msg)
+        self.shutdown()
+        return EXIT_OK
+
+    def drain(self, rings) -> bool:
+        busy = False
+        for src, ring in rings:
+            if src in self.down_peers:
+                continue
+            asm = self.asm[src]
+            while True:
+                batch = ring.read_batch()
+                if not batch:
+                    break
+                busy = True
+                for rec in batch:
+                    msg = asm.feed(rec)
+                    if msg is None:
+                        continue
+                    try:
+                        self.handle(src, msg)
+                    except Exception:   # one bad request must not take the shard down
+                        log.exception("worker %d: request from peer %d failed", self.index, src)
+                        conn, req = unpack_req(msg, 0)[:2]
+                        self.reply(src, conn, req, R_SERVER_ERROR, RF_CLOSE, 0, b"internal error")
+                del batch
+                ring.release()
+        if self.coll.woken:
+            self.retry_woken()
+        return busy
+
+    def next_timeout(self) -> float | None:
+        deadlines = []
+        d = self.coll.timers.next_deadline()
+        if d is not None:
+            deadlines.append(d)
+        if self.next_expire_ms is not None:
+            deadlines.append(self.next_expire_ms)
+        deadlines.extend(self.next_sync_ms.values())
+        deadlines.extend(self.storage_factory.next_deadlines())
+        if not deadlines:
+            return None
+        return max(0.0, (min(deadlines) - self.clock.now_ms()) / 1000.0)
+
+    # -- replies, batching, group commit ---------------------------------------------------------
+    def reply(self, dst: int, conn: int, req: int, status: int, flags: int = 0, value: int = 0,
+              payload: bytes = b"") -> None:
+        self.replies.append((dst, pack_resp(conn, req, status, flags, 0, value), payload))
+
+    def finish_batch(self) -> None:
+        """Flush journals, then publish replies or hold them for a group fsync."""
+        dirty = self.coll.dirty_storages()
+        needs_sync = []
+        for st in dirty:
+            try:
+                st.flush()
+            except OSError as e:
+                log.error("worker %d: journal write failed: %s", self.index, e)
+            policy = st.sync_policy
+            if policy == "always":
+                needs_sync.append(st)
+            elif isinstance(policy, int) and st not in self.next_sync_ms:
+                self.next_sync_ms[st] = self.clock.now_ms() + policy
+        if needs_sync or (self.sync_inflight and self.replies):
+            self.held.extend(self.replies)
+            self.replies = []
+            if needs_sync and not self.sync_inflight:
+                self.start_sync(needs_sync)
+            elif needs_sync:
+                self.sync_queue = getattr(self, "sync_queue", []) + needs_sync
+        if self.replies:
+            self.publish(self.replies)
+            self.replies = []
+
+    def start_sync(self, storages) -> None:
+        self.sync_inflight = True
+        held, self.held = self.held, []
+        self.sync_batch = held
+
+        def work():
+            for st in storages:
+                try:
+                    st.sync()
+                except OSError as e:
+                    log.error("worker %d: fsync failed: %s", self.index, e)
+            os.write(self.sync_done_w, b"x")
+        threading.Thread(target=work, name="group-commit", daemon=True).start()
+
+    def on_sync_done(self) -> None:
+        try:
+            os.read(self.sync_done_r, 64)
+        except BlockingIOError:
+            return
+        self.sync_inflight = False
+        self.publish(self.sync_batch)
+        self.sync_batch = []
+        more = getattr(self, "sync_queue", [])
+        self.sync_queue = []
+        if more:
+            self.start_sync(list(dict.fromkeys(more)))
+        elif self.held:
+            self.publish(self.held)
+            self.held = []
+
+    def publish(self, replies) -> None:
+        touched = set()
+        for dst, head, payload in replies:
+            if dst in self.down_peers:
+                continue
+            send(self.outbound[dst], head, payload)
+            touched.add(dst)
+        for dst in touched:
+            self.outbound[dst].publish()
+
+    # -- requests --------------------------------------------------------------------------------
+    def handle(self, src: int, rec) -> None:
+        conn, req, op, flags, qlen, a, b = unpack_req(rec, 0)
+        queue = bytes(rec[REQ_SIZE:REQ_SIZE + qlen]).decode("latin-1")
+        payload = rec[REQ_SIZE + qlen:]
+        coll = self.coll
+        if op == OP_SET:
+            ok = coll.add(queue, bytes(payload), a or None)
+            if not flags & F_NOREPLY:
+                self.reply(src, conn, req, R_OK if ok else R_NOT_STORED)
+        elif op == OP_GET:
+            self.op_get(src, conn, req, queue, flags, a)
+        elif op == OP_MONITOR:
+            sess = self.session(src, conn)
+            if flags & F_CONFIRM_ALL:
+                self.confirm_all(sess, queue)
+            budget = b if b >= 0 else self.mot
+            p = Pending(src, conn, req, queue, F_OPEN, monitor=True, budget=budget,
+                        deadline_ms=self.clock.now_ms() + max(a, 0))
+            self.monitor_step(p)
+        elif op == OP_CONFIRM:
+            sess = self.sessions.get((src, conn))
+            xids = sess.pop_oldest_n(queue, a) if sess else None
+            if xids is None:
+                self.reply(src, conn, req, R_ERROR)
+            else:
+                for xid in xids:
+                    coll.confirm_remove(queue, xid)
+                self.reply(src, conn, req, R_OK, 0, a)
+        elif op == OP_DISCONNECT:
+            self.disconnect(src, conn)
+        elif op == OP_DELETE:
+            coll.delete(queue)
+            if not flags & F_NOREPLY:
+                self.reply(src, conn, req, R_OK)
+        elif op == OP_FLUSH:
+            coll.flush(queue)
+            if not flags & F_NOREPLY:
+                self.reply(src, conn, req, R_OK)
+        elif op == OP_FLUSH_EXPIRED:
+            self.reply(src, conn, req, R_VALUE, 0, coll.flush_expired(queue))
+        elif op == OP_FLUSH_ALL:
+            coll.flush_all()
+            if not flags & F_NOREPLY:
+                self.reply(src, conn, req, R_OK)
+        elif op == OP_FLUSH_ALL_EXPIRED:
+            self.reply(src, conn, req, R_VALUE, 0, coll.flush_all_expired())
+        elif op == OP_STATS:
+            names = msgpack.unpackb(bytes(payload)) if payload else None
+            self.reply(src, conn, req, R_DATA, 0, 0, self.stats_payload(names))
+        elif op == OP_DUMP_CONFIG:
+            self.reply(src, conn, req, R_DATA, 0, 0, self.config_payload())
+        elif op == OP_ALIAS_PUT:
+            c = self.alias_counts[queue]
+            c[0] += a
+            c[1] += b
+        elif op == OP_FORWARD_ADD:
+            coll.add_forwarded(queue, bytes(payload), self.clock.now_ms())
+        elif op == OP_RELOAD:
+            self.reload()
+            self.reply(src, conn, req, R_OK)
+        else:
+            self.reply(src, conn, req, R_CLIENT_ERROR, RF_CLOSE, 0, b"unknown request")
+
+    def session(self, src: int, conn: int) -> Session:
+        key = (src, conn)
+        sess = self.sessions.get(key)
+        if sess is None:
+            sess = self.sessions[key] = Session(key)
+        return sess
+
+    def confirm_all(self, sess: Session, queue: str) -> None:
+        n = sess.open_count(queue)
+        if n:
+            for xid in sess.pop_oldest_n(queue, n):
+                self.coll.confirm_remove(queue, xid)
+
+    def op_get(self, src, conn, req, queue, flags, timeout) -> None:
+        coll = self.coll
+        sess = self.sessions.get((src, conn))
+        if flags & F_CONFIRM_ALL:
+            sess = sess or self.session(src, conn)
+            self.confirm_all(sess, queue)
+        if flags & F_ABORT:
+            xid = sess.pop_oldest(queue) if sess else None
+            if xid is not None:
+                coll.unremove(queue, xid)
+            self.reply(src, conn, req, R_EMPTY)
+            return
+        if flags & F_CLOSE:
+            xid = sess.pop_oldest(queue) if sess else None
+            if xid is not None:
+                coll.confirm_remove(queue, xid)
+            if not flags & F_OPEN:
+                self.reply(src, conn, req, R_EMPTY)
+                return
+        opens = sess.open_count(queue) if sess else 0
+        if flags & F_OPEN:
+            if opens >= self.mot:
+                if flags & F_CONFIRM_ALL:   # text protocol: an error line, connection stays
+                    self.reply(src, conn, req, R_ERROR, 0, self.mot)
+                else:
+                    self.reply(src, conn, req, R_ERROR, RF_CLOSE)
+                return
+        elif not flags & F_PEEK and opens:
+            self.reply(src, conn, req, R_ERROR, RF_CLOSE)
+            return
+        p = Pending(src, conn, req, queue, flags)
+        if self.try_fetch(p):
+            return
+        if timeout > 0:
+            p.deadline_ms = self.clock.now_ms() + timeout
+            self.park(p)
+        else:
+            self.reply(src, conn, req, R_EMPTY)
+
+    def try_fetch(self, p: Pending) -> bool:
+        """One attempt at the queue for a GET (or one monitor iteration); replies on success."""
+        if p.flags & F_PEEK:
+            item = self.coll.peek(p.queue)
+        else:
+            item = self.coll.remove(p.queue, transactional=bool(p.flags & F_OPEN))
+        if item is None:
+            return False
+        if p.flags & F_OPEN:
+            self.session(p.src, p.conn).add_open(p.queue, item.xid)
+        self.reply(p.src, p.conn, p.req, R_ITEM, RF_MORE if p.monitor else 0, 0, item.data)
+        return True
+
+    def monitor_step(self, p: Pending) -> None:
+        now = self.clock.now_ms()
+        while True:
+            sess = self.sessions.get((p.src, p.conn))
+            opens = sess.open_count(p.queue) if sess else 0
+            if (p.budget <= 0 or now >= p.deadline_ms or opens >= self.mot
+                    or self.status.blocks_reads()):
+                self.finish(p, R_END)
+                return
+            if not self.try_fetch(p):
+                self.park(p)
+                return
+            p.budget -= 1
+
+    def park(self, p: Pending) -> None:
+        w = Waiter(key=p, queue=p.queue, deadline_ms=p.deadline_ms, peek=bool(p.flags & F_PEEK),
+                   transactional=bool(p.flags & F_OPEN))
+        p.waiter = w
+        self.coll.wait(w)
+        self.pending_by_conn[(p.src, p.conn)].add(p)
+
+    def finish(self, p: Pending, status: int) -> None:
+        p.done = True
+        s = self.pending_by_conn.get((p.src, p.conn))
+        if s is not None:
+            s.discard(p)
+            if not s:
+                del self.pending_by_conn[(p.src, p.conn)]
+        self.reply(p.src, p.conn, p.req, status)
+
+    def retry_woken(self) -> None:
+        woken, self.coll.woken = self.coll.woken, []
+        for w in woken:
+            p: Pending = w.key
+            if p.done or w.cancelled:
+                continue
+            if self.coll.queue(p.queue, create=False) is None:   # deleted: answer empty
+                self.coll.cancel_wait(w)
+                self.finish(p, R_END if p.monitor else R_EMPTY)
+                continue
+            if p.monitor:
+                if self.try_fetch(p):
+                    p.budget -= 1
+                    self.coll.cancel_wait(w)
+                    self.monitor_step(p)
+                else:
+                    self.coll.wait(w)          # lost the race: back to the tail, same deadline
+                continue
+            if self.try_fetch(p):
+                self.coll.cancel_wait(w)
+                p.done = True
+                s = self.pending_by_conn.get((p.src, p.conn))
+                if s is not None:
+                    s.discard(p)
+            else:
+                self.coll.wait(w)
+        if self.coll.woken:
+            self.retry_woken()
+
+    def disconnect(self, src: int, conn: int) -> None:
+        for p in self.pending_by_conn.pop((src, conn), ()):
+            p.done = True
+            if p.waiter is not None:
+                self.coll.cancel_wait(p.waiter)
+        sess = self.sessions.pop((src, conn), None)
+        if sess is not None:
+            self.coll.abort_session(sess)
+
+    # -- timers ----------------------------------------------------------------------------------
+    def run_timers(self) -> None:
+        now = self.clock.now_ms()
+        for w in self.coll.expire_waiters(now):
+            p: Pending = w.key
+            if p.done:
+                continue
+            if p.monitor:
+                self.finish(p, R_END)
+            else:
+                self.finish(p, R_EMPTY)
+        if self.next_expire_ms is not None and now >= self.next_expire_ms:
+            self.coll.expire_queues()
+            self.next_expire_ms = now + self.config.server.expiration_timer_frequency
+        if self.next_sync_ms:
+            due = [st for st, t in self.next_sync_ms.items() if t <= now]
+            for st in due:
+                del self.next_sync_ms[st]
+            if due:
+                threading.Thread(target=_sync_all, args=(due,), daemon=True).start()
+        self.storage_factory.tick(now)
+        if self.coll.woken:
+            self.retry_woken()
+
+    # -- cross-shard -----------------------------------------------------------------------------
+    def forward_add(self, target: str, data: bytes, now_ms: int) -> None:
+        """expire_to_queue into a queue another worker owns."""
+        dst = self.nfronts + worker_of(target, self.nworkers)
+        ring = self.outbound[dst]
+        if ring is None or dst in self.down_peers:
+            log.error("worker %d: cannot move an expired item to %r: its worker is down",
+                      self.index, target)
+            return
+        q = target.encode("latin-1")
+        send(ring, pack_req(0, 0, OP_FORWARD_ADD, 0, len(q), 0, 0) + q, data)
+        ring.publish()
+
+    # -- stats, config ---------------------------------------------------------------------------
+    def stats_payload(self, names) -> bytes:
+        coll = self.coll
+        aliases = self.config.aliases
+        out_queues = []
+        wanted = names if names is not None else coll.names()
+        for name in wanted:
+            if name in aliases and self.owns(name):
+                c = self.alias_counts.get(name, (0, 0))
+                out_queues.append((name, [("put_items", str(c[0])), ("put_bytes", str(c[1])),
+                                          ("children", ",".join(aliases[name]))]))
+                continue
+            st = coll.queue_stats(name)
+            out_queues.append((name, st))
+        if names is None:
+            for name, dests in aliases.items():
+                if self.owns(name):
+                    c = self.alias_counts.get(name, (0, 0))
+                    out_queues.append((name, [("put_items", str(c[0])), ("put_bytes", str(c[1])),
+                                              ("children", ",".join(dests))]))
+        return msgpack.packb({"global": coll.stats(), "queues": out_queues})
+
+    def config_payload(self) -> bytes:
+        entries = []
+        for name in self.coll.names():
+            qc = self.coll.queue(name, create=False).config
+            entries.append((name, [(k, _fmt(getattr(qc, k))) for k in qc.__dataclass_fields__]))
+        return msgpack.packb(entries)
+
+    def reload(self) -> None:
+        from .config import ConfigError, reload_config
+        try:
+            self.config = reload_config(self.config)
+        except ConfigError as e:
+            log.error("worker %d: reload failed: %s", self.index, e)
+            return
+        self.coll.reload(self.config)
+        log.info("worker %d: configuration reloaded", self.index)
+
+    # -- supervisor and cleaner messages ---------------------------------------------------------
+    def on_control(self, msg) -> None:
+        cmd = msg.get("cmd")
+        if cmd == "peer_down":
+            peer = msg["peer"]
+            self.down_peers.add(peer)
+            ring = self.inbound[peer]
+            if ring is not None:          # whatever the dead peer left unread is void
+                ring.resync_consumer(discard=True)
+                self.asm[peer].reset()
+            if peer < self.nfronts:
+                for key in [k for k in self.sessions if k[0] == peer]:
+                    self.disconnect(*key)
+                for key in [k for k in self.pending_by_conn if k[0] == peer]:
+                    self.disconnect(*key)
+                self.held = [r for r in self.held if r[0] != peer]
+                self.replies = [r for r in self.replies if r[0] != peer]
+                if self.sync_inflight:
+                    self.sync_batch = [r for r in self.sync_batch if r[0] != peer]
+            control.send(self.control, {"cmd": "ack_down", "peer": peer, "worker": self.index})
+        elif cmd == "peer_up":
+            self.down_peers.discard(msg["peer"])
+        elif cmd == "reload":
+            self.reload()
+        elif cmd == "stop":
+            self.stopping = True
+
+    def on_cleaner(self, msg) -> None:
+        self.storage_factory.on_cleaner_reply(msg)
+
+    def shutdown(self) -> None:
+        log.info("worker %d: shutting down", self.index)
+        try:
+            self.finish_batch()
+            if self.held or self.sync_inflight:
+                _sync_all(self.coll.dirty_storages())
+                self.publish(self.held)
+        finally:
+            self.coll.close()
+
+
+def _sync_all(storages) -> None:
+    for st in storages:
+        try:
+            st.sync()
+        except OSError as e:
+            log.error("periodic fsync failed: %s", e)
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "off"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def worker_main(index, nworkers, config, status, inbound, outbound, wake_fd, control_sock,
+                cleaner_sock, nfronts) -> int:
+    """Entry point in the forked child."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    w = Worker(index, nworkers, config, status, inbound, outbound, wake_fd, control_sock,
+               cleaner_sock, nfronts=nfronts)
+    signal.signal(signal.SIGTERM, lambda *_: setattr(w, "stopping", True) or _poke(wake_fd))
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)   # reload arrives as a control message
+    try:
+        w.boot()
+    except Exception as e:
+        log.error("worker %d: start-up failed: %s", index, e)
+        control.send(control_sock, {"cmd": "boot_failed", "worker": index, "reason": str(e)})
+        return EXIT_BOOT_ERROR
+    control.send(control_sock, {"cmd": "ready", "worker": index})
+    return w.run()
+
+
+def _poke(fd: int) -> None:
+    try:
+        os.eventfd_write(fd, 1)
+    except OSError as e:
+        if e.errno != errno.EAGAIN:
+            raise

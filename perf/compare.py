@@ -1,0 +1,113 @@
+"""compare: one throughput scenario against two servers, interleaved A B A B ..., with ratios.
+
+By default A is a fresh `lanner serve` and B is Debian's memcached on 127.0.0.1, the protocol
+ceiling: the same memcache text protocol with no queue semantics, no journal and C threads.
+Either side may be any HOST:PORT instead.  Each round runs the whole scenario on A and then on B,
+so drifts of the machine (other tenants, thermal, page cache) hit both alike; per row the
+median over rounds is taken and A/B printed.  memcached has no queues: against it, payload and
+ordering checks are skipped (a get returns the last value set under that key).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from perf import scenarios
+from perf.context import Context, ScenarioError
+from perf.report import Plot, Report
+from perf.servers import external, start_lanner, start_memcached
+
+THROUGHPUT_SCENARIOS = [n for n in scenarios.MODULES if scenarios.load(n).THROUGHPUT]
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("compare", help="run a scenario against two servers, interleaved, and print ratios",
+                       description=__doc__, add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--help", action="help", help="show this help and exit")
+    p.add_argument("--a", default="lanner", help="first server: lanner, memcached or HOST:PORT (default lanner)")
+    p.add_argument("--b", default="memcached", help="second server (default memcached)")
+    p.add_argument("--a-kind", choices=("kestrel", "memcached"), help="kind of a HOST:PORT server A")
+    p.add_argument("--b-kind", choices=("kestrel", "memcached"), help="kind of a HOST:PORT server B")
+    p.add_argument("--rounds", type=int, default=2, help="A B rounds (default 2)")
+    p.add_argument("--workers", type=int, default=1, help="lanner: shard workers (default 1)")
+    p.add_argument("--fronts", type=int, default=1, help="lanner: protocol fronts (default 1)")
+    p.add_argument("--lanner-config", metavar="FILE", help="lanner: TOML config file")
+    p.add_argument("--lanner-arg", action="append", default=[], metavar="ARG", help="lanner: extra serve argument")
+    p.add_argument("--procs", type=int, default=1, help="load-generator processes (default 1)")
+    p.add_argument("--out", metavar="DIR", help="results folder (default perf/out/)")
+    p.add_argument("--plot", action="store_true", help="also write PNG plots")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--verbose", action="store_true", help="log what the suite does")
+    p.add_argument("scenario", choices=THROUGHPUT_SCENARIOS, help="scenario to run on both")
+    p.add_argument("scenario_args", nargs=argparse.REMAINDER, help="the scenario's own options")
+
+
+def make_target(spec: str, kind: str | None, args):
+    if spec == "lanner":
+        return start_lanner(args.workers, args.fronts, args.lanner_config, extra=args.lanner_arg)
+    if spec == "memcached":
+        return start_memcached()
+    host, _, port = spec.rpartition(":")
+    if not host or not port.isdigit():
+        raise ScenarioError(f"server {spec!r} is not lanner, memcached or HOST:PORT")
+    return external(host, int(port), kind or "kestrel")
+
+
+def run(args, parser) -> Report:
+    sargs = parser.parse_args([args.scenario, *args.scenario_args])
+    sargs.procs, sargs.no_progress = args.procs, args.no_progress
+    mod = scenarios.load(args.scenario)
+    primary = getattr(mod, "PRIMARY", "ops_s")
+    targets = []
+    try:
+        targets.append(make_target(args.a, args.a_kind, args))
+        targets.append(make_target(args.b, args.b_kind, args))
+        runs: list[list[Report]] = [[], []]
+        for _ in range(args.rounds):
+            for i, target in enumerate(targets):
+                runs[i].append(mod.run(sargs, Context(target, procs=args.procs, progress=not args.no_progress)))
+    finally:
+        for t in targets:
+            t.stop()
+    return combine(args, mod, primary, targets, runs)
+
+
+def combine(args, mod, primary: str, targets, runs: list[list[Report]]) -> Report:
+    a_name, b_name = targets[0].name, targets[1].name
+    report = Report("compare", {"scenario": mod.NAME, "scenario_args": args.scenario_args, "rounds": args.rounds,
+                                "metric": primary, "a": targets[0].describe(), "b": targets[1].describe(),
+                                "a_settings": runs[0][0].settings},
+                    {"name": f"{a_name} vs {b_name}", "kind": f"{targets[0].kind}/{targets[1].kind}"},
+                    columns=[("a", a_name, "{:,.0f}"), ("b", b_name, "{:,.0f}"), ("ratio", "A/B", "{:.2f}"),
+                             ("a_p99_us", "A p99 µs", "{:,.0f}"), ("b_p99_us", "B p99 µs", "{:,.0f}"),
+                             ("a_client_us_op", "A client µs/op", "{:.1f}"),
+                             ("a_server_us_op", "A server µs/op", "{:.1f}"),
+                             ("b_client_us_op", "B client µs/op", "{:.1f}"),
+                             ("b_server_us_op", "B server µs/op", "{:.1f}")])
+    for row in runs[0][0].rows:
+        label = row["label"]
+        a_rows = [r for rep in runs[0] for r in rep.rows if r["label"] == label]
+        b_rows = [r for rep in runs[1] for r in rep.rows if r["label"] == label]
+        if not b_rows:
+            continue
+        out = {"label": label, "a": _median(a_rows, primary), "b": _median(b_rows, primary)}
+        out["ratio"] = round(out["a"] / out["b"], 3) if out["a"] is not None and out["b"] else None
+        for side, rows in (("a", a_rows), ("b", b_rows)):
+            for key in ("p50_us", "p99_us", "client_us_op", "server_us_op"):
+                out[f"{side}_{key}"] = _median(rows, key)
+            out[f"{side}_rounds"] = [r.get(primary) for r in rows]
+        report.rows.append(out)
+    for side, reps in (("A", runs[0]), ("B", runs[1])):
+        for n, rep in enumerate(reps, 1):
+            for name, check in rep.checks.items():
+                report.check(f"{side} round {n}: {name}", check.ok, check.detail)
+            report.notes += [f"{side}: {note}" for note in rep.notes if f"{side}: {note}" not in report.notes]
+    report.notes.append(f"metric: {primary}, median of {args.rounds} rounds; A = {a_name}, B = {b_name}")
+    report.plots.append(Plot("compare.png", "label", ["a", "b"], "", primary.replace("_s", "/s"),
+                             f"{mod.NAME}: {a_name} vs {b_name}", kind="bar"))
+    return report
+
+
+def _median(rows: list[dict], key: str):
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return round(statistics.median(values), 2) if values else None

@@ -1,0 +1,63 @@
+"""flood (Kestrel's Flood): R producers and C consumers at once push N items through one queue;
+items/s end to end (from the first put to the last item read).  -B makes consumers use blocking
+reads (`get q/t=1000`); -r rolls R requests into one write (pipelining) on both sides.  Every
+item read is checked: intact, read once, and in order per producer.  Kestrel's consumers rolled
+up reads with `monitor`; here they pipeline plain gets, which works on any memcache server.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from perf.context import check_clean, check_payloads
+from perf.loadgen import Load
+from perf.report import RATE_COLUMNS, Report
+
+NAME = "flood"
+HELP = "producers and consumers at once through one queue; items/s end to end"
+DEFAULT_PORT = 22133
+THROUGHPUT = True
+PRIMARY = "items_s"
+
+
+def add_arguments(p) -> None:
+    g = p.add_argument_group("flood (Kestrel's names and defaults)")
+    g.add_argument("-n", "--count", type=int, default=10000, help="items to push through (default 10000)")
+    g.add_argument("-k", "--kilobytes", type=int, default=1, help="KiB per item (default 1)")
+    g.add_argument("-b", "--bytes", type=int, help="bytes per item (overrides -k)")
+    g.add_argument("-q", "--queue", default="spam", help="queue name (default spam)")
+    g.add_argument("-P", "--prefill", type=int, default=0, help="items put before the test (default 0)")
+    g.add_argument("-R", "--producers", type=int, default=1, help="producer connections (default 1)")
+    g.add_argument("-C", "--consumers", type=int, default=1, help="consumer connections (default 1)")
+    g.add_argument("-r", "--rollup", type=int, default=1, help="requests per write (default 1)")
+    g.add_argument("-B", "--blocking", action="store_true", help="blocking reads (get q/t=1000)")
+    g.add_argument("-F", "--no-flush", action="store_true", help="don't flush the queue first")
+    g.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds (default 600)")
+
+
+def run(args, ctx) -> Report:
+    size = args.bytes if args.bytes is not None else args.kilobytes * 1024
+    checking = ctx.target.queues and size >= 16
+    report = Report(NAME, {"count": args.count, "bytes": size, "producers": args.producers,
+                           "consumers": args.consumers, "rollup": args.rollup, "blocking": args.blocking,
+                           "prefill": args.prefill, "queue": args.queue},
+                    ctx.target.describe(),
+                    columns=[("items_s", "items/s", "{:,.0f}"), ("misses", "misses", "{:,}")] + RATE_COLUMNS)
+    if not args.no_flush:
+        ctx.flush(args.queue)
+    per_producer = -(-args.count // args.producers)
+    base = Load(depth=args.rollup, value_size=size, queue=args.queue, verify=checking, timeout=args.timeout)
+    if args.prefill:
+        pre = replace(base, producers=1, sets=args.prefill, producer_base=args.producers)
+        row, res = ctx.measure(pre, "prefill", args.prefill)
+        check_clean(report, res, "prefill")
+    load = replace(base, producers=args.producers, consumers=args.consumers, sets=args.count, gets=args.count,
+                   until_hits=True, get_suffix="/t=1000" if args.blocking else "",
+                   expect_producers=args.producers + 1, expect_count=max(per_producer, args.prefill))
+    row, res = ctx.measure(load, "flood", 2 * args.count)
+    report.rows.append({"label": f"{args.producers}p{args.consumers}c", **row})
+    check_clean(report, res, "flood")
+    if checking:
+        check_payloads(report, res, "flood", args.count)
+    else:
+        report.notes.append(f"{ctx.target.name} has no queue semantics: items are not checked")
+    return report

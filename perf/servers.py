@@ -1,0 +1,240 @@
+"""Servers under test: start Lanner or memcached, or describe one already running at host:port.
+
+A `Target` is what scenarios talk to: an address, a kind (`kestrel` for servers with queue
+semantics, `memcached` for a plain key-value cache used as the protocol ceiling) and, when the
+server's processes are on this machine, a `ProcTree` that sums CPU time and memory over the
+root process and all of its descendants (Lanner is a supervisor with front and worker children).
+
+For a server the suite did not start, the root process is `--server-pid`, or the process that
+listens on the port; its ancestors are climbed while they run the same command line, which is
+what a forked child of a supervisor looks like.
+"""
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 60.0
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class ServerError(RuntimeError):
+    """A server could not be started or found."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(slots=True)
+class ProcTree:
+    """CPU and memory of a server's processes; processes that exit keep their last CPU reading."""
+    root_pid: int
+    _procs: dict = field(default_factory=dict)
+    _last_cpu: dict = field(default_factory=dict)
+
+    def processes(self) -> list[psutil.Process]:
+        try:
+            root = self._procs.get(self.root_pid) or psutil.Process(self.root_pid)
+            found = [root] + root.children(recursive=True)
+        except psutil.NoSuchProcess:
+            found = []
+        live = {}
+        for p in found:
+            live[p.pid] = self._procs.get(p.pid, p)
+        self._procs = live
+        return list(live.values())
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU of every process seen so far (including ones that exited since)."""
+        for p in self.processes():
+            try:
+                t = p.cpu_times()
+                self._last_cpu[p.pid] = t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+        return sum(self._last_cpu.values())
+
+    def memory(self) -> dict:
+        """Summed RSS, PSS and USS in bytes.  PSS splits shared pages fairly between the forks."""
+        rss = pss = uss = 0
+        procs = self.processes()
+        for p in procs:
+            try:
+                m = p.memory_full_info()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            rss += m.rss
+            pss += getattr(m, "pss", m.rss)
+            uss += getattr(m, "uss", m.rss)
+        return {"rss": rss, "pss": pss, "uss": uss, "processes": len(procs)}
+
+
+@dataclass(slots=True)
+class Target:
+    name: str
+    kind: str
+    host: str
+    port: int
+    thrift_port: int | None = None
+    tree: ProcTree | None = None
+    proc: subprocess.Popen | None = None
+    workdir: str | None = None
+    settings: dict = field(default_factory=dict)
+
+    @property
+    def queues(self) -> bool:
+        """Whether the server has queue semantics (payload and ordering checks make sense)."""
+        return self.kind == "kestrel"
+
+    def describe(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "host": self.host, "port": self.port,
+                "thrift_port": self.thrift_port, "root_pid": self.tree.root_pid if self.tree else None,
+                **self.settings}
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc is not None:
+            for f in (self.proc.stdout, self.proc.stderr):
+                if f:
+                    f.close()
+        if self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+
+def wait_for_port(host: str, port: int, proc: subprocess.Popen | None, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise ServerError(f"server exited with status {proc.returncode} before listening on {host}:{port}")
+        try:
+            socket.create_connection((host, port), timeout=1.0).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise ServerError(f"nothing listens on {host}:{port} after {timeout:.0f} s")
+
+
+def start_memcached(port: int | None = None, extra: list[str] | None = None) -> Target:
+    """Debian's memcached on 127.0.0.1, sized so 8 MiB items and 1000+ connections fit."""
+    binary = shutil.which("memcached") or "/usr/bin/memcached"
+    if not os.path.exists(binary):
+        raise ServerError("memcached is not installed (apt-get install memcached)")
+    port = port or free_port()
+    args = [binary, "-l", "127.0.0.1", "-p", str(port), "-U", "0", "-c", "4096", "-m", "1024", "-I", "16m"]
+    if os.geteuid() == 0:
+        args += ["-u", getpass.getuser()]
+    args += list(extra or [])
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wait_for_port("127.0.0.1", port, proc, 10.0)
+    return Target("memcached", "memcached", "127.0.0.1", port, tree=ProcTree(proc.pid), proc=proc,
+                  settings={"args": " ".join(args[1:])})
+
+
+def start_lanner(workers: int = 1, fronts: int = 1, config: str | None = None, thrift: bool = False,
+                 extra: list[str] | None = None, queue_path: str | None = None) -> Target:
+    """`lanner serve` on free 127.0.0.1 ports with its data in a fresh temporary directory."""
+    workdir = tempfile.mkdtemp(prefix="lanner-perf-")
+    mc = free_port()
+    th = free_port() if thrift else None
+    args = [sys.executable, "-m", "engine.cli", "serve",
+            "--queue-path", queue_path or os.path.join(workdir, "queues"),
+            "--status-file", os.path.join(workdir, "status"), "--listen", "127.0.0.1",
+            "--memcache-port", str(mc), "--text-port", "off", "--admin-port", "off",
+            "--thrift-port", str(th) if th else "off", "--workers", str(workers), "--fronts", str(fronts)]
+    if config:
+        args += ["--config", os.path.abspath(config)]
+    args += list(extra or [])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=workdir, env=env)
+    target = Target("lanner", "kestrel", "127.0.0.1", mc, thrift_port=th, tree=ProcTree(proc.pid), proc=proc,
+                    workdir=workdir, settings={"workers": workers, "fronts": fronts, "config": config,
+                                               "args": " ".join(args[3:])})
+    try:
+        _wait_ready(proc)
+    except BaseException:
+        target.stop()
+        raise
+    return target
+
+
+def _wait_ready(proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    line = b""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+        if ready:
+            line = proc.stdout.readline()
+            if line.startswith(b"lanner ready"):
+                return
+            if not line and proc.poll() is not None:
+                break
+        elif proc.poll() is not None:
+            break
+    proc.kill()
+    err = proc.stderr.read().decode(errors="replace")
+    raise ServerError(f"lanner serve did not become ready (last stdout line {line!r}): {err[-2000:]}")
+
+
+def external(host: str, port: int, kind: str, server_pid: int | None = None,
+             thrift_port: int | None = None) -> Target:
+    """A server somebody else started; its processes are measured when they are on this machine."""
+    pid = server_pid or find_server_pid(host, port)
+    return Target(f"{host}:{port}", kind, host, port, thrift_port=thrift_port,
+                  tree=ProcTree(pid) if pid else None)
+
+
+def find_server_pid(host: str, port: int) -> int | None:
+    """The root of the process tree that listens on `port` here, or None if it is not local."""
+    if host not in ("127.0.0.1", "localhost", "::1", "0.0.0.0") and not _is_local(host):
+        return None
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except psutil.AccessDenied:
+        return None
+    pids = [c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid]
+    if not pids:
+        return None
+    proc = psutil.Process(pids[0])
+    try:
+        cmd = proc.cmdline()
+        parent = proc.parent()
+        while parent is not None and parent.pid != 1 and parent.cmdline() == cmd:
+            proc, parent = parent, parent.parent()
+    except psutil.Error:
+        pass
+    return proc.pid
+
+
+def _is_local(host: str) -> bool:
+    try:
+        addrs = {a[4][0] for a in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    local = {a.address for nic in psutil.net_if_addrs().values() for a in nic}
+    return bool(addrs & local)

@@ -1,0 +1,293 @@
+"""The admin HTTP port: a minimal HTTP/1.1 request parser and Ostrich-shaped JSON replies.
+
+Kestrel served its admin port through Ostrich (reference §3.4): `/ping.json`
+answers `{"response":"pong"}` and `/stats.json` dumps Ostrich's StatsCollection.
+Lanner serves those two plus `/server_info.json`; any other path is 404 and any
+method but GET is 405.  Pure like the other protocol modules: the front feeds
+socket bytes, takes `HttpRequest`s, asks `route()` what to do, and writes bytes.
+
+The parser understands just enough HTTP/1.x for monitoring tools and curl:
+request line, headers (only Connection, Content-Length and Transfer-Encoding
+matter), a Content-Length body that is skipped, keep-alive and pipelining.
+Bounds: the request head is at most `max_head` bytes and a body at most
+`max_body` bytes (skipped, never buffered beyond one chunk); a breach, a
+malformed head or a chunked body yields `HttpError` (write it, then close) and
+stops the parser.
+
+`/stats.json` shape (Ostrich's `StatsCollection` JSON as Kestrel 2.x filled it):
+`{"counters": {...}, "gauges": {...}, "labels": {}, "metrics": {}}`, keys sorted.
+
+* global counters: `total_items total_connections cmd_get cmd_set cmd_peek
+  get_hits get_misses bytes_read bytes_written queue_creates queue_deletes
+  queue_expires`; every other numeric global stat is a gauge, with
+  `curr_connections` named `connections` as Kestrel's gauge was; `time` and
+  `version` are left out (they are not measurements);
+* per queue, `q/<name>/<stat>`: counters `total_items put_items transactions
+  canceled_transactions expired_items discarded total_flushes journal_rewrites
+  journal_rotations put_bytes`, gauges for the rest, with `age` named `age_msec`
+  and `logsize` named `journal_size` as in `PersistentQueue`'s gauges (Lanner's
+  value is the current journal file only); `put_items` repeats `total_items`
+  as Kestrel registered both; non-numeric stats (`children`) are left out;
+* gauges are written as floats (Ostrich gauges were doubles), counters as ints;
+* `metrics` (Ostrich latency histograms) stay empty: Lanner does not keep them.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Iterator
+from urllib.parse import parse_qsl, unquote
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "AdminParser", "HttpRequest", "HttpError", "route", "response", "render_stats_json",
+    "render_server_info_json", "PING_BODY", "ENDPOINTS",
+]
+
+PING_BODY = b'{"response":"pong"}'
+#: Paths answered with data the front must gather first; `route` returns their names.
+ENDPOINTS = {"/stats.json": "stats", "/server_info.json": "server_info"}
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            413: "Payload Too Large", 431: "Request Header Fields Too Large",
+            501: "Not Implemented", 505: "HTTP Version Not Supported"}
+
+
+@dataclass(slots=True)
+class HttpRequest:
+    method: str
+    path: str
+    query: dict[str, str] = field(default_factory=dict)
+    keep_alive: bool = True
+
+
+@dataclass(slots=True)
+class HttpError:
+    """A request the parser refuses: write `reply`, then close."""
+    status: int
+    reply: bytes
+
+
+def response(status: int, body: bytes, keep_alive: bool = True,
+             content_type: str = "application/json", extra: str = "") -> bytes:
+    head = "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s%s\r\n" % (
+        status, _REASONS.get(status, "Unknown"), content_type, len(body), extra,
+        "" if keep_alive else "Connection: close\r\n")
+    return head.encode("latin-1") + body
+
+
+def _error_body(status: int, message: str) -> bytes:
+    return json.dumps({"error": message, "status": status}, separators=(",", ":")).encode()
+
+
+def _http_error(status: int, message: str) -> HttpError:
+    return HttpError(status, response(status, _error_body(status, message), keep_alive=False))
+
+
+def route(req: HttpRequest) -> bytes | str:
+    """The full response for what needs no data (ping, 404, 405), or the endpoint name
+    (`"stats"`, `"server_info"`) whose JSON the front renders and wraps with `response`."""
+    if req.method != "GET":
+        return response(405, _error_body(405, "method %s not allowed" % req.method), req.keep_alive,
+                         extra="Allow: GET\r\n")
+    if req.path == "/ping.json":
+        return response(200, PING_BODY, req.keep_alive)
+    name = ENDPOINTS.get(req.path)
+    if name is None:
+        return response(404, _error_body(404, "no such path: %s" % req.path), req.keep_alive)
+    return name
+
+
+_COUNTERS = frozenset(("total_items", "total_connections", "cmd_get", "cmd_set", "cmd_peek", "get_hits",
+                       "get_misses", "bytes_read", "bytes_written", "queue_creates", "queue_deletes",
+                       "queue_expires"))
+_GLOBAL_RENAME = {"curr_connections": "connections"}
+_GLOBAL_SKIP = frozenset(("time", "version"))
+_QUEUE_COUNTERS = frozenset(("total_items", "put_items", "transactions", "canceled_transactions",
+                             "expired_items", "discarded", "total_flushes", "journal_rewrites",
+                             "journal_rotations", "put_bytes"))
+_QUEUE_RENAME = {"age": "age_msec", "logsize": "journal_size"}
+
+
+def _number(v) -> int | float | None:
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, (int, float)):
+        return v
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        try:
+            return float(v)
+        except (TypeError, ValueError):
+            return None
+
+
+def render_stats_json(global_stats: list[tuple[str, object]],
+                      queues: list[tuple[str, list[tuple[str, object]]]]) -> bytes:
+    """Ostrich `/stats.json` body from the same lists `memcache.encode_stats` takes."""
+    counters: dict[str, int] = {}
+    gauges: dict[str, float] = {}
+    for k, v in global_stats:
+        n = _number(v)
+        if n is None or k in _GLOBAL_SKIP:
+            continue
+        if k in _COUNTERS:
+            counters[k] = int(n)
+        else:
+            gauges[_GLOBAL_RENAME.get(k, k)] = float(n)
+    for name, stats in queues:
+        prefix = "q/%s/" % name
+        for k, v in stats:
+            n = _number(v)
+            if n is None:
+                continue
+            if k in _QUEUE_COUNTERS:
+                counters[prefix + k] = int(n)
+                if k == "total_items":
+                    counters[prefix + "put_items"] = int(n)
+            else:
+                gauges[prefix + _QUEUE_RENAME.get(k, k)] = float(n)
+    doc = {"counters": counters, "gauges": gauges, "labels": {}, "metrics": {}}
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def render_server_info_json(version: str, start_time_ms: int, uptime_ms: int) -> bytes:
+    """Ostrich `/server_info.json`: name, version, start_time and uptime (ms)."""
+    doc = {"name": "lanner", "version": version, "start_time": start_time_ms, "uptime": uptime_ms}
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+_HEAD, _BODY, _STOPPED = 0, 1, 2
+
+
+class AdminParser:
+    """Feed socket bytes, take `HttpRequest`/`HttpError` from `next` until it returns None."""
+
+    __slots__ = ("max_head", "max_body", "_buf", "_scan", "_state", "_skip", "_pending")
+
+    def __init__(self, max_head: int = 8192, max_body: int = 1 << 16) -> None:
+        self.max_head = max_head
+        self.max_body = max_body
+        self._buf = bytearray()
+        self._scan = 0
+        self._state = _HEAD
+        self._skip = 0                      # BODY: bytes of body still to drop
+        self._pending: HttpRequest | None = None  # BODY: yielded once its body is past
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    @property
+    def stopped(self) -> bool:
+        return self._state == _STOPPED
+
+    def feed(self, data: bytes) -> None:
+        if self._state != _STOPPED:
+            self._buf += data
+
+    def requests(self) -> Iterator[HttpRequest | HttpError]:
+        while (req := self.next()) is not None:
+            yield req
+
+    def next(self) -> HttpRequest | HttpError | None:
+        buf = self._buf
+        while True:
+            if self._state == _BODY:
+                n = min(self._skip, len(buf))
+                del buf[:n]
+                self._skip -= n
+                if self._skip:
+                    return None
+                self._state = _HEAD
+                req, self._pending = self._pending, None
+                return self._done(req)
+            if self._state == _STOPPED:
+                return None
+            # Blank lines before a request line are allowed (RFC 9112 §2.2).
+            while buf[:2] == b"\r\n" or buf[:1] == b"\n":
+                del buf[:2 if buf[:1] == b"\r" else 1]
+                self._scan = 0
+            end = buf.find(b"\n\r\n", max(0, self._scan - 2))
+            lf_end = buf.find(b"\n\n", max(0, self._scan - 1))
+            if end < 0 and lf_end < 0:
+                if len(buf) > self.max_head:
+                    return self._stop(_http_error(431, "request head longer than %d bytes" % self.max_head))
+                self._scan = len(buf)
+                return None
+            if end < 0 or (0 <= lf_end < end):
+                head_len, cut = lf_end + 1, lf_end + 2
+            else:
+                head_len, cut = end + 1, end + 3
+            self._scan = 0
+            if head_len > self.max_head:
+                return self._stop(_http_error(431, "request head longer than %d bytes" % self.max_head))
+            head = bytes(buf[:head_len])
+            del buf[:cut]
+            result = self._parse_head(head)
+            if type(result) is HttpError:
+                return self._stop(result)
+            req, length = result
+            if length:
+                self._state = _BODY
+                self._skip = length
+                self._pending = req
+                continue
+            return self._done(req)
+
+    def _done(self, req: HttpRequest) -> HttpRequest:
+        if not req.keep_alive:
+            self._stop(None)
+        return req
+
+    def _stop(self, result):
+        self._state = _STOPPED
+        self._buf.clear()
+        self._pending = None
+        return result
+
+    def _parse_head(self, head: bytes):
+        lines = head.decode("latin-1").split("\n")
+        lines = [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
+        if lines and lines[-1] == "":
+            lines.pop()
+        parts = lines[0].split(" ") if lines else []
+        if len(parts) != 3 or not parts[0] or not parts[1]:
+            return _http_error(400, "malformed request line")
+        method, target, version = parts
+        if version not in ("HTTP/1.1", "HTTP/1.0"):
+            if version.startswith("HTTP/"):
+                return _http_error(505, "unsupported version %s" % version)
+            return _http_error(400, "malformed request line")
+        if not method.isalpha() or not method.isupper():
+            return _http_error(400, "malformed method")
+        keep_alive = version == "HTTP/1.1"
+        length = 0
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep or not name or name != name.strip():
+                return _http_error(400, "malformed header line")
+            name = name.lower()
+            value = value.strip()
+            if name == "connection":
+                tokens = {t.strip().lower() for t in value.split(",")}
+                if "close" in tokens:
+                    keep_alive = False
+                elif "keep-alive" in tokens:
+                    keep_alive = True
+            elif name == "content-length":
+                if not value.isdigit() or (length and int(value) != length):
+                    return _http_error(400, "bad Content-Length")
+                length = int(value)
+                if length > self.max_body:
+                    return _http_error(413, "body longer than %d bytes" % self.max_body)
+            elif name == "transfer-encoding":
+                return _http_error(501, "Transfer-Encoding is not supported")
+        path, _, qs = target.partition("?")
+        if "#" in qs:
+            qs = qs.partition("#")[0]
+        query = dict(parse_qsl(qs, keep_blank_values=True))
+        return HttpRequest(method, unquote(path), query, keep_alive), length

@@ -1,0 +1,634 @@
+"""Kestrel's memcache dialect: an incremental request parser and the reply encoders.
+
+Pure: bytes in, command objects out; reply values in, bytes out.  No sockets, no
+clock, no queue access, so the front can drive it from any event loop and the
+tests can replay raw byte streams (reference §1, deviations 1-4 and 8).
+
+Framing (naggati's `MemcacheCodec`, reference §1.1):
+
+* a request line ends at LF; one CR right before the LF is dropped;
+* the line is split on single spaces with Java `split(" ")` semantics: two
+  spaces give an empty token, trailing empty tokens vanish, TAB is not a
+  separator; a line made only of spaces has no tokens at all;
+* only the first token is lower-cased (ASCII is enough: no ISO-8859-1
+  character lower-cases into ASCII, so the command table matches exactly);
+* storage commands (`set add replace append prepend cas`) need 5 tokens and a
+  non-negative 32-bit `<bytes>`; the parser then takes `<bytes>` data bytes and
+  2 more bytes that are thrown away unchecked (a client that lies about the
+  length desynchronises itself, as with Kestrel).
+
+Errors are decided here whenever the bytes alone decide them, as
+`ProtocolError(reply, close)` with the exact keyword and close behaviour of
+§1.7 plus a reason (deviation 1).  Errors that Kestrel raised only after the
+data block was read (`set` flags/exptime, `add`/`cas`/...) are emitted only
+after that block has streamed past, so the byte stream stays in step and the
+timing matches Kestrel's.  After any error that closes, and after `quit` or
+`shutdown`, the parser is *stopped*: it drops everything fed to it and never
+yields again, because the front is closing the connection.
+
+Memory bounds (Kestrel had none; a front facing the network needs them):
+
+* a line longer than `max_line` bytes (its CRLF not counted), even before its LF arrives,
+  yields `CLIENT_ERROR` + close and stops the parser;
+* a `set` whose declared size exceeds `item_limit(queue)` yields
+  `SetRefused` at once and the declared bytes + 2 are then skipped as they
+  arrive, without being buffered (`feed` drops them before they reach the
+  buffer).  The same streaming skip serves every data block whose command has
+  already failed.
+
+The buffer invariant: `_buf` holds only bytes not yet consumed; in the LINE
+state `_scan` is how far it is already known to contain no LF, so feeding a
+long line one byte at a time stays linear.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "MemcacheParser", "GetKey", "Get", "Set", "SetRefused", "Delete", "Flush", "FlushAll",
+    "FlushExpired", "FlushAllExpired", "Stats", "DumpStats", "DumpConfig", "Monitor", "Confirm",
+    "Status", "Version", "Reload", "Shutdown", "Quit", "ProtocolError", "Command",
+    "parse_int", "parse_get_key", "STATUS_NAMES",
+    "END", "STORED", "NOT_STORED", "DELETED", "ERROR", "CLIENT_ERROR", "SERVER_ERROR",
+    "FLUSHED_ALL", "RELOADED", "value_block", "client_error", "server_error", "count_line",
+    "version_line", "status_line", "encode_stats", "encode_dump_stats", "encode_dump_config",
+]
+
+INT_MIN = -(1 << 31)
+INT_MAX = (1 << 31) - 1
+
+#: Status names `status <name>` accepts (case-insensitive); `down` exists but may not be set.
+STATUS_NAMES = ("up", "readonly", "quiescent", "writeavoid")
+
+
+# --------------------------------------------------------------------------- commands
+
+@dataclass(slots=True)
+class GetKey:
+    """One key of a `get`: `raw` is echoed verbatim in the VALUE line (deviation 3)."""
+    raw: str
+    queue: str
+    timeout_ms: int | None = None
+    open: bool = False
+    close: bool = False
+    abort: bool = False
+    peek: bool = False
+
+
+@dataclass(slots=True)
+class Get:
+    """`get`/`gets` with one or more keys (deviation 4): one VALUE block per hit, then END."""
+    keys: list[GetKey]
+
+
+@dataclass(slots=True)
+class Set:
+    queue: str
+    flags: int
+    exptime: int
+    data: bytes
+    noreply: bool = False
+
+
+@dataclass(slots=True)
+class SetRefused:
+    """A `set` larger than the queue's item limit; its data is being skipped.  Reply NOT_STORED
+    (after the usual queue-name and write-status checks) unless `noreply`."""
+    queue: str
+    size: int
+    noreply: bool = False
+
+
+@dataclass(slots=True)
+class Delete:
+    queue: str
+    noreply: bool = False
+
+
+@dataclass(slots=True)
+class Flush:
+    queue: str
+    noreply: bool = False
+
+
+@dataclass(slots=True)
+class FlushAll:
+    noreply: bool = False
+
+
+@dataclass(slots=True)
+class FlushExpired:
+    queue: str
+
+
+@dataclass(slots=True)
+class FlushAllExpired:
+    pass
+
+
+@dataclass(slots=True)
+class Stats:
+    pass
+
+
+@dataclass(slots=True)
+class DumpStats:
+    """Empty `names` means every queue and alias."""
+    names: list[str]
+
+
+@dataclass(slots=True)
+class DumpConfig:
+    pass
+
+
+@dataclass(slots=True)
+class Monitor:
+    """`seconds` may be 0 or negative (deadline already passed: answer END at once);
+    `max_items` None means `maxOpenTransactions`."""
+    queue: str
+    seconds: int
+    max_items: int | None = None
+
+
+@dataclass(slots=True)
+class Confirm:
+    """`count` is passed through as sent; 0 answers ERROR and a negative count must be
+    refused by the front (Kestrel corrupted its list)."""
+    queue: str
+    count: int
+
+
+@dataclass(slots=True)
+class Status:
+    """`name` None asks for the status; otherwise it is one of STATUS_NAMES, lower-cased."""
+    name: str | None = None
+
+
+@dataclass(slots=True)
+class Version:
+    pass
+
+
+@dataclass(slots=True)
+class Reload:
+    pass
+
+
+@dataclass(slots=True)
+class Shutdown:
+    pass
+
+
+@dataclass(slots=True)
+class Quit:
+    pass
+
+
+@dataclass(slots=True)
+class ProtocolError:
+    """Write `reply`, then close the connection if `close`."""
+    reply: bytes
+    close: bool
+
+
+Command = (Get | Set | SetRefused | Delete | Flush | FlushAll | FlushExpired | FlushAllExpired
+           | Stats | DumpStats | DumpConfig | Monitor | Confirm | Status | Version | Reload
+           | Shutdown | Quit | ProtocolError)
+
+
+# --------------------------------------------------------------------------- encoders
+
+END = b"END\r\n"
+STORED = b"STORED\r\n"
+NOT_STORED = b"NOT_STORED\r\n"
+DELETED = b"DELETED\r\n"
+ERROR = b"ERROR\r\n"
+CLIENT_ERROR = b"CLIENT_ERROR\r\n"
+SERVER_ERROR = b"SERVER_ERROR\r\n"
+FLUSHED_ALL = b"Flushed all queues.\r\n"
+RELOADED = b"Reloaded config.\r\n"
+
+
+def value_block(key_raw: str, data: bytes) -> bytes:
+    """`VALUE <key> 0 <len>\\r\\n<data>\\r\\n`; the caller appends END once after all keys."""
+    return b"VALUE %s 0 %d\r\n%s\r\n" % (key_raw.encode("latin-1"), len(data), data)
+
+
+def _reason_bytes(reason: str) -> bytes:
+    # A reason ends up inside one reply line: it must never carry CR or LF.
+    return reason.replace("\r", "\\r").replace("\n", "\\n").encode("latin-1", "backslashreplace")
+
+
+def client_error(reason: str = "") -> bytes:
+    """`CLIENT_ERROR <reason>\\r\\n`, or the bare Kestrel keyword when no reason is given."""
+    if not reason:
+        return CLIENT_ERROR
+    return b"CLIENT_ERROR " + _reason_bytes(reason) + b"\r\n"
+
+
+def server_error(reason: str = "") -> bytes:
+    if not reason:
+        return SERVER_ERROR
+    return b"SERVER_ERROR " + _reason_bytes(reason) + b"\r\n"
+
+
+def count_line(n: int) -> bytes:
+    """Reply of `flush_expired` / `flush_all_expired`."""
+    return b"%d\r\n" % n
+
+
+def version_line(version: str) -> bytes:
+    return b"VERSION " + version.encode("latin-1") + b"\r\n"
+
+
+def status_line(status: str) -> bytes:
+    """Reply of bare `status`: the status name upper-cased (`UP`, `READONLY`, ...)."""
+    return status.upper().encode("latin-1") + b"\r\n"
+
+
+def _text(v) -> bytes:
+    if isinstance(v, bytes):
+        return v
+    return str(v).encode("latin-1")
+
+
+def encode_stats(global_stats: list[tuple[str, object]],
+                 queues: list[tuple[str, list[tuple[str, object]]]]) -> bytes:
+    """§4.1: `STAT <k> <v>` lines joined by CRLF, then `\\r\\nEND\\r\\n`; per-queue keys become
+    `queue_<name>_<key>`.  Values are written with str() (or as-is if bytes)."""
+    lines = [b"STAT %s %s" % (_text(k), _text(v)) for k, v in global_stats]
+    for name, stats in queues:
+        prefix = b"STAT queue_" + _text(name) + b"_"
+        lines.extend(prefix + b"%s %s" % (_text(k), _text(v)) for k, v in stats)
+    return b"\r\n".join(lines) + b"\r\nEND\r\n"
+
+
+def _blocks(entries) -> list[bytes]:
+    lines = []
+    for name, stats in entries:
+        lines.append(b"queue '" + _text(name) + b"' {")
+        lines.append(b"  " + b"\r\n  ".join(b"%s=%s" % (_text(k), _text(v)) for k, v in (stats or ())))
+        lines.append(b"}")
+    return lines
+
+
+def encode_dump_stats(entries: list[tuple[str, list[tuple[str, object]] | None]]) -> bytes:
+    """§4.4, quirks included: an unknown name (stats None or empty) gives a stats line of two
+    spaces, and no entries at all gives `\\r\\nEND\\r\\n` (Kestrel's mkString)."""
+    return b"\r\n".join(_blocks(entries)) + b"\r\nEND\r\n"
+
+
+def encode_dump_config(entries: list[tuple[str, list[tuple[str, object]]]]) -> bytes:
+    """Deviation 8: `queue '<name>' {`, `  <key>=<value>` lines, `}` per queue, then `END`.
+    Kestrel never shipped this command, so it is written without dump_stats's quirks: no
+    blank stats line for an empty block and a plain `END\\r\\n` when there are no queues."""
+    out = []
+    for name, config in entries:
+        out.append(b"queue '" + _text(name) + b"' {\r\n")
+        out.extend(b"  %s=%s\r\n" % (_text(k), _text(v)) for k, v in config)
+        out.append(b"}\r\n")
+    out.append(END)
+    return b"".join(out)
+
+
+# --------------------------------------------------------------------------- parsing helpers
+
+def parse_int(tok: bytes) -> int | None:
+    """Java `Integer.parseInt`: optional sign, ASCII decimal digits, 32-bit range; else None."""
+    if tok.isdigit():  # bytes.isdigit is ASCII-only, unlike str.isdigit
+        if len(tok) < 10:
+            return int(tok)
+    elif not (len(tok) > 1 and tok[0] in b"+-" and tok[1:].isdigit()):
+        return None
+    v = int(tok)
+    return v if INT_MIN <= v <= INT_MAX else None
+
+
+def _show(tok: bytes, limit: int = 48) -> str:
+    """A client token quoted for an error reason: short and free of control bytes."""
+    s = tok[:limit].decode("latin-1")
+    s = "".join(c if " " <= c <= "~" or c >= "\xa0" else repr(c)[1:-1] for c in s)
+    return s + "..." if len(tok) > limit else s
+
+
+def parse_get_key(raw: str) -> GetKey | ProtocolError:
+    """§1.4: split on `/` (trailing empty pieces dropped), piece 0 is the queue, `t=<ms>` (last
+    wins), exact lower-case `open close abort peek`, anything else ignored."""
+    if "/" not in raw:
+        if not raw:
+            return ProtocolError(client_error("empty queue name"), True)
+        return GetKey(raw, raw)
+    pieces = raw.split("/")
+    while pieces and not pieces[-1]:
+        pieces.pop()
+    if not pieces:
+        # Kestrel: options(0) on an empty array -> IndexOutOfBounds -> CLIENT_ERROR, kept open.
+        return ProtocolError(client_error("missing queue name"), False)
+    key = GetKey(raw, pieces[0])
+    for opt in pieces[1:]:
+        if opt.startswith("t="):
+            t = parse_int(opt[2:].encode("latin-1"))
+            if t is None:
+                return ProtocolError(client_error("bad t= value: " + _show(opt.encode("latin-1"))), True)
+            key.timeout_ms = t
+        elif opt == "open":
+            key.open = True
+        elif opt == "close":
+            key.close = True
+        elif opt == "abort":
+            key.abort = True
+        elif opt == "peek":
+            key.peek = True
+    if not key.queue:
+        return ProtocolError(client_error("empty queue name"), True)
+    if (key.peek or key.abort) and (key.open or key.close):
+        return ProtocolError(client_error("peek/abort cannot be combined with open/close"), True)
+    if key.peek and key.abort:
+        return ProtocolError(client_error("peek cannot be combined with abort"), True)
+    return key
+
+
+def _missing(what: str) -> ProtocolError:
+    # Kestrel HEAD caught the IndexOutOfBoundsException: bare CLIENT_ERROR, connection kept.
+    return ProtocolError(client_error(what), False)
+
+
+def _bad_number(what: str, tok: bytes) -> ProtocolError:
+    return ProtocolError(client_error("bad %s: %s" % (what, _show(tok))), True)
+
+
+def _noreply(toks: list[bytes], nargs: int) -> bool:
+    """Deviation 2: `noreply` counts only as an extra last token, never as a required argument."""
+    return len(toks) > nargs + 1 and toks[-1] == b"noreply"
+
+
+def _name(tok: bytes) -> str:
+    return tok.decode("latin-1")
+
+
+def _status(toks):
+    if len(toks) < 2:
+        return Status(None)
+    name = _name(toks[1]).lower()
+    if name in STATUS_NAMES:
+        return Status(name)
+    if name == "down":
+        return ProtocolError(client_error("status down cannot be set"), True)
+    return ProtocolError(client_error("unknown status: " + _show(toks[1])), True)
+
+
+def _get(toks):
+    if len(toks) < 2:
+        return _missing("get needs a queue name")
+    keys = []
+    for i in range(1, len(toks)):
+        tok = toks[i]
+        if not tok and i > 1:
+            continue  # an extra space between keys; Kestrel never read past the first key
+        key = parse_get_key(tok.decode("latin-1"))
+        if type(key) is ProtocolError:
+            return key
+        keys.append(key)
+    return Get(keys)
+
+
+def _delete(toks):
+    if len(toks) < 2:
+        return _missing("delete needs a queue name")
+    return Delete(_name(toks[1]), _noreply(toks, 1))
+
+
+def _flush(toks):
+    if len(toks) < 2:
+        return _missing("flush needs a queue name")
+    return Flush(_name(toks[1]), _noreply(toks, 1))
+
+
+def _flush_all(toks):
+    return FlushAll(_noreply(toks, 0))
+
+
+def _flush_expired(toks):
+    if len(toks) < 2:
+        # Kestrel ran this inside a future: any failure closed the connection.
+        return ProtocolError(client_error("flush_expired needs a queue name"), True)
+    return FlushExpired(_name(toks[1]))
+
+
+def _monitor(toks):
+    if len(toks) < 3:
+        return ProtocolError(client_error("monitor needs a queue name and seconds"), True)
+    seconds = parse_int(toks[2])
+    if seconds is None:
+        return _bad_number("monitor seconds", toks[2])
+    max_items = None
+    if len(toks) > 3:
+        max_items = parse_int(toks[3])
+        if max_items is None:
+            return _bad_number("monitor max_items", toks[3])
+    return Monitor(_name(toks[1]), seconds, max_items)
+
+
+def _confirm(toks):
+    if len(toks) < 3:
+        return _missing("confirm needs a queue name and a count")
+    count = parse_int(toks[2])
+    if count is None:
+        return _bad_number("confirm count", toks[2])
+    return Confirm(_name(toks[1]), count)
+
+
+_SIMPLE = {
+    b"get": _get,
+    b"gets": _get,
+    b"delete": _delete,
+    b"flush": _flush,
+    b"flush_all": _flush_all,
+    b"flush_expired": _flush_expired,
+    b"flush_all_expired": lambda toks: FlushAllExpired(),
+    b"stats": lambda toks: Stats(),
+    b"dump_stats": lambda toks: DumpStats([_name(t) for t in toks[1:]]),
+    b"dump_config": lambda toks: DumpConfig(),
+    b"monitor": _monitor,
+    b"confirm": _confirm,
+    b"status": _status,
+    b"version": lambda toks: Version(),
+    b"reload": lambda toks: Reload(),
+    b"shutdown": lambda toks: Shutdown(),
+    b"quit": lambda toks: Quit(),
+}
+
+_STORAGE = frozenset((b"set", b"add", b"replace", b"append", b"prepend", b"cas"))
+
+_LINE, _DATA, _SKIP, _STOPPED = 0, 1, 2, 3
+
+
+# --------------------------------------------------------------------------- the parser
+
+class MemcacheParser:
+    """Feed socket bytes with `feed`, take commands with `next` until it returns None.
+
+    `item_limit(queue_name) -> int | None` gives the queue's max item size (inclusive);
+    None for the callable or its result means unlimited."""
+
+    __slots__ = ("max_line", "item_limit", "_buf", "_scan", "_state", "_need", "_set", "_after")
+
+    def __init__(self, max_line: int = 1 << 20,
+                 item_limit: Callable[[str], int | None] | None = None) -> None:
+        self.max_line = max_line
+        self.item_limit = item_limit
+        self._buf = bytearray()
+        self._scan = 0          # LINE: _buf[:_scan] is known to hold no LF
+        self._state = _LINE
+        self._need = 0          # DATA: bytes to wait for (data + 2); SKIP: bytes still to drop
+        self._set: Set | None = None       # DATA: the Set waiting for its data
+        self._after = None      # SKIP: what to yield once the skipped block is past
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held and not yet parsed (the front can watch this for back-pressure)."""
+        return len(self._buf)
+
+    @property
+    def stopped(self) -> bool:
+        """True once a closing error, `quit` or `shutdown` was yielded."""
+        return self._state == _STOPPED
+
+    def feed(self, data: bytes) -> None:
+        state = self._state
+        if state == _SKIP and not self._buf:
+            n = len(data)
+            need = self._need
+            if n <= need:
+                self._need = need - n
+                return
+            self._need = 0
+            self._buf += memoryview(data)[need:]
+            return
+        if state == _STOPPED:
+            return
+        self._buf += data
+
+    def commands(self) -> Iterator[Command]:
+        """Every command the buffered bytes complete, in order."""
+        while (cmd := self.next()) is not None:
+            yield cmd
+
+    def next(self) -> Command | None:
+        buf = self._buf
+        while True:
+            state = self._state
+            if state == _LINE:
+                i = buf.find(b"\n", self._scan)
+                if i < 0:
+                    if len(buf) > self.max_line + 1:  # + 1: room for the CR of CRLF
+                        return self._stop(ProtocolError(
+                            client_error("line longer than %d bytes" % self.max_line), True))
+                    self._scan = len(buf)
+                    return None
+                self._scan = 0
+                end = i - 1 if i and buf[i - 1] == 13 else i
+                if end > self.max_line:
+                    return self._stop(ProtocolError(
+                        client_error("line longer than %d bytes" % self.max_line), True))
+                line = bytes(buf[:end])
+                del buf[:i + 1]
+                cmd = self._line(line)
+                if cmd is not None:
+                    return cmd
+            elif state == _DATA:
+                need = self._need
+                if len(buf) < need:
+                    return None
+                cmd = self._set
+                cmd.data = bytes(buf[:need - 2])
+                del buf[:need]
+                self._set = None
+                self._state = _LINE
+                return cmd
+            elif state == _SKIP:
+                n = self._need
+                if n:
+                    if len(buf) < n:
+                        self._need = n - len(buf)
+                        buf.clear()
+                        return None
+                    del buf[:n]
+                    self._need = 0
+                self._state = _LINE
+                cmd, self._after = self._after, None
+                if cmd is not None:
+                    if type(cmd) is ProtocolError and cmd.close:
+                        return self._stop(cmd)
+                    return cmd
+            else:
+                return None
+
+    # ----------------------------------------------------------------- internals
+
+    def _stop(self, cmd):
+        self._state = _STOPPED
+        self._buf.clear()
+        self._set = self._after = None
+        return cmd
+
+    def _line(self, line: bytes):
+        """Parse one request line; return a command, or None after arming a data block."""
+        toks = line.split(b" ")
+        while toks and not toks[-1]:
+            toks.pop()
+        if not toks:
+            if line:
+                return self._stop(ProtocolError(client_error("line of only spaces"), True))
+            return self._stop(ProtocolError(client_error("empty command line"), True))
+        word = toks[0].lower()
+        handler = _SIMPLE.get(word)
+        if handler is not None:
+            cmd = handler(toks)
+            t = type(cmd)
+            if (t is ProtocolError and cmd.close) or t is Quit or t is Shutdown:
+                return self._stop(cmd)
+            return cmd
+        if word in _STORAGE:
+            return self._storage(word, toks)
+        return self._stop(ProtocolError(client_error("unknown command: " + _show(toks[0])), True))
+
+    def _storage(self, word: bytes, toks: list[bytes]):
+        if len(toks) < 5:
+            return self._stop(ProtocolError(
+                client_error("%s needs <queue> <flags> <exptime> <bytes>" % word.decode()), True))
+        size = parse_int(toks[4])
+        if size is None or size < 0:
+            return self._stop(ProtocolError(client_error("bad data chunk length: " + _show(toks[4])), True))
+        if word != b"set":
+            return self._skip(size + 2, ProtocolError(
+                client_error("%s is not supported, only set" % word.decode()), True))
+        # Kestrel's order: exptime (closes), then flags (kept open), then the queue's checks.
+        exptime = parse_int(toks[3])
+        if exptime is None:
+            return self._skip(size + 2, _bad_number("exptime", toks[3]))
+        flags = parse_int(toks[2])
+        if flags is None:
+            return self._skip(size + 2, ProtocolError(client_error("bad flags: " + _show(toks[2])), False))
+        queue = toks[1].decode("latin-1")
+        noreply = _noreply(toks, 4)
+        limit = self.item_limit(queue) if self.item_limit is not None else None
+        if limit is not None and size > limit:
+            self._skip(size + 2, None)
+            return SetRefused(queue, size, noreply)
+        self._set = Set(queue, flags, exptime, b"", noreply)
+        self._need = size + 2
+        self._state = _DATA
+        return None
+
+    def _skip(self, n: int, after):
+        """Drop the next n bytes as they arrive, then yield `after` (None: nothing)."""
+        self._state = _SKIP
+        self._need = n
+        self._after = after
+        return None

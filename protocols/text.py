@@ -1,0 +1,343 @@
+"""Kestrel's text protocol: an incremental request parser and the reply encoders.
+
+Pure, like `protocols.memcache`: bytes in, command objects out (reference §2,
+deviation 5).  Kestrel built it on naggati's `readLine(true, "ISO-8859-1")`
+and `TextHandler`; this module reproduces both byte for byte:
+
+* every line, command or put item, ends at LF and loses one CR right before
+  the LF (so an item line `"\\r\\n"` is empty and ends a put block);
+* a command line is split with Java `split(" ")` (empty tokens for double
+  spaces, trailing ones dropped) and its first word lower-cased;
+* a line ending in `:` (any command, not only `put`) starts a block: the
+  following lines are items until an empty line; when 1024 items are already
+  held the next line ends the block and is *discarded*, whatever it holds
+  (Kestrel's MAX_PUT_BUFFER); then the command is dispatched and only `put`
+  uses the items;
+* items are kept as the bytes sent (deviation 5: Kestrel re-encoded 0x80-0xFF
+  as UTF-8).
+
+What the parser can answer alone it yields as `Reply(bytes)`; the connection
+stays open.  What closes the connection (non-numeric `confirm` count or
+`monitor` timeout, a line of only spaces, a line over `max_line`, a put block
+over `max_block` bytes) is `ProtocolError(reply, close=True)`, whose reply is a
+`-<reason>` line the front may write before closing.  After it, and after
+`quit`, the parser is stopped and ignores further input.
+
+Bounds: a line may hold at most `max_line` bytes and a put block at most
+`max_block` item bytes; Kestrel had neither, so the defaults are generous.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Iterator
+
+from protocols.memcache import STATUS_NAMES, _show, parse_int
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "TextParser", "Put", "Get", "Peek", "Monitor", "Confirm", "Flush", "Delete", "Status",
+    "Version", "Shutdown", "Quit", "Reply", "ProtocolError", "Command", "MAX_PUT_BUFFER",
+    "item", "NONE", "count", "error", "string",
+]
+
+#: Items a put block buffers; the line read after that many ends the block and is lost.
+MAX_PUT_BUFFER = 1024
+
+
+# --------------------------------------------------------------------------- commands
+
+@dataclass(slots=True)
+class Put:
+    """`expiry_ms` is relative to now and 0 means already expired (reference §9.2 item 6)."""
+    queue: str
+    expiry_ms: int | None
+    items: list[bytes]
+
+
+@dataclass(slots=True)
+class Get:
+    """Confirm this connection's open reads on `queue`, then a transactional get."""
+    queue: str
+    timeout_ms: int | None = None
+
+
+@dataclass(slots=True)
+class Peek:
+    queue: str
+    timeout_ms: int | None = None
+
+
+@dataclass(slots=True)
+class Monitor:
+    queue: str
+    timeout_ms: int
+
+
+@dataclass(slots=True)
+class Confirm:
+    """`count` as sent; 0 or more than are open → `-Not that many transactions open.`"""
+    queue: str
+    count: int
+
+
+@dataclass(slots=True)
+class Flush:
+    queue: str
+
+
+@dataclass(slots=True)
+class Delete:
+    queue: str
+
+
+@dataclass(slots=True)
+class Status:
+    """`name` None asks for the status; otherwise one of STATUS_NAMES, lower-cased."""
+    name: str | None = None
+
+
+@dataclass(slots=True)
+class Version:
+    pass
+
+
+@dataclass(slots=True)
+class Shutdown:
+    """Reply `+0`, then shut the server down."""
+
+
+@dataclass(slots=True)
+class Quit:
+    """Close without a reply."""
+
+
+@dataclass(slots=True)
+class Reply:
+    """A complete answer the parser decided alone; the connection stays open."""
+    reply: bytes
+
+
+@dataclass(slots=True)
+class ProtocolError:
+    reply: bytes
+    close: bool
+
+
+Command = (Put | Get | Peek | Monitor | Confirm | Flush | Delete | Status | Version | Shutdown
+           | Quit | Reply | ProtocolError)
+
+
+# --------------------------------------------------------------------------- encoders
+
+NONE = b"*\n"
+
+
+def item(data: bytes) -> bytes:
+    return b":" + data + b"\n"
+
+
+def count(n: int) -> bytes:
+    return b"+%d\n" % n
+
+
+def error(msg: str) -> bytes:
+    """`-<msg>\\n`; like Kestrel's `getBytes("ascii")`, a non-ASCII character becomes `?`."""
+    return b"-" + msg.replace("\n", " ").encode("ascii", "replace") + b"\n"
+
+
+def string(s: str) -> bytes:
+    return b":" + s.replace("\n", " ").encode("ascii", "replace") + b"\n"
+
+
+_QUEUE_REQUIRED = Reply(error("Queue name required."))
+
+
+# --------------------------------------------------------------------------- dispatch
+
+def _name(tok: bytes) -> str:
+    return tok.decode("latin-1")
+
+
+def _put(args, items):
+    if not args:
+        return _QUEUE_REQUIRED
+    expiry = None
+    if len(args) > 1:
+        expiry = parse_int(args[1])
+        if expiry is None:
+            return Reply(error("Error parsing expiration time."))
+    if not items:
+        return Reply(count(0))  # setItem is never called: nothing created, nothing checked
+    return Put(_name(args[0]), expiry, items)
+
+
+def _get_like(cls):
+    def parse(args, items):
+        if not args:
+            return _QUEUE_REQUIRED
+        timeout = None
+        if len(args) > 1:
+            timeout = parse_int(args[1])
+            if timeout is None:
+                return Reply(error("Error parsing timeout."))
+        return cls(_name(args[0]), timeout)
+    return parse
+
+
+def _monitor(args, items):
+    if len(args) < 2:
+        return Reply(error("Queue name & timeout required."))
+    timeout = parse_int(args[1])
+    if timeout is None:
+        return ProtocolError(error("Error parsing timeout: " + _show(args[1])), True)
+    return Monitor(_name(args[0]), timeout)
+
+
+def _confirm(args, items):
+    if len(args) < 2:
+        return Reply(error("Queue name & count required."))
+    n = parse_int(args[1])
+    if n is None:
+        return ProtocolError(error("Error parsing count: " + _show(args[1])), True)
+    return Confirm(_name(args[0]), n)
+
+
+def _one_queue(cls):
+    def parse(args, items):
+        if not args:
+            return _QUEUE_REQUIRED
+        return cls(_name(args[0]))
+    return parse
+
+
+def _status(args, items):
+    if not args:
+        return Status(None)
+    name = _name(args[0]).lower()
+    if name in STATUS_NAMES:
+        return Status(name)
+    if name == "down":
+        return Reply(error("Status forbidden."))
+    return Reply(error("Unknown status."))
+
+
+_COMMANDS = {
+    "put": _put,
+    "get": _get_like(Get),
+    "peek": _get_like(Peek),
+    "monitor": _monitor,
+    "confirm": _confirm,
+    "flush": _one_queue(Flush),
+    "delete": _one_queue(Delete),
+    "status": _status,
+    "version": lambda args, items: Version(),
+    "shutdown": lambda args, items: Shutdown(),
+    "quit": lambda args, items: Quit(),
+}
+
+
+def _dispatch(toks: list[bytes], items: list[bytes]):
+    if not toks:
+        # Kestrel: segments(0) of an empty array; the exception closed the connection.
+        return ProtocolError(error("Protocol error: a command line of only spaces."), True)
+    # Java's toLowerCase on the ISO-8859-1 string: lower-cases Latin-1 letters too.
+    word = toks[0].decode("latin-1").lower()
+    handler = _COMMANDS.get(word)
+    if handler is None:
+        return Reply(error("Unknown command: " + word))
+    return handler(toks[1:], items)
+
+
+def _split(line: bytes) -> list[bytes]:
+    toks = line.split(b" ")
+    while toks and not toks[-1]:
+        toks.pop()
+    if not toks and not line:
+        toks = [b""]  # Java: "".split(" ") is [""], so an empty line is an unknown command ""
+    return toks
+
+
+_LINE, _BLOCK, _STOPPED = 0, 1, 2
+
+
+class TextParser:
+    """Feed socket bytes with `feed`, take commands with `next` until it returns None."""
+
+    __slots__ = ("max_line", "max_block", "_buf", "_scan", "_state", "_toks", "_items",
+                 "_block_bytes")
+
+    def __init__(self, max_line: int = 1 << 20, max_block: int = 1 << 26) -> None:
+        self.max_line = max_line
+        self.max_block = max_block
+        self._buf = bytearray()
+        self._scan = 0          # _buf[:_scan] is known to hold no LF
+        self._state = _LINE
+        self._toks: list[bytes] = []     # BLOCK: the command that opened the block
+        self._items: list[bytes] = []    # BLOCK: items read so far
+        self._block_bytes = 0
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held and not yet parsed, put items already read included."""
+        return len(self._buf) + self._block_bytes
+
+    @property
+    def stopped(self) -> bool:
+        return self._state == _STOPPED
+
+    def feed(self, data: bytes) -> None:
+        if self._state != _STOPPED:
+            self._buf += data
+
+    def commands(self) -> Iterator[Command]:
+        while (cmd := self.next()) is not None:
+            yield cmd
+
+    def next(self) -> Command | None:
+        buf = self._buf
+        while self._state != _STOPPED:
+            i = buf.find(b"\n", self._scan)
+            if i < 0:
+                if len(buf) > self.max_line + 1:  # + 1: room for the CR of CRLF
+                    return self._stop(ProtocolError(
+                        error("Line longer than %d bytes." % self.max_line), True))
+                self._scan = len(buf)
+                return None
+            self._scan = 0
+            end = i - 1 if i and buf[i - 1] == 13 else i
+            if end > self.max_line:
+                return self._stop(ProtocolError(error("Line longer than %d bytes." % self.max_line), True))
+            line = bytes(buf[:end])
+            del buf[:i + 1]
+            if self._state == _BLOCK:
+                items = self._items
+                if line and len(items) < MAX_PUT_BUFFER:
+                    self._block_bytes += len(line)
+                    if self._block_bytes > self.max_block:
+                        return self._stop(ProtocolError(
+                            error("Put block larger than %d bytes." % self.max_block), True))
+                    items.append(line)
+                    continue
+                toks = self._toks
+                self._toks, self._items, self._block_bytes = [], [], 0
+                self._state = _LINE
+                cmd = _dispatch(toks, items)
+            elif line[-1:] == b":":
+                self._toks = _split(line[:-1])
+                self._state = _BLOCK
+                continue
+            else:
+                cmd = _dispatch(_split(line), [])
+            t = type(cmd)
+            if t is ProtocolError or t is Quit:
+                return self._stop(cmd)
+            return cmd
+        return None
+
+    def _stop(self, cmd):
+        self._state = _STOPPED
+        self._buf.clear()
+        self._toks, self._items, self._block_bytes = [], [], 0
+        return cmd

@@ -1,0 +1,165 @@
+"""Shared counters and the shared status block, in one process and across fork()."""
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import struct
+import traceback
+
+import pytest
+
+from engine.shm import CounterBlock, SharedBytes
+
+CHILD_TIMEOUT = 30.0
+
+
+def in_child(fn, *args) -> tuple[int, int]:
+    """Run fn(*args) in a forked child; the result or traceback comes back pickled."""
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                           # pragma: no cover - child
+        code = 0
+        try:
+            os.close(rfd)
+            result = ("ok", fn(*args))
+        except BaseException:
+            result, code = ("error", traceback.format_exc()), 1
+        try:
+            with os.fdopen(wfd, "wb") as f:
+                pickle.dump(result, f)
+        finally:
+            os._exit(code)
+    os.close(wfd)
+    return pid, rfd
+
+
+def child_result(pid: int, rfd: int):
+    with os.fdopen(rfd, "rb") as f:
+        assert select.select([f], [], [], CHILD_TIMEOUT)[0], "child did not answer"
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    kind, value = pickle.loads(data) if data else ("error", f"child died, status {status}")
+    assert kind == "ok", value
+    assert os.waitstatus_to_exitcode(status) == 0
+    return value
+
+STATS = ("curr_connections", "total_connections", "bytes_read", "bytes_written")
+
+
+def test_counter_block_validates():
+    with pytest.raises(ValueError, match="slots"):
+        CounterBlock.create(0, STATS)
+    with pytest.raises(ValueError, match="unique"):
+        CounterBlock.create(2, ("a", "a"))
+    with pytest.raises(ValueError, match="unique"):
+        CounterBlock.create(2, ())
+    block = CounterBlock.create(2, STATS)
+    with pytest.raises(IndexError, match="slot 2"):
+        block.slot(2)
+    with pytest.raises(KeyError, match="no counter 'nope'.*curr_connections"):
+        block.total("nope")
+    with pytest.raises(KeyError, match="no counter 4"):
+        block.total(4)
+
+
+def test_slots_are_cache_line_padded():
+    assert CounterBlock.create(3, STATS).stride == 8
+    assert CounterBlock.create(3, tuple(f"c{i}" for i in range(9))).stride == 16
+
+
+def test_slots_sum_and_gauges():
+    block = CounterBlock.create(3, STATS)
+    cc, tc, br = (block.column(n) for n in STATS[:3])
+    s0, s1, s2 = (block.slot(i) for i in range(3))
+    for s in (s0, s1, s1, s2):
+        s.incr(cc)
+        s.incr(tc)
+    s1.decr(cc)
+    s2.incr(br, 1000)
+    s0.words[br] += 24
+    assert block.total("curr_connections") == 3
+    assert block.total("total_connections") == 4 == block.total(tc)
+    assert block.per_slot("bytes_read") == [24, 0, 1000]
+    assert block.get(1, "curr_connections") == 1 and s1.get(cc) == 1
+    assert block.totals() == {"curr_connections": 3, "total_connections": 4, "bytes_read": 1024,
+                              "bytes_written": 0}
+
+
+def test_cleared_slot_can_go_negative_and_others_are_untouched():
+    block = CounterBlock.create(2, STATS)
+    a, b = block.slot(0), block.slot(1)
+    a.set(0, 5)
+    b.set(0, 7)
+    a.clear()
+    a.decr(0)
+    assert block.per_slot("curr_connections") == [-1, 7]
+
+
+def bump(block: CounterBlock, slot: int, n: int) -> None:
+    s = block.slot(slot)
+    col = block.column("bytes_read")
+    for _ in range(n):
+        s.incr(col, 3)
+        s.incr(0)
+    s.decr(0, n)
+
+
+def test_counters_are_shared_across_fork():
+    block = CounterBlock.create(3, STATS)
+    kids = [in_child(bump, block, i, 10_000) for i in (1, 2)]
+    bump(block, 0, 10_000)
+    for pid, rfd in kids:
+        child_result(pid, rfd)
+    assert block.per_slot("bytes_read") == [30_000] * 3
+    assert block.total("curr_connections") == 0
+
+
+def test_shared_bytes_roundtrip_and_version():
+    sb = SharedBytes.create(16)
+    assert sb.read() == b"" and sb.version == 0
+    sb.write(b"up")
+    assert sb.read() == b"up" and sb.version == 1
+    sb.write(bytearray(b"quiescent"))
+    sb.write(memoryview(b"readonly"))
+    assert sb.read() == b"readonly" and sb.version == 3
+    with pytest.raises(ValueError, match="17 bytes do not fit in 16"):
+        sb.write(b"x" * 17)
+
+
+def test_shared_bytes_reader_refuses_a_block_stuck_mid_write():
+    sb = SharedBytes.create(8)
+    sb._hdr[0] = 1                          # a writer that died holding the sequence odd
+    with pytest.raises(RuntimeError, match="mid-write"):
+        sb.read()
+
+
+def write_many(sb: SharedBytes, n: int) -> None:
+    for i in range(n):
+        sb.write(struct.pack("<Q", i) * (1 + i % 8))
+
+
+def test_shared_bytes_readers_never_see_a_torn_write():
+    sb = SharedBytes.create(64)
+    pid, rfd = in_child(write_many, sb, 100_000)
+    seen = 0
+    while sb.version < 100_000 and not select.select([rfd], [], [], 0)[0]:
+        data = sb.read()
+        if data:
+            i = struct.unpack_from("<Q", data)[0]
+            assert data == struct.pack("<Q", i) * (1 + i % 8)
+            assert i >= seen
+            seen = i
+    child_result(pid, rfd)
+    assert sb.read() == struct.pack("<Q", 99_999) * 8
+
+
+def test_close_unmaps():
+    block = CounterBlock.create(1, STATS)
+    block.close()
+    with pytest.raises(ValueError):
+        block.total("bytes_read")
+    sb = SharedBytes.create(4)
+    sb.close()
+    with pytest.raises(ValueError):
+        sb.read()
