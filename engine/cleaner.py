@@ -25,22 +25,14 @@ def run_pack(msg: dict) -> dict:
     from .packer import pack_files
     t0 = time.monotonic()
     try:
-        result = pack_files(msg["files"], msg["out"])
+        result = pack_files(msg["files"], msg["out"], msg.get("open_xids"),
+                            now_ms=time.time_ns() // 1_000_000)
     except Exception as e:       # reported to the worker, which keeps its journal as it was
         log.exception("cleaner: pack into %s failed", msg.get("out"))
         return {"cmd": "packed", "id": msg["id"], "ok": False, "error": str(e)}
     log.info("cleaner: packed %d file(s) into %s in %.2fs", len(msg["files"]), msg["out"],
              time.monotonic() - t0)
-    return {"cmd": "packed", "id": msg["id"], "ok": True, "result": _plain(result)}
-
-
-def _plain(result):
-    """Pack results cross a msgpack socket: keep to plain values."""
-    if result is None or isinstance(result, (int, str, bytes, list, dict)):
-        return result
-    if hasattr(result, "__dataclass_fields__"):
-        return {k: getattr(result, k) for k in result.__dataclass_fields__}
-    return str(result)
+    return {"cmd": "packed", "id": msg["id"], "ok": True, "out_path": result.out_path}
 
 
 def rewrite_all(queue_path: str, clock) -> None:
@@ -64,6 +56,10 @@ def cleaner_main(config, worker_socks, control_sock) -> int:
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
     sel = selectors.DefaultSelector()
+    wake_r, wake_w = os.pipe()          # a signal must cut the (long) select short
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    sel.register(wake_r, selectors.EVENT_READ, "signal")
     readers = {}
     for i, s in enumerate(worker_socks):
         readers[i] = control.Reader(s)
@@ -76,6 +72,9 @@ def cleaner_main(config, worker_socks, control_sock) -> int:
     while not stopping:
         timeout = max(0.0, next_clean - time.monotonic())
         for key, _ in sel.select(timeout):
+            if key.data == "signal":
+                os.read(wake_r, 512)
+                continue
             if key.data == "control":
                 ctl.read()
                 if ctl.eof:

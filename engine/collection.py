@@ -76,7 +76,7 @@ class QueueCollection:
         a Journal, MemoryStorage when keep_journal is false, the partition's
         command log when storage is "cmdlog").  A factory that also has a
         `queue_names()` method reports the queues its storages hold, so `load`
-        brings them up.  `owns(name)`: the queues this collection serves
+        brings them up, and one with `forget(name)` hears of every delete.  `owns(name)`: the queues this collection serves
         (default all).  `autoflush`: hand records to the OS (and fsync per the
         queue's sync policy) at the end of every public call."""
         self.config = config
@@ -201,6 +201,9 @@ class QueueCollection:
     def _create(self, name: str) -> PersistentQueue:
         qc = self.config.queue_config(name)
         validate_queue_name(name, allow_dots=qc.storage == "cmdlog")
+        if name == CMDLOG_DIR and qc.storage == "journal" and qc.keep_journal:
+            raise ValueError(f"Queue name {name!r} is reserved: {self.queue_path}/{CMDLOG_DIR} "
+                             "holds the command logs.")
         if self._owns is not None and not self._owns(name):
             raise ValueError(f"queue {name!r} belongs to another worker")
         storage = self._factory(name, qc)
@@ -333,6 +336,9 @@ class QueueCollection:
             return
         q.destroy()
         self._last_sync.pop(q.storage, None)
+        forget = getattr(self._factory, "forget", None)     # a factory that tracks its storages
+        if forget is not None:
+            forget(name)
         self.queue_deletes += 1
         plus = name.find("+")
         if plus >= 0:
@@ -408,6 +414,9 @@ class QueueCollection:
         if waiter.cancelled or waiter.queued:
             return
         q = self._queues.get(waiter.queue) or self.queue(waiter.queue)
+        if q.closed:                       # shutting down: nothing will ever wake it
+            waiter.cancelled = True
+            return
         q.waiters.add(waiter)
         if waiter.deadline_ms is not None:
             self.timers.push(waiter.deadline_ms, waiter)

@@ -31,6 +31,7 @@ from . import control, __version__
 from .messages import (OP_DISCONNECT, OP_DUMP_CONFIG, OP_RELOAD, OP_STATS, R_DATA, R_SERVER_ERROR,
                        RF_CLOSE, RF_MORE, RESP_SIZE, Reassembler, pack_req, send, unpack_resp)
 from .placement import worker_of
+from .ring import prepare_sleep_all
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +152,7 @@ class Front:
                             c.on_response(req, status, flags, value, msg[RESP_SIZE:])
                     del batch
                     ring.release()
-            if all(r.prepare_sleep() for i, r in enumerate(self.resp_rings)
-                   if i not in self.down_workers):
+            if prepare_sleep_all(self.resp_rings):
                 break
         self.flush_writes()
 
@@ -169,7 +169,9 @@ class Front:
             if cmd == "peer_down":
                 w = msg["peer"]
                 self.down_workers.add(w)
-                self.resp_rings[w].resync_consumer(discard=True)
+                ring = self.resp_rings[w]
+                ring.resync_consumer(discard=True)
+                ring.prepare_sleep()       # resync cleared our flag: the new worker must signal us
                 self.asm[w].reset()
                 for c in list(self.conns.values()):
                     c.worker_down(w)
@@ -177,6 +179,7 @@ class Front:
                 control.send(self.control, {"cmd": "ack_down", "peer": w, "front": self.index})
             elif cmd == "peer_up":
                 self.down_workers.discard(msg["peer"])
+                self.on_wake()
             elif cmd == "reload":
                 self.reload_local()
             elif cmd == "stop":
@@ -297,15 +300,20 @@ class BaseConn(asyncio.Protocol):
         self.closing = True
         f.conns.pop(self.id, None)
         f.my.decr(C_CURR)
-        touched = self.touched
+        self.send_disconnects()
+        self.slots.clear()
+        self.parts.clear()
+
+    def send_disconnects(self) -> None:
+        """Tell every worker this connection touched that it is gone (once)."""
+        f = self.front
+        touched, self.touched = self.touched, 0
         w = 0
         while touched:
             if touched & 1:
                 f.send(w, self.id, 0, OP_DISCONNECT, 0, b"")
             touched >>= 1
             w += 1
-        self.slots.clear()
-        self.parts.clear()
 
     def pause_writing(self):
         self.paused_writing = True
@@ -434,6 +442,10 @@ class BaseConn(asyncio.Protocol):
                 break
 
     def flush_out(self) -> None:
+        if self.closing and self.touched:
+            # roll back open reads before the client can see the reply and reconnect
+            self.send_disconnects()
+            self.front.flush_rings()
         if self.out and self.transport is not None and not self.transport.is_closing():
             data = b"".join(self.out) if len(self.out) > 1 else self.out[0]
             self.out.clear()
@@ -442,6 +454,8 @@ class BaseConn(asyncio.Protocol):
         else:
             self.out.clear()
         if self.closing and self.transport is not None and not self.transport.is_closing():
+            self.send_disconnects()
+            self.front.flush_rings()
             self.transport.close()
 
     def worker_down(self, w: int) -> None:

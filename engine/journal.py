@@ -495,7 +495,13 @@ class Journal:
         last = len(files) - 1
         for idx, fname in enumerate(files):
             path = os.path.join(self._dir, fname)
-            cur = Cursor(path, fname)
+            try:
+                cur = Cursor(path, fname)
+            except OSError as e:
+                log.error("queue %r: cannot read %s (%s); DATA MAY HAVE BEEN LOST! Skipping it.",
+                          self.name, path, e.strerror)
+                done_before += sizes[idx]
+                continue
             read = cur.read
             try:
                 while True:
@@ -644,29 +650,35 @@ class Journal:
         p = self._pending
         if not p:
             return
-        fd = self._fd
         if self._torn:
             self._untear()
         total = len(p)
-        done = 0
-        with memoryview(p) as view:
+        try:
+            done = _write(self._fd, p)
+            if done != total:
+                self._write_rest(p, done)
+        except OSError as e:
+            # a view of the buffer may live on in the traceback: keep a copy instead
+            self._pending = bytearray(p)
+            self._torn = True
             try:
-                while done < total:
-                    n = _write(fd, view[done:])
-                    if n <= 0:
-                        raise OSError(errno.EIO, "write returned 0")
-                    done += n
-            except OSError as e:
-                self._torn = done > 0
-                if self._torn:
-                    try:
-                        self._untear()
-                    except JournalError:
-                        pass
-                raise JournalError(self._path, f"write failed after {done} of {total} bytes: "
-                                               f"{e.strerror or e}", e.errno) from e
+                self._untear()
+            except JournalError:
+                pass
+            raise JournalError(self._path, f"write of {total} bytes failed: {e.strerror or e}", e.errno) from e
         self._disk_size += total
-        p.clear()
+        del p[:]                # (keeps big buffers cheap to refill, unlike clear())
+
+    def _write_rest(self, p: bytearray, done: int) -> None:
+        """Finish a short write."""
+        fd = self._fd
+        total = len(p)
+        with memoryview(p) as view:
+            while done < total:
+                n = _write(fd, view[done:])
+                if n <= 0:
+                    raise OSError(errno.EIO, "write returned 0")
+                done += n
 
     def _untear(self) -> None:
         try:
@@ -815,6 +827,9 @@ class Journal:
     def _check_rotate(self, view, config) -> None:
         size = self._disk_size + len(self._pending)
         total = size + self._archived_size
+        if size < config.default_journal_size and size <= config.max_memory_size \
+                and total <= config.max_journal_size:
+            return                               # no rule can match: the per-operation fast path
         allowed = self._clock.monotonic() >= self._rewrites_allowed_at
         if not config.disable_aggressive_rewrites:
             if size >= config.default_journal_size and view.length == 0 and self._rewrite_safe(view):
@@ -927,9 +942,9 @@ class Journal:
             for c in chunks:
                 buf += c
                 if len(buf) >= CHUNK:
-                    size += _write_all(fd, buf, path)
+                    size += write_all(fd, buf, path)
                     buf.clear()
-            size += _write_all(fd, buf, path)
+            size += write_all(fd, buf, path)
             _fsync(fd)
         finally:
             os.close(fd)
@@ -987,11 +1002,17 @@ class Journal:
             _unlink_quietly(tmp_path)
         finally:
             self._open_writer()
-            self._archived_size = sum(os.path.getsize(os.path.join(self._dir, a))
-                                      for a in archived_files(self._dir, self.name))
+            self._update_archived_size()
         self.checkpoint = None
         self.rewrites += 1
         return True
+
+    def _update_archived_size(self) -> None:
+        try:
+            self._archived_size = sum(os.path.getsize(os.path.join(self._dir, a))
+                                      for a in archived_files(self._dir, self.name))
+        except OSError as e:
+            log.error("queue %r: cannot list archived journals: %s", self.name, e)
 
     # -------------------------------------------------------- checkpoint packs (§6.5)
     def pack_due(self) -> PackRequest | None:
@@ -1001,6 +1022,10 @@ class Journal:
         cp = self.checkpoint
         if cp is None or self._pack_outstanding is not None or self._closed:
             return None
+        rb = self._rb
+        if rb is not None and rb.name != self.name and \
+                parse_archive(self.name, rb.name)[0] <= parse_archive(self.name, cp.file)[0]:
+            return None                          # cheap answer for owners that poll every batch
         archives = archived_files(self._dir, self.name)
         if cp.file not in archives:
             self.checkpoint = None
@@ -1024,12 +1049,21 @@ class Journal:
             _unlink_quietly(req.out_path)
             return
         pack = os.path.join(self._dir, req.checkpoint_file + ".pack")
-        os.rename(result.out_path, pack)
-        archived_files(self._dir, self.name)
-        _fsync_dir(self._dir)
+        try:
+            os.rename(result.out_path, pack)
+        except OSError as e:
+            log.error("queue %r: cannot install the pack of %s: %s", self.name, req.checkpoint_file, e)
+            _unlink_quietly(result.out_path)
+            return
+        if result.out_path != req.out_path:
+            _unlink_quietly(req.out_path)
+        try:
+            archived_files(self._dir, self.name)     # deletes the packed archives, renames the pack
+            _fsync_dir(self._dir)
+        except OSError as e:                         # the next listing (or replay) finishes the job
+            log.error("queue %r: installing the pack of %s: %s", self.name, req.checkpoint_file, e)
         self.checkpoint = None
-        self._archived_size = sum(os.path.getsize(os.path.join(self._dir, a))
-                                  for a in archived_files(self._dir, self.name))
+        self._update_archived_size()
         log.info("queue %r: packed journals up to %s", self.name, req.checkpoint_file)
 
     def _maybe_inline_pack(self) -> None:
@@ -1047,7 +1081,7 @@ class Journal:
         self.pack_done(result)
 
 
-def _write_all(fd: int, buf, path: str) -> int:
+def write_all(fd: int, buf, path: str) -> int:
     total = len(buf)
     done = 0
     with memoryview(buf) as view:

@@ -76,7 +76,7 @@ unpack_resp = RESP.unpack_from
 # the consumer reassembles them.  Small messages, the hot path, pay nothing for this.
 FRAG_CONN = 0xFFFFFFFF
 FRAG = struct.Struct("<IQ")
-CHUNK = 1 << 18
+CHUNK = (1 << 18) - 64     # fits the smallest ring (worker to worker, 256 KiB)
 
 
 def send(ring, head: bytes, payload=b"") -> None:

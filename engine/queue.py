@@ -153,18 +153,21 @@ class PersistentQueue:
         if storage.can_read_behind and not storage.in_read_behind and self._bytes >= config.max_memory_size:
             log.info("queue %r: dropping to read-behind at %d bytes", self.name, self._bytes)
             storage.start_read_behind()
-        if self._items:
+        items = self._items
+        if items and (max_age is not None or items[0].expiry):    # the head may have expired
             self.discard_expired(now)
         storage.record_add(item)
         n = len(data)
+        self._length += 1
+        self._bytes += n
         if not storage.in_read_behind:
             self._items.append(item)
             self._mem_bytes += n
-        self._length += 1
-        self._bytes += n
+        elif not self._items:
+            self._refill(now)              # tiny max_memory_size: keep the head in memory
         if count_total:
             self.total_items += 1
-        if self.waiters._live:
+        if self.waiters:
             self._wake_one()
         return True
 
@@ -178,8 +181,10 @@ class PersistentQueue:
             self.transactions += 1     # counted even if the head turns out expired (§4.2)
         if self._open_deadline and self.config.open_transaction_timeout is not None:
             self._recycle_timed_out(now)
-        self.discard_expired(now)
-        if not self._items:
+        items = self._items
+        if items and (self.config.max_age is not None or items[0].expiry):
+            self.discard_expired(now)
+        if not items:
             return None
         item = self._pop_head()
         self._last_removed_add_time = item.add_time
@@ -212,7 +217,7 @@ class PersistentQueue:
             return False
         self._open_deadline.pop(xid, None)
         self._abort(item, xid)
-        if self.waiters._live:
+        if self.waiters:
             self._wake_one()
         return True
 
@@ -249,7 +254,7 @@ class PersistentQueue:
             cap = item.add_time + max_age
             if not expiry or cap < expiry:
                 expiry = cap
-        return expiry != 0 and expiry <= now
+        return expiry != 0 and expiry < now
 
     def discard_expired(self, now: int | None = None, limit: int | None = None) -> int:
         """Sweep expired items off the head, at most `max_expire_sweep` (and

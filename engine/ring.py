@@ -118,12 +118,17 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import platform
 import select
 import threading
 from collections import deque
 from typing import Iterable
 
 log = logging.getLogger(__name__)
+
+if platform.machine() not in ("x86_64", "AMD64"):
+    log.warning("engine.ring relies on x86-64 (TSO) memory ordering; on %s a published record "
+                "may be seen before its bytes", platform.machine())
 
 HEAD = 0            # u64 indexes into the header's 'Q' view
 SLEEP_SEQ = 1

@@ -261,7 +261,7 @@ class ServerStatus:
             rep, prev, at = self._load()
             now = self._now()
             pending = bool(at) and now < at
-            if pending and new > rep:
+            if pending and new >= rep:
                 log.warning("status change from %s to %s ignored: change to %s still pending",
                             STATUSES[rep], STATUSES[new], STATUSES[rep])
                 return False

@@ -32,6 +32,7 @@ class ShardStorage:
         self._packs: dict[int, object] = {}       # request id -> journal
         self._next_pack = 1
         self._next_cmdlog_sync: int | None = None
+        self._next_pack_check = 0
 
     # -- the factory the QueueCollection calls -------------------------------------------------
     def __call__(self, name: str, qc):
@@ -77,11 +78,13 @@ class ShardStorage:
             for plog in logs:
                 plog.flush()
             threading.Thread(target=_sync_logs, args=(logs,), name="cmdlog-sync", daemon=True).start()
-        if self.cleaner is not None:
-            for name, j in list(self._journals.items()):
-                req = j.pack_due() if j.in_read_behind or getattr(j, "checkpoint", None) else None
-                if req is not None:
-                    self.request_pack(j, req)
+        if self.cleaner is not None and now_ms >= self._next_pack_check:
+            self._next_pack_check = now_ms + 100
+            for j in self._journals.values():
+                if j.checkpoint is not None:
+                    req = j.pack_due()
+                    if req is not None:
+                        self.request_pack(j, req)
 
     def request_pack(self, journal, req) -> None:
         rid = self._next_pack
@@ -89,7 +92,7 @@ class ShardStorage:
         self._packs[rid] = journal
         try:
             control.send(self.cleaner, {"cmd": "pack", "id": rid, "files": list(req.files),
-                                        "out": req.out_path})
+                                        "out": req.out_path, "open_xids": list(req.open_xids)})
         except OSError as e:
             log.error("cannot reach the cleaner for a pack of %s: %s", req.out_path, e)
             self._packs.pop(rid, None)
@@ -101,13 +104,21 @@ class ShardStorage:
         if j is None:
             return
         if msg.get("ok"):
-            j.pack_done(msg.get("result"))
+            j.pack_done(PackedFile(msg["out_path"]))
         else:
-            log.error("pack failed: %s", msg.get("error"))
-            j.pack_failed(msg.get("error"))
+            log.error("queue %r: pack failed in the cleaner: %s", j.name, msg.get("error"))
+            j.pack_done(None)
 
     def forget(self, name: str) -> None:
         self._journals.pop(name, None)
+
+
+class PackedFile:
+    """What `Journal.pack_done` needs of a pack the cleaner wrote."""
+    __slots__ = ("out_path",)
+
+    def __init__(self, out_path: str):
+        self.out_path = out_path
 
 
 def _sync_logs(logs) -> None:

@@ -104,17 +104,7 @@ class Supervisor:
                            ("admin", srv.admin_port)):
             if port is None:
                 continue
-            s = socket.socket(socket.AF_INET6 if ":" in srv.listen_address else socket.AF_INET)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                s.bind((srv.listen_address, port))
-                s.listen(1024)
-            except OSError as e:
-                s.close()
-                raise StartupError(f"cannot listen on {srv.listen_address}:{port} ({kind}): "
-                                   f"{e.strerror or e}") from None
-            s.setblocking(False)
-            self.listeners[kind] = s
+            self.listeners[kind] = self.bind(kind, srv.listen_address, port)
         self.status_mem = mmap.mmap(-1, ServerStatus.SIZE, flags=mmap.MAP_SHARED)
         self.status = ServerStatus.create(self.status_mem, srv.status_file, srv.default_status,
                                           self.clock, srv.status_change_grace_period)
@@ -133,6 +123,38 @@ class Supervisor:
                                  name=f"w{a}->w{b}") for b in range(W)] for a in range(W)]
         self.cleaner_socks = [socket.socketpair() for _ in range(W)]
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+
+    def bind(self, kind: str, host: str, port: int) -> list[socket.socket]:
+        """One SO_REUSEPORT socket per front, so the kernel spreads connections evenly and a
+        restarted front finds its backlog waiting.  A probe bind without SO_REUSEPORT first
+        makes a port held by anyone, another Lanner included, a start-up error."""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        probe = socket.socket(family)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise StartupError(f"cannot listen on {host}:{port} ({kind}): {e.strerror or e}") from None
+        finally:
+            probe.close()
+        socks = []
+        for _ in range(self.nfronts):
+            s = socket.socket(family)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            try:
+                s.bind((host, port))
+                s.listen(1024)
+            except OSError as e:
+                s.close()
+                for x in socks:
+                    x.close()
+                raise StartupError(f"cannot listen on {host}:{port} ({kind}): {e.strerror or e}") from None
+            s.setblocking(False)
+            socks.append(s)
+            if port == 0:        # an ephemeral port: every front shares the one the kernel chose
+                port = s.getsockname()[1]
+        return socks
 
     # -- forking ---------------------------------------------------------------------------------
     def spawn(self, kind: str, index: int) -> Child:
@@ -179,10 +201,11 @@ class Supervisor:
         return child
 
     def child_main(self, kind: str, index: int, sock: socket.socket) -> int:
-        _name_process(f"lanner: {kind} {index}")
-        for kind_, s in list(self.listeners.items()):
-            if kind != "front":
-                s.close()
+        _name_process(f"lanner-{kind[0]}{index}" if kind != "cleaner" else "lanner-cleaner")
+        for kind_, socks in self.listeners.items():
+            for i, s in enumerate(socks):
+                if kind != "front" or i != index:
+                    s.close()
         if kind == "worker":
             from .worker import worker_main
             F, W = self.nfronts, self.nworkers
@@ -205,8 +228,9 @@ class Supervisor:
             for r in resp:
                 r.resync_consumer(discard=True)
             self.counters.slot(index).set(0, 0)    # curr_connections of a dead front
+            mine = {k: socks[index] for k, socks in self.listeners.items()}
             return front_main(index, self.config, self.status_view(), self.counters, req, resp,
-                              self.front_wake[index].fd, sock, self.listeners, self.started_at,
+                              self.front_wake[index].fd, sock, mine, self.started_at,
                               self.clock)
         from .cleaner import cleaner_main
         return cleaner_main(self.config, [p[1] for p in self.cleaner_socks], sock)
@@ -241,7 +265,7 @@ class Supervisor:
         for kind, port in (("memcache", srv.memcache_port), ("text", srv.text_port),
                            ("thrift", None), ("admin", srv.admin_port)):
             if port is not None and kind in self.listeners:
-                host, p = self.listeners[kind].getsockname()[:2]
+                host, p = self.listeners[kind][0].getsockname()[:2]
                 parts.append(f"{kind}={host}:{p}")
         sys.stdout.write(" ".join(parts) + "\n")
         sys.stdout.flush()
@@ -421,8 +445,9 @@ class Supervisor:
                     except ProcessLookupError:
                         pass
             self.reap_quietly(block=True, pids=[c.pid for c in group])
-        for s in self.listeners.values():
-            s.close()
+        for socks in self.listeners.values():
+            for s in socks:
+                s.close()
         log.info("stopped")
 
     def reap_quietly(self, block: bool = False, pids=()) -> None:

@@ -210,6 +210,10 @@ class Worker:
     def reply(self, dst: int, conn: int, req: int, status: int, flags: int = 0, value: int = 0,
               payload: bytes = b"") -> None:
         self.replies.append((dst, pack_resp(conn, req, status, flags, 0, value), payload))
+        if flags & RF_CLOSE:
+            # The front will close this connection: roll its open reads back now, so a
+            # client that reconnects through another front already finds them (§1.5).
+            self.disconnect(dst, conn)
 
     def finish_batch(self) -> None:
         """Flush journals, then publish replies or hold them for a group fsync."""

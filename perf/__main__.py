@@ -12,6 +12,7 @@ import logging
 import sys
 
 from perf import compare, scenarios
+from perf.client import ProtocolError
 from perf.context import Context, ScenarioError
 from perf.loadgen import LoadgenError
 from perf.report import out_dir, render, write_json, write_plots
@@ -47,7 +48,7 @@ def add_common(p: argparse.ArgumentParser, default_port: int) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lanner-perf", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="scenario", required=True, metavar="SCENARIO")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="SCENARIO")
     for name in scenarios.MODULES:
         mod = scenarios.load(name)
         p = sub.add_parser(name, help=mod.HELP, description=mod.__doc__, add_help=False,
@@ -74,7 +75,7 @@ def make_target(args, mod):
 
 
 def run_scenario(args, target) -> "scenarios.Report":
-    mod = scenarios.load(args.scenario)
+    mod = scenarios.load(args.command)
     ctx = Context(target, procs=args.procs, progress=not args.no_progress)
     return mod.run(args, ctx)
 
@@ -95,19 +96,19 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(name)s: %(message)s")
     try:
-        if args.scenario == "compare":
+        if args.command == "compare":
             report = compare.run(args, build_parser())
         else:
-            target = make_target(args, scenarios.load(args.scenario))
+            target = make_target(args, scenarios.load(args.command))
             try:
                 report = run_scenario(args, target)
             finally:
                 target.stop()
-    except (ScenarioError, ServerError, LoadgenError) as e:
-        print(f"lanner-perf {args.scenario}: {e}", file=sys.stderr)
+    except (ScenarioError, ServerError, LoadgenError, ProtocolError) as e:
+        print(f"lanner-perf {args.command}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"lanner-perf {args.scenario}: interrupted", file=sys.stderr)
+        print(f"lanner-perf {args.command}: interrupted", file=sys.stderr)
         return 130
     emit(report, args)
     return 0 if report.ok else 1

@@ -38,7 +38,8 @@ def add_parser(sub) -> None:
     p.add_argument("--plot", action="store_true", help="also write PNG plots")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--verbose", action="store_true", help="log what the suite does")
-    p.add_argument("scenario", choices=THROUGHPUT_SCENARIOS, help="scenario to run on both")
+    p.add_argument("compare_scenario", metavar="SCENARIO", choices=THROUGHPUT_SCENARIOS,
+                   help="scenario to run on both: " + ", ".join(THROUGHPUT_SCENARIOS))
     p.add_argument("scenario_args", nargs=argparse.REMAINDER, help="the scenario's own options")
 
 
@@ -54,9 +55,11 @@ def make_target(spec: str, kind: str | None, args):
 
 
 def run(args, parser) -> Report:
-    sargs = parser.parse_args([args.scenario, *args.scenario_args])
+    sargs = parser.parse_args([args.compare_scenario, *args.scenario_args])
     sargs.procs, sargs.no_progress = args.procs, args.no_progress
-    mod = scenarios.load(args.scenario)
+    args.out = args.out or sargs.out         # output options may follow the scenario's own
+    args.plot = args.plot or sargs.plot
+    mod = scenarios.load(args.compare_scenario)
     primary = getattr(mod, "PRIMARY", "ops_s")
     targets = []
     try:
@@ -98,9 +101,12 @@ def combine(args, mod, primary: str, targets, runs: list[list[Report]]) -> Repor
             out[f"{side}_rounds"] = [r.get(primary) for r in rows]
         report.rows.append(out)
     for side, reps in (("A", runs[0]), ("B", runs[1])):
-        for n, rep in enumerate(reps, 1):
-            for name, check in rep.checks.items():
-                report.check(f"{side} round {n}: {name}", check.ok, check.detail)
+        failed = [f"round {n}: {name}: {c.detail}" for n, rep in enumerate(reps, 1)
+                  for name, c in rep.checks.items() if not c.ok]
+        total = sum(len(rep.checks) for rep in reps)
+        report.check(f"{side} ({targets[0 if side == 'A' else 1].name})", not failed,
+                     "; ".join(failed[:5]) or f"all {total} checks passed")
+        for rep in reps:
             report.notes += [f"{side}: {note}" for note in rep.notes if f"{side}: {note}" not in report.notes]
     report.notes.append(f"metric: {primary}, median of {args.rounds} rounds; A = {a_name}, B = {b_name}")
     report.plots.append(Plot("compare.png", "label", ["a", "b"], "", primary.replace("_s", "/s"),

@@ -8,7 +8,8 @@
  *
  * Model.  Every connection has a role:
  *   producer  only sets; the total --sets is split evenly between producers;
- *   consumer  only gets; they share the global --gets budget;
+ *   consumer  only gets; --gets is split evenly between consumers, or, with
+ *             --until-hits, is a shared budget of items to read (misses retry);
  *   mixed     interleaves sets and gets (darner's `db`): each op is a get with
  *             probability gets/(gets+sets) (or --get-ratio in duration mode),
  *             spread evenly by an accumulator, drawn from shared budgets.
@@ -16,7 +17,8 @@
  * load tests), waits for all of their responses, then writes the next batch:
  * closed loop when depth is 1.  Latency of a response is measured from the
  * write of its batch.  The run ends when every budget is spent (count mode),
- * when --duration has passed (no new batch starts after it), or at --timeout.
+ * when --duration has passed or SIGTERM arrives (no new batch starts after
+ * either), or at --timeout.
  *
  * Payload checks (--verify, queue servers only): a set's value starts with
  * 16 hex digits "PPPPPPPPSSSSSSSS" (producer id, sequence number) followed by a
@@ -107,7 +109,11 @@ static void h_add(hist_t *h, uint64_t v) {
 
 static uint64_t h_pct(const hist_t *h, double p) {
     if (h->n == 0) return 0;
-    uint64_t rank = (uint64_t)(p * (double)h->n);
+    /* nearest rank: the smallest value with at least p*n values at or below it */
+    double want = p * (double)h->n - 1e-9;
+    uint64_t rank = (uint64_t)want;
+    if ((double)rank < want) rank++;
+    rank = rank > 0 ? rank - 1 : 0;
     if (rank >= h->n) rank = h->n - 1;
     uint64_t seen = 0;
     for (int i = 0; i < H_BUCKETS; i++) {
@@ -140,7 +146,8 @@ static int o_expect_producers = 0;
 static int o_connect_retries = 50;
 
 static long long g_sets_left = -1, g_gets_left = -1;
-static int g_stop = 0, g_timed_out = 0;
+static volatile sig_atomic_t g_stop = 0;
+static int g_timed_out = 0;
 static uint64_t g_start_ns;
 
 static struct {
@@ -170,6 +177,12 @@ typedef struct {
 
 static conn_t *g_conns;
 static int g_nconns, g_active, g_ep;
+
+/* SIGTERM/SIGINT end the run like --duration does: no new batches, outstanding replies are read. */
+static void on_signal(int sig) {
+    (void)sig;
+    g_stop = 1;
+}
 
 static uint64_t now_ns(void) {
     struct timespec ts;
@@ -228,6 +241,8 @@ static void conn_init(conn_t *c, int role, int index, int ordinal) {
     c->quota = o_duration > 0 ? -1 : 0;
     if (role == ROLE_PRODUCER && o_sets >= 0)
         c->quota = o_sets / o_producers + (index < o_sets % o_producers ? 1 : 0);
+    if (role == ROLE_CONSUMER && o_gets >= 0)
+        c->quota = o_gets / o_consumers + (index < o_gets % o_consumers ? 1 : 0);
     c->pend = calloc((size_t)o_depth + 1, 1);
     c->iov = calloc((size_t)o_depth * 3 + 4, sizeof(struct iovec));
     c->arena = malloc((size_t)(o_depth + 1) * HDR_MAX);
@@ -265,6 +280,11 @@ static int next_op(conn_t *c) {
         return OP_SET;
     }
     if (c->role == ROLE_CONSUMER) {
+        if (!o_until_hits) {
+            if (c->quota == 0) return 0;
+            if (c->quota > 0) c->quota--;
+            return OP_GET;
+        }
         if (g_gets_left == 0) return 0;
         if (g_gets_left > 0) g_gets_left--;
         return OP_GET;
@@ -617,6 +637,8 @@ int main(int argc, char **argv) {
     if (o_gets < 0 && o_duration <= 0) g_gets_left = 0;
 
     signal(SIGPIPE, SIG_IGN);
+    signal(SIGTERM, on_signal);
+    signal(SIGINT, on_signal);
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
         rl.rlim_cur = rl.rlim_max;

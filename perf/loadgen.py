@@ -16,8 +16,10 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -169,49 +171,82 @@ def _share(total: int, n: int, i: int) -> int:
     return total // n + (1 if i < total % n else 0)
 
 
+class Running:
+    """Load-generator processes in flight; `wait()` collects them, `stop()` ends them early."""
+
+    def __init__(self, load: Load, progress=None):
+        binary = ensure_built()
+        parts = split(load, load.procs)
+        self.procs = [subprocess.Popen(p.argv(binary, progress is not None), stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True) for p in parts]
+        self.counts = [0] * len(self.procs)
+        self.errs: list[list[str]] = [[] for _ in self.procs]
+        self.started = threading.Event()    # first progress line, or the process ended
+        self._lock = threading.Lock()
+        self._progress = progress
+        self.threads = [threading.Thread(target=self._pump, args=(i, p.stderr), daemon=True)
+                        for i, p in enumerate(self.procs)]
+        for t in self.threads:
+            t.start()
+
+    def _pump(self, i: int, stream) -> None:
+        try:
+            self._read_stderr(i, stream)
+        finally:
+            self.started.set()
+
+    def _read_stderr(self, i: int, stream) -> None:
+        for line in stream:
+            if line.startswith("progress "):
+                with self._lock:
+                    self.counts[i] = int(line.split()[1])
+                    total = sum(self.counts)
+                self.started.set()
+                if self._progress is not None:
+                    self._progress(total)
+            else:
+                self.errs[i].append(line)
+
+    def stop(self) -> Result:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        return self.wait()
+
+    def wait(self) -> Result:
+        outputs = [p.stdout.read() for p in self.procs]
+        for p in self.procs:
+            p.wait()
+            p.stdout.close()
+        for t in self.threads:
+            t.join()
+        for p in self.procs:
+            p.stderr.close()
+        results = []
+        for p, out, err in zip(self.procs, outputs, self.errs):
+            try:
+                data = json.loads(out)
+            except json.JSONDecodeError:
+                raise LoadgenError(f"loadgen exited {p.returncode} without a result: {out[-500:]!r} "
+                                   f"{''.join(err)[-500:]}") from None
+            if "error" in data:
+                raise LoadgenError(data["error"])
+            results.append(data)
+        return Result(merge(results), results)
+
+
+def start(load: Load, progress=None) -> Running:
+    """Start a load in the background (e.g. the large-item flood of `fairness`)."""
+    return Running(load, progress)
+
+
 def run(load: Load, progress=None) -> Result:
     """Run one load (maybe over several processes) and return the merged result.
 
     `progress`, if given, is called with the total responses so far (summed over processes),
     fed from the loadgen's `--progress` lines on stderr.
     """
-    binary = ensure_built()
-    parts = split(load, load.procs)
-    procs = [subprocess.Popen(p.argv(binary, progress is not None), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for p in parts]
-    counts = [0] * len(procs)
-    errs: list[list[str]] = [[] for _ in procs]
-    lock = threading.Lock()
-
-    def pump(i: int, stream) -> None:
-        for line in stream:
-            if line.startswith("progress "):
-                with lock:
-                    counts[i] = int(line.split()[1])
-                    total = sum(counts)
-                if progress is not None:
-                    progress(total)
-            else:
-                errs[i].append(line)
-
-    threads = [threading.Thread(target=pump, args=(i, p.stderr), daemon=True) for i, p in enumerate(procs)]
-    for t in threads:
-        t.start()
-    outputs = [p.stdout.read() for p in procs]
-    for p in procs:
-        p.wait()
-    for t in threads:
-        t.join()
-    results = []
-    for p, out, err in zip(procs, outputs, errs):
-        try:
-            data = json.loads(out)
-        except json.JSONDecodeError:
-            raise LoadgenError(f"loadgen exited {p.returncode} without a result: {out[-500:]!r} {''.join(err)[-500:]}")
-        if "error" in data:
-            raise LoadgenError(data["error"])
-        results.append(data)
-    return Result(merge(results), results)
+    return Running(load, progress).wait()
 
 
 def merge(results: list[dict]) -> dict:
@@ -258,7 +293,7 @@ def percentiles(hist: list[list[int]]) -> dict:
 def _rank(hist: list[list[int]], n: int, p: float) -> int:
     if n == 0:
         return 0
-    rank = min(int(p * n), n - 1)
+    rank = min(max(math.ceil(p * n - 1e-9) - 1, 0), n - 1)     # nearest rank, as loadgen.c
     seen = 0
     for value, count in hist:
         seen += count

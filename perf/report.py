@@ -158,7 +158,11 @@ def write_plots(report: Report, directory: Path) -> list[Path]:
             for y in spec.ys:
                 ax.plot([r.get(spec.x) for r in rows], [r.get(y) for r in rows], marker="o", label=y)
         if spec.logx:
-            ax.set_xscale("log")
+            xs = [r.get(spec.x) for r in rows if isinstance(r.get(spec.x), (int, float))]
+            if xs and min(xs) <= 0:
+                ax.set_xscale("symlog", linthresh=max(1, min((x for x in xs if x > 0), default=1)))
+            else:
+                ax.set_xscale("log")
         if spec.logy:
             ax.set_yscale("log")
         ax.set_xlabel(spec.xlabel)

@@ -52,7 +52,8 @@ ENDPOINTS = {"/stats.json": "stats", "/server_info.json": "server_info"}
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             413: "Payload Too Large", 431: "Request Header Fields Too Large",
-            501: "Not Implemented", 505: "HTTP Version Not Supported"}
+            500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable",
+            505: "HTTP Version Not Supported"}
 
 
 @dataclass(slots=True)

@@ -383,7 +383,11 @@ def _status(toks):
 
 
 def _get(toks):
-    if len(toks) < 2:
+    if len(toks) == 2:  # the hot path: one plain key
+        raw = toks[1].decode("latin-1")
+        if raw and "/" not in raw:
+            return Get([GetKey(raw, raw)])
+    elif len(toks) < 2:
         return _missing("get needs a queue name")
     keys = []
     for i in range(1, len(toks)):
@@ -464,6 +468,7 @@ _SIMPLE = {
 }
 
 _STORAGE = frozenset((b"set", b"add", b"replace", b"append", b"prepend", b"cas"))
+_MAY_STOP = frozenset((ProtocolError, Quit, Shutdown))
 
 _LINE, _DATA, _SKIP, _STOPPED = 0, 1, 2, 3
 
@@ -590,8 +595,7 @@ class MemcacheParser:
         handler = _SIMPLE.get(word)
         if handler is not None:
             cmd = handler(toks)
-            t = type(cmd)
-            if (t is ProtocolError and cmd.close) or t is Quit or t is Shutdown:
+            if type(cmd) in _MAY_STOP and (type(cmd) is not ProtocolError or cmd.close):
                 return self._stop(cmd)
             return cmd
         if word in _STORAGE:

@@ -1,4 +1,84 @@
-"""x"""
-NAME="x"; HELP="x"; DEFAULT_PORT=22133; THROUGHPUT=False
-def add_arguments(p): pass
-def run(args, ctx): pass
+"""fairness (darner's fairness.sh): small sets are measured while large items (8 MiB by default)
+flood the same queue from other connections.  A server that serves connections fairly keeps the
+small sets' tail latency low even while it moves hundreds of MB/s of large items.  darner's
+flood only set; here the flood connections also read by default (--large-get-ratio 0.5) so the
+backlog, and the disk it takes, stays bounded; pass 0 for darner's exact setup.
+"""
+from __future__ import annotations
+
+from perf.context import check_clean
+from perf.loadgen import Load, start
+from perf.report import RATE_COLUMNS, Plot, Report, progress_bar
+
+NAME = "fairness"
+HELP = "small sets measured while large items flood the same queue"
+DEFAULT_PORT = 22133
+THROUGHPUT = True
+PRIMARY = "p99_us"
+
+
+def add_arguments(p) -> None:
+    g = p.add_argument_group("fairness (darner's db names and defaults)")
+    g.add_argument("-s", "--sets", type=int, default=100000, help="small sets measured (default 100000)")
+    g.add_argument("-c", "--concurrency", type=int, default=10, help="small-set connections (default 10)")
+    g.add_argument("-i", "--item-size", type=int, default=64, help="bytes per small item (default 64)")
+    g.add_argument("-q", "--queue", default="db_bench", help="queue (default db_bench)")
+    g.add_argument("--large-size", type=int, default=8 * 2**20, help="bytes per large item (default 8 MiB)")
+    g.add_argument("--large-concurrency", type=int, default=10, help="flooding connections (default 10)")
+    g.add_argument("--large-get-ratio", type=float, default=0.5,
+                   help="share of gets among the flood's requests (default 0.5; darner: 0)")
+    g.add_argument("--duration", type=float, help="measure small sets for this many seconds instead of -s")
+    g.add_argument("-F", "--no-flush", action="store_true", help="don't flush the queue first")
+
+
+def run(args, ctx) -> Report:
+    report = Report(NAME, {"sets": args.sets, "concurrency": args.concurrency, "item_size": args.item_size,
+                           "large_size": args.large_size, "large_concurrency": args.large_concurrency,
+                           "large_get_ratio": args.large_get_ratio, "duration": args.duration,
+                           "queue": args.queue},
+                    ctx.target.describe(), columns=[("mb_s", "MB/s", "{:,.1f}")] + RATE_COLUMNS)
+    if not args.no_flush:
+        ctx.flush(args.queue)
+    flood = start(Load(host=ctx.target.host, port=ctx.target.port, conns=args.large_concurrency,
+                       duration=24 * 3600.0, get_ratio=args.large_get_ratio, value_size=args.large_size,
+                       queue=args.queue), progress=lambda n: None)
+    try:
+        bar = progress_bar(None, "flood starting", ctx.progress)
+        started = flood.started.wait(60.0)
+        bar.close()
+        if args.duration:
+            small = Load(producers=args.concurrency, duration=args.duration, value_size=args.item_size,
+                         queue=args.queue)
+        else:
+            small = Load(producers=args.concurrency, sets=args.sets, value_size=args.item_size, queue=args.queue)
+        row, res = ctx.measure(small, "small sets", None if args.duration else args.sets)
+    finally:
+        large = flood.stop()
+    report.rows.append({"label": f"{args.item_size} B sets", "mb_s": round(res["bytes_out"] / res["elapsed_s"] / 1e6, 2),
+                        **row})
+    check_clean(report, res, "small sets")
+    lrow = {"label": f"{human(args.large_size)} flood", "ops": large["ops"],
+            "ops_s": round(large["ops_per_s"], 1),
+            "mb_s": round((large["bytes_out"] + large["bytes_in"]) / large["elapsed_s"] / 1e6, 1),
+            "p50_us": large["latency_us"]["p50"], "p99_us": large["latency_us"]["p99"],
+            "p999_us": large["latency_us"]["p999"], "max_us": large["latency_us"]["max"],
+            "client_us_op": round(large["cpu_us_per_op"], 1),
+            "errors": large["errors"]}
+    report.rows.append(lrow)
+    report.check("flood: running", started and large["ops"] > 0,
+                 f"{large['ops']} large requests during the measurement")
+    report.check("flood: clean", large["errors"] == 0 and not large["not_stored"],
+                 f"{large['errors']} errors, {large['not_stored']} NOT_STORED (first: {large['first_error']})"
+                 if large["errors"] or large["not_stored"] else "no errors")
+    report.notes.append("server µs/op of the small-set row includes the CPU spent on the flood")
+    report.plots.append(Plot("latency.png", "label", ["p50_us", "p99_us", "p999_us", "max_us"], "",
+                             "latency (µs)", f"fairness: {args.item_size} B sets during a "
+                             f"{human(args.large_size)} flood", kind="bar", logy=True))
+    return report
+
+
+def human(n: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:g} {unit}"
+    return f"{n} B"

@@ -48,6 +48,7 @@ def test_create_makes_a_nonblocking_inheritable_eventfd():
     r = Ring.create(1 << 10, name="q")
     assert r.capacity == 1024 and r.max_payload == 1020 and r.name == "q"
     assert os.get_blocking(r.wake_fd) is False
+    assert os.get_inheritable(r.wake_fd) is True
     assert eventfd_count(r.wake_fd) == 0
     os.close(r.wake_fd)
 

@@ -1,0 +1,159 @@
+"""Kestrel journal costs: appending, replaying and packing (engine/journal.py, engine/packer.py).
+
+Goals from the journal brief: replay >= 200 MB/s, append >= 500 k records/s
+when flushed per batch of 100.  Appends are bound by the OS page-cache write
+(about 1 KiB per record); `test_write_baseline` measures a bare os.write of
+the same bytes at the same moment, so a slow VM shows up as a slow baseline
+rather than a slow journal.
+
+    python -m pytest perf/bench_journal.py -o addopts="" --benchmark-only -p no:cacheprovider
+    python -m pytest perf/bench_journal.py --benchmark-only -p no:cacheprovider   # if addopts allow it
+
+Each test stores its rate in the benchmark's extra_info (records/s or MB/s)
+and prints it.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+import pytest
+
+from engine.clock import FakeClock
+from engine.item import QItem
+from engine.journal import Journal, encode_add, encode_remove
+from engine.packer import pack_files
+
+RECORD = 1024                  # item bytes per record
+APPENDS = 50_000               # records per append round
+REPLAY_MB = 64
+
+
+@dataclass
+class Cfg:
+    max_memory_size: int = 1 << 40
+    max_journal_size: int = 1 << 50
+    default_journal_size: int = 1 << 40
+    min_journal_compact_delay: int | None = None
+    disable_aggressive_rewrites: bool = False
+
+
+@pytest.fixture
+def workdir():
+    d = tempfile.mkdtemp(prefix="lanner-bench-journal-")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _report(benchmark, key: str, amount: float, unit: str) -> None:
+    best = benchmark.stats.stats.min
+    rate = amount / best
+    benchmark.extra_info[key] = round(rate, 1)
+    print(f"\n{benchmark.name}: {rate:,.0f} {unit} (best of {benchmark.stats.stats.rounds})")
+
+
+def _fresh_journal(workdir: str, name: str) -> Journal:
+    Journal.erase_all(workdir, name)
+    j = Journal(workdir, name, FakeClock())
+    j.replay(Cfg())
+    return j
+
+
+def _append(workdir: str, batch: int, size: int = RECORD) -> None:
+    j = _fresh_journal(workdir, "append")
+    item = QItem(1_700_000_000_000, 0, b"x" * size)
+    add, flush = j.record_add, j.flush
+    for i in range(APPENDS):
+        add(item)
+        if i % batch == batch - 1:
+            flush()
+    j.close()
+
+
+@pytest.mark.parametrize("batch", [1, 100])
+def test_append_1k(benchmark, workdir, batch):
+    """1 KiB ADDX records, flushed (one os.write) per op or per 100."""
+    benchmark.pedantic(_append, args=(workdir, batch), rounds=5, iterations=1, warmup_rounds=1)
+    _report(benchmark, "records_per_s", APPENDS, "records/s")
+
+
+def test_append_buffer_only(benchmark, workdir):
+    """The Python side of an append (record_add into the buffer), without any write."""
+    j = _fresh_journal(workdir, "buffer")
+    item = QItem(1_700_000_000_000, 0, b"x" * RECORD)
+
+    def run():
+        add = j.record_add
+        for _ in range(APPENDS):
+            add(item)
+            if len(j._pending) > 1 << 20:
+                del j._pending[:]
+        del j._pending[:]
+    benchmark.pedantic(run, rounds=5, iterations=1, warmup_rounds=1)
+    _report(benchmark, "records_per_s", APPENDS, "records/s")
+    j.close()
+
+
+def test_write_baseline(benchmark, workdir):
+    """Bare os.write of the same bytes in 100-record writes: the machine's ceiling."""
+    chunk = b"y" * ((RECORD + 21) * 100)
+    path = os.path.join(workdir, "raw")
+
+    def run():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        for _ in range(APPENDS // 100):
+            os.write(fd, chunk)
+        os.close(fd)
+    benchmark.pedantic(run, rounds=5, iterations=1, warmup_rounds=1)
+    _report(benchmark, "records_per_s", APPENDS, "records/s")
+
+
+def _make_journal(workdir: str, name: str, pattern: str) -> int:
+    """REPLAY_MB of 1 KiB items: "pairs" (add, remove: a busy queue that stays short)
+    or "adds" (a queue that only grows: everything is held at the end)."""
+    rec = encode_add(QItem(1_700_000_000_000, 0, b"z" * RECORD))
+    block = (rec + encode_remove()) * 1024 if pattern == "pairs" else rec * 1024
+    path = os.path.join(workdir, name)
+    with open(path, "wb") as f:
+        for _ in range(REPLAY_MB * (1 << 20) // len(block) + 1):
+            f.write(block)
+    return os.path.getsize(path)
+
+
+@pytest.mark.parametrize("pattern", ["pairs", "adds"])
+def test_replay(benchmark, workdir, pattern):
+    size = _make_journal(workdir, "q", pattern)
+
+    def run():
+        j = Journal(workdir, "q", FakeClock())
+        st = j.replay(Cfg())
+        j.close()
+        return st
+    st = benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
+    assert st.total_items == (0 if pattern == "pairs" else size // (RECORD + 21))
+    _report(benchmark, "MB_per_s", size / 1e6, "MB/s")
+
+
+def test_replay_into_read_behind(benchmark, workdir):
+    """The same growing queue with max_memory_size 8 MiB: the rest is only counted."""
+    size = _make_journal(workdir, "q", "adds")
+
+    def run():
+        j = Journal(workdir, "q", FakeClock())
+        st = j.replay(Cfg(max_memory_size=8 << 20))
+        j.close()
+        return st
+    st = benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
+    assert st.read_behind and len(st.items) == 8 * 1024
+    _report(benchmark, "MB_per_s", size / 1e6, "MB/s")
+
+
+@pytest.mark.parametrize("pattern", ["pairs", "adds"])
+def test_pack(benchmark, workdir, pattern):
+    size = _make_journal(workdir, "q.1", pattern)
+    out = os.path.join(workdir, "q.1.out")
+    benchmark.pedantic(pack_files, args=([os.path.join(workdir, "q.1")], out), kwargs={"now_ms": 1},
+                       rounds=3, iterations=1, warmup_rounds=1)
+    _report(benchmark, "MB_per_s", size / 1e6, "MB/s")

@@ -1,0 +1,60 @@
+"""Servers for the suite's own tests: a real `lanner serve` (tests/helpers.start_server) and
+Debian's memcached.  LANNER_PERF_FAKE=1 swaps in tests/perf/fake_kestrel.py for the queue server,
+only to develop the suite while the server is unavailable."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import pytest
+
+from perf.__main__ import main as perf_main
+from perf.servers import start_memcached
+from tests.helpers import start_server
+from tests.perf.fake_kestrel import FakeKestrel
+
+
+@dataclass
+class Server:
+    port: int
+    pid: int
+    thrift_port: int | None = None
+
+
+@pytest.fixture(scope="module")
+def lanner(tmp_path_factory):
+    if os.environ.get("LANNER_PERF_FAKE") == "1":
+        fake = FakeKestrel()
+        yield Server(fake.port, os.getpid())
+        fake.stop()
+        return
+    handle = start_server(tmp_path_factory.mktemp("lanner"), workers=1, fronts=1)
+    yield Server(handle.memcache_port, handle.proc.pid)
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def lanner_thrift(tmp_path_factory):
+    handle = start_server(tmp_path_factory.mktemp("lanner-thrift"), workers=1, fronts=1, thrift=True)
+    yield Server(handle.memcache_port, handle.proc.pid, handle.thrift_port)
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def memcached():
+    target = start_memcached()
+    yield Server(target.port, target.tree.root_pid)
+    target.stop()
+
+
+@pytest.fixture
+def run_perf(tmp_path, capsys):
+    """Run `lanner-perf ARGS` in-process; return (exit status, parsed result.json or None, stdout)."""
+    def run(*argv: str):
+        out = tmp_path / f"out{len(list(tmp_path.glob('out*')))}"
+        rc = perf_main([*argv, "--out", str(out), "--no-progress"])
+        printed = capsys.readouterr()
+        found = sorted(out.glob("*/result.json"))
+        return rc, (json.loads(found[0].read_text()) if found else None), printed.out + printed.err
+    return run
