@@ -61,7 +61,7 @@ class Part:
 
 class Slot:
     """A place in a connection's in-order reply queue."""
-    __slots__ = ("parts", "remaining", "out", "close", "finish", "stream", "blocking", "done")
+    __slots__ = ("parts", "remaining", "out", "close", "finish", "stream", "blocking", "done", "call")
 
     def __init__(self, finish=None, stream=None, blocking=False):
         self.parts: list[Part] = []
@@ -247,6 +247,8 @@ class Front:
 class BaseConn(asyncio.Protocol):
     """What every client connection shares: ids, the reply queue, routing, flow control."""
 
+    count_bytes = True           # bytes_read / bytes_written (thrift is not counted, §9.5)
+
     def __init__(self, front: Front):
         self.front = front
         self.id = front.next_conn
@@ -289,7 +291,8 @@ class BaseConn(asyncio.Protocol):
 
     def data_received(self, data: bytes):
         f = self.front
-        f.my.incr(C_READ, len(data))
+        if self.count_bytes:
+            f.my.incr(C_READ, len(data))
         self.last_activity = f.loop.time()
         self.feed(data)
         self.process()
@@ -449,7 +452,8 @@ class BaseConn(asyncio.Protocol):
         if self.out and self.transport is not None and not self.transport.is_closing():
             data = b"".join(self.out) if len(self.out) > 1 else self.out[0]
             self.out.clear()
-            self.front.my.incr(C_WRITTEN, len(data))
+            if self.count_bytes:
+                self.front.my.incr(C_WRITTEN, len(data))
             self.transport.write(data)
         else:
             self.out.clear()
@@ -541,6 +545,7 @@ def front_main(index, config, status, counters, req_rings, resp_rings, wake_fd, 
     from .admin_conn import AdminConn
     from .memcache_conn import MemcacheConn
     from .text_conn import TextConn
+    from .thrift_conn import ThriftConn
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     loop = uvloop.new_event_loop()
@@ -554,7 +559,7 @@ def front_main(index, config, status, counters, req_rings, resp_rings, wake_fd, 
         r.prepare_sleep()
     loop.add_reader(wake_fd, front.on_wake)
     loop.add_reader(control_sock.fileno(), front.on_control)
-    kinds = {"memcache": MemcacheConn, "text": TextConn, "admin": AdminConn}
+    kinds = {"memcache": MemcacheConn, "text": TextConn, "admin": AdminConn, "thrift": ThriftConn}
 
     async def start():
         for kind, sock in listeners.items():

@@ -38,6 +38,13 @@ OP_RELOAD = 12        # no queue; reply when done
 OP_ALIAS_PUT = 13     # queue = alias name, a = items, b = bytes; accounting only, no reply
 OP_FORWARD_ADD = 14   # from another worker (expire_to_queue): add without fanout or totals; no reply
 OP_DUMP_CONFIG = 15
+OP_PUT_MANY = 16      # payload = msgpack list of items; a = expiry; adds in order, stops at the
+                      # first refusal; R_VALUE = how many were added (thrift put)
+OP_TGET = 17          # thrift get: a = timeout ms, b = max items, payload = i64 auto-abort ms;
+                      # R_DATA = msgpack [[data, id], ...]
+OP_TCONFIRM = 18      # payload = msgpack list of server-wide ids; R_VALUE = how many were pending
+OP_TABORT = 19
+OP_TPEEK = 20         # R_DATA = msgpack [head or None, items, bytes, logsize, age, waiters, open]
 
 # -- request flags ---------------------------------------------------------------------------
 F_OPEN = 1
@@ -46,7 +53,7 @@ F_ABORT = 4
 F_PEEK = 8
 F_CONFIRM_ALL = 16    # text protocol: confirm every open read on the queue first
 F_NOREPLY = 32
-F_COUNT = 64          # GET: count as cmd_get-style fetch (hits/misses); MONITOR iterations don't
+F_THRIFT = 64         # DISCONNECT of a thrift connection: its open reads outlive it (§3.3)
 
 # -- response statuses -----------------------------------------------------------------------
 R_OK = 0              # STORED / DELETED / END ...

@@ -101,7 +101,7 @@ class Supervisor:
         except OSError as e:
             raise StartupError(f"queue path {qp!r} is not writable: {e.strerror or e}") from None
         for kind, port in (("memcache", srv.memcache_port), ("text", srv.text_port),
-                           ("admin", srv.admin_port)):
+                           ("thrift", srv.thrift_port), ("admin", srv.admin_port)):
             if port is None:
                 continue
             self.listeners[kind] = self.bind(kind, srv.listen_address, port)
@@ -263,7 +263,7 @@ class Supervisor:
         srv = self.config.server
         parts = ["lanner ready"]
         for kind, port in (("memcache", srv.memcache_port), ("text", srv.text_port),
-                           ("thrift", None), ("admin", srv.admin_port)):
+                           ("thrift", srv.thrift_port), ("admin", srv.admin_port)):
             if port is not None and kind in self.listeners:
                 host, p = self.listeners[kind][0].getsockname()[:2]
                 parts.append(f"{kind}={host}:{p}")

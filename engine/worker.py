@@ -21,7 +21,9 @@ No asyncio and no busy spinning: idle, the worker blocks in epoll.
 from __future__ import annotations
 
 import errno
+import heapq
 import logging
+import struct
 import os
 import selectors
 import signal
@@ -34,10 +36,11 @@ import msgpack
 from . import control
 from .clock import SYSTEM_CLOCK
 from .collection import QueueCollection
-from .messages import (F_ABORT, F_CLOSE, F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_PEEK, OP_ALIAS_PUT,
-                       OP_CONFIRM, OP_DELETE, OP_DISCONNECT, OP_DUMP_CONFIG, OP_FLUSH, OP_FLUSH_ALL,
-                       OP_FLUSH_ALL_EXPIRED, OP_FLUSH_EXPIRED, OP_FORWARD_ADD, OP_GET, OP_MONITOR,
-                       OP_RELOAD, OP_SET, OP_STATS, R_CLIENT_ERROR, R_DATA, R_EMPTY, R_END, R_ERROR,
+from .messages import (F_ABORT, F_CLOSE, F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_PEEK, F_THRIFT,
+                       OP_ALIAS_PUT, OP_CONFIRM, OP_DELETE, OP_DISCONNECT, OP_DUMP_CONFIG, OP_FLUSH,
+                       OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED, OP_FLUSH_EXPIRED, OP_FORWARD_ADD, OP_GET,
+                       OP_MONITOR, OP_PUT_MANY, OP_RELOAD, OP_SET, OP_STATS, OP_TABORT, OP_TCONFIRM,
+                       OP_TGET, OP_TPEEK, R_CLIENT_ERROR, R_DATA, R_EMPTY, R_END, R_ERROR,
                        R_ITEM, R_NOT_STORED, R_OK, R_SERVER_ERROR, R_VALUE, REQ_SIZE, RF_CLOSE, RF_MORE,
                        Reassembler, pack_req, pack_resp, send, unpack_req)
 from .placement import worker_of
@@ -64,6 +67,9 @@ class Pending:
     deadline_ms: int | None = None
     waiter: Waiter | None = None
     done: bool = False
+    thrift: bool = False     # a thrift get: collects items, replies once
+    auto_abort: int = 0      # thrift: ms before an unconfirmed item goes back (0: plain removes)
+    items: list | None = None
 
 
 class Worker:
@@ -96,6 +102,11 @@ class Worker:
         self.coll: QueueCollection | None = None
         self.next_expire_ms: int | None = None
         self.next_sync_ms: dict[object, int] = {}
+        # thrift open reads: server-wide ids that outlive their connection (§3.3)
+        self.tids: dict[int, tuple[str, int, tuple]] = {}     # id -> (queue, xid, owner key)
+        self.tcounts: dict[tuple, int] = {}                   # (src, conn, queue) -> open reads
+        self.tseq = 0
+        self.taborts: list[tuple[int, int]] = []              # heap of (deadline ms, id)
 
     # -- start-up --------------------------------------------------------------------------------
     def owns(self, name: str) -> bool:
@@ -201,6 +212,8 @@ class Worker:
         if self.next_expire_ms is not None:
             deadlines.append(self.next_expire_ms)
         deadlines.extend(self.next_sync_ms.values())
+        if self.taborts:
+            deadlines.append(self.taborts[0][0])
         deadlines.extend(self.storage_factory.next_deadlines())
         if not deadlines:
             return None
@@ -310,7 +323,7 @@ class Worker:
                     coll.confirm_remove(queue, xid)
                 self.reply(src, conn, req, R_OK, 0, a)
         elif op == OP_DISCONNECT:
-            self.disconnect(src, conn)
+            self.disconnect(src, conn, thrift=bool(flags & F_THRIFT))
         elif op == OP_DELETE:
             coll.delete(queue)
             if not flags & F_NOREPLY:
@@ -341,6 +354,32 @@ class Worker:
         elif op == OP_RELOAD:
             self.reload()
             self.reply(src, conn, req, R_OK)
+        elif op == OP_PUT_MANY:
+            added = 0
+            for data in msgpack.unpackb(bytes(payload)):
+                if not coll.add(queue, data, a or None):
+                    break
+                added += 1
+            self.reply(src, conn, req, R_VALUE, 0, added)
+        elif op == OP_TGET:
+            (auto_abort,) = struct.unpack_from("<q", payload, 0)
+            p = Pending(src, conn, req, queue, F_OPEN if auto_abort > 0 else 0, budget=b,
+                        deadline_ms=self.clock.now_ms() + a if a > 0 else None, thrift=True,
+                        auto_abort=auto_abort, items=[])
+            self.tget_step(p)
+        elif op == OP_TCONFIRM or op == OP_TABORT:
+            n = 0
+            for tid in msgpack.unpackb(bytes(payload)):
+                if self.settle_tid(tid, abort=op == OP_TABORT):
+                    n += 1
+            self.reply(src, conn, req, R_VALUE, 0, n)
+        elif op == OP_TPEEK:
+            item = coll.peek(queue)
+            st = dict(coll.queue_stats(queue) or ())
+            info = [item.data if item is not None else None] + [
+                int(st.get(k, 0)) for k in ("items", "bytes", "logsize", "age", "waiters",
+                                            "open_transactions")]
+            self.reply(src, conn, req, R_DATA, 0, 0, msgpack.packb(info))
         else:
             self.reply(src, conn, req, R_CLIENT_ERROR, RF_CLOSE, 0, b"unknown request")
 
@@ -445,9 +484,16 @@ class Worker:
             p: Pending = w.key
             if p.done or w.cancelled:
                 continue
-            if self.coll.queue(p.queue, create=False) is None:   # deleted: answer empty
+            if w.evicted or self.coll.queue(p.queue, create=False) is None:   # deleted: answer empty
                 self.coll.cancel_wait(w)
-                self.finish(p, R_END if p.monitor else R_EMPTY)
+                if p.thrift:
+                    self.tget_finish(p)
+                else:
+                    self.finish(p, R_END if p.monitor else R_EMPTY)
+                continue
+            if p.thrift:
+                self.coll.cancel_wait(w)
+                self.tget_step(p)             # takes what it can, or parks again at the tail
                 continue
             if p.monitor:
                 if self.try_fetch(p):
@@ -468,23 +514,94 @@ class Worker:
         if self.coll.woken:
             self.retry_woken()
 
-    def disconnect(self, src: int, conn: int) -> None:
+    def disconnect(self, src: int, conn: int, thrift: bool = False) -> None:
         for p in self.pending_by_conn.pop((src, conn), ()):
             p.done = True
             if p.waiter is not None:
                 self.coll.cancel_wait(p.waiter)
+            if p.thrift and p.items:
+                self.tget_finish(p, reply=False)     # its items stay open until auto-abort
+        if thrift:
+            # thrift open reads outlive the connection; only its per-queue counts go (§3.3)
+            for key in [k for k in self.tcounts if k[0] == src and k[1] == conn]:
+                del self.tcounts[key]
+            return
         sess = self.sessions.pop((src, conn), None)
         if sess is not None:
             self.coll.abort_session(sess)
 
+    # -- thrift --------------------------------------------------------------------------------
+    def tget_step(self, p: Pending) -> None:
+        """Kestrel's thrift get is its monitor loop: collect until max_items, the deadline, the
+        connection's open-read cap on the queue, or an empty queue with no timeout (§3.3)."""
+        key = (p.src, p.conn, p.queue)
+        while True:
+            if (p.budget <= 0 or self.tcounts.get(key, 0) >= self.mot
+                    or self.status.blocks_reads()):
+                self.tget_finish(p)
+                return
+            item = self.coll.remove(p.queue, transactional=p.auto_abort > 0)
+            if item is None:
+                if p.deadline_ms is None or self.clock.now_ms() >= p.deadline_ms:
+                    self.tget_finish(p)
+                else:
+                    self.park(p)
+                return
+            tid = 0
+            if p.auto_abort > 0:
+                self.tseq += 1
+                tid = (self.tseq - 1) * self.nworkers + self.index + 1
+                self.tids[tid] = (p.queue, item.xid, key)
+                self.tcounts[key] = self.tcounts.get(key, 0) + 1
+            p.items.append((item.data, tid))
+            p.budget -= 1
+
+    def tget_finish(self, p: Pending, reply: bool = True) -> None:
+        p.done = True
+        s = self.pending_by_conn.get((p.src, p.conn))
+        if s is not None:
+            s.discard(p)
+            if not s:
+                del self.pending_by_conn[(p.src, p.conn)]
+        if p.auto_abort > 0:
+            # the auto-abort timers start when the call returns
+            due = self.clock.now_ms() + p.auto_abort
+            for _, tid in p.items:
+                heapq.heappush(self.taborts, (due, tid))
+        if reply:
+            self.reply(p.src, p.conn, p.req, R_DATA, 0, 0, msgpack.packb(p.items))
+
+    def settle_tid(self, tid: int, abort: bool) -> bool:
+        entry = self.tids.pop(tid, None)
+        if entry is None:
+            return False
+        queue, xid, owner = entry
+        n = self.tcounts.get(owner)
+        if n is not None:
+            if n <= 1:
+                del self.tcounts[owner]
+            else:
+                self.tcounts[owner] = n - 1
+        if abort:
+            self.coll.unremove(queue, xid)
+        else:
+            self.coll.confirm_remove(queue, xid)
+        return True
+
     # -- timers ----------------------------------------------------------------------------------
     def run_timers(self) -> None:
         now = self.clock.now_ms()
+        taborts = self.taborts
+        while taborts and taborts[0][0] <= now:
+            _, tid = heapq.heappop(taborts)
+            self.settle_tid(tid, abort=True)
         for w in self.coll.expire_waiters(now):
             p: Pending = w.key
             if p.done:
                 continue
-            if p.monitor:
+            if p.thrift:
+                self.tget_finish(p)
+            elif p.monitor:
                 self.finish(p, R_END)
             else:
                 self.finish(p, R_EMPTY)

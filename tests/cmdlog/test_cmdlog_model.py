@@ -68,7 +68,7 @@ class Harness:
             q.update(st=st, ready=ready, opens={}, xid=state.xid_counter)
 
 
-@settings(max_examples=70, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_random_operations_replay_to_the_model(data):
     clock = FakeClock(1_800_000_000_000)

@@ -8,7 +8,6 @@ import struct
 from collections import deque
 from dataclasses import dataclass
 
-import pytest
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 

@@ -1,0 +1,247 @@
+"""A thrift client connection in a front (reference §3): Kestrel's service over framed binary.
+
+Calls are handled one at a time per connection (no thrift multiplexing), so every call
+holds the connection until its reply is written.  Thrift open reads are different from
+memcache ones: their ids are server-wide (each worker deals ids `k * workers + index + 1`,
+so an id names its worker), they outlive the connection and only confirm, abort or the
+auto-abort timer settles them.  Errors are TApplicationExceptions with Kestrel's texts.
+"""
+from __future__ import annotations
+
+import struct
+
+import msgpack
+
+from protocols import thrift as th
+
+from . import __version__
+from .front import C_PEEK, C_SET, BaseConn, Slot
+from .messages import (F_THRIFT, OP_DELETE, OP_DISCONNECT, OP_FLUSH, OP_FLUSH_ALL, OP_PUT_MANY,
+                       OP_SET, OP_TABORT, OP_TCONFIRM, OP_TGET, OP_TPEEK, R_DATA, R_OK,
+                       R_SERVER_ERROR, R_VALUE)
+
+_AVAIL = "net.lag.kestrel.AvailabilityException: Server not available for operation %s"
+_UNLIMITED = 1 << 62
+_STATUS_OUT = {"Up": th.STATUS_UP, "ReadOnly": th.STATUS_READ_ONLY, "Quiescent": th.STATUS_QUIESCENT}
+_STATUS_IN = {th.STATUS_UP: "up", th.STATUS_READ_ONLY: "readonly", th.STATUS_QUIESCENT: "quiescent"}
+
+
+class ThriftConn(BaseConn):
+    count_bytes = False          # bytes_read / bytes_written cover memcache and text only (§9.5)
+
+    def __init__(self, front):
+        super().__init__(front)
+        self.parser = th.ThriftParser()
+
+    def feed(self, data: bytes) -> None:
+        self.parser.feed(data)
+
+    def next_command(self):
+        return self.parser.next()
+
+    def unavailable(self, slot: Slot, reason: str) -> None:
+        call = slot.call
+        slot.out = th.encode_exception(call.method, call.seqid, 6,
+                                       th.internal_error(call.method, "java.io.IOException: " + reason),
+                                       self.parser.upgraded)
+
+    def send_disconnects(self) -> None:
+        f = self.front
+        touched, self.touched = self.touched, 0
+        w = 0
+        while touched:
+            if touched & 1:
+                f.send(w, self.id, 0, OP_DISCONNECT, F_THRIFT, b"")
+            touched >>= 1
+            w += 1
+
+    # -- replies ---------------------------------------------------------------------------------
+    def reply(self, call, value) -> None:
+        self.reply_now(th.encode_reply(call, value, self.parser.upgraded))
+
+    def fail(self, call, java_exception: str) -> None:
+        self.reply_now(th.encode_exception(call.method, call.seqid, 6,
+                                           th.internal_error(call.method, java_exception),
+                                           self.parser.upgraded))
+
+    def call_slot(self, call, finish) -> Slot:
+        """A slot whose reply is built by `finish(slot) -> value`; worker failures become
+        INTERNAL_ERROR exceptions."""
+        up = self.parser.upgraded
+
+        def done(slot):
+            for p in slot.parts:
+                if p.status == R_SERVER_ERROR:
+                    self.unavailable(slot, p.payload.decode("latin-1", "replace"))
+                    return
+            slot.out = th.encode_reply(call, finish(slot), up)
+        slot = self.new_slot(done, blocking=True)
+        slot.call = call
+        return slot
+
+    # -- calls -----------------------------------------------------------------------------------
+    def handle(self, cmd) -> None:
+        t = type(cmd)
+        if t is th.Call:
+            getattr(self, "do_" + cmd.method)(cmd)
+        elif t is th.Upgrade:
+            self.reply_now(th.encode_upgrade_reply(cmd.seqid))
+            self.parser.upgraded = True
+        elif t is th.BadCall:
+            self.reply_now(th.encode_exception(cmd.method, cmd.seqid, cmd.exc_type, cmd.message,
+                                               self.parser.upgraded))
+        else:
+            self.closing = True
+
+    def queue_ok(self, call, queue: str) -> bool:
+        reason = self.check_name(queue)
+        if reason is None:
+            return True
+        self.fail(call, "java.lang.Exception: " + reason)
+        return False
+
+    def do_put(self, call) -> None:
+        q = call.args["queue_name"]
+        items = call.args["items"]
+        f = self.front
+        if self.refuse_writes or f.status.blocks_writes():
+            self.fail(call, _AVAIL % "setItem")
+            return
+        if not items:
+            self.reply(call, 0)
+            return
+        if not self.queue_ok(call, q):
+            return
+        f.my.incr(C_SET, len(items))
+        ms = call.args["expiration_msec"]
+        expiry = 0 if ms == 0 else f.clock.now_ms() + ms
+        if expiry == 0 and ms != 0:
+            expiry = -1
+        dests = f.config.aliases.get(q)
+        if dests is None:
+            slot = self.call_slot(call, lambda s: s.parts[0].value if s.parts[0].status == R_VALUE else 0)
+            self.request(slot, f.owner(q), OP_PUT_MANY, 0, q.encode("latin-1"), expiry, 0,
+                         msgpack.packb(items))
+            self.seal(slot)
+            return
+        n = max(len(dests), 1)
+
+        def count(slot):
+            added = 0
+            for i in range(len(items)):
+                if all(p.status == R_OK for p in slot.parts[i * n:(i + 1) * n]):
+                    added += 1
+                else:
+                    break
+            return added if dests else len(items)
+        slot = self.call_slot(call, count)
+        for data in items:
+            for d in dests:
+                self.request(slot, f.owner(d), OP_SET, 0, d.encode("latin-1"), expiry, 0, data)
+        self.seal(slot)
+
+    def do_get(self, call) -> None:
+        a = call.args
+        q = a["queue_name"]
+        f = self.front
+        if self.refuse_reads or f.status.blocks_reads():
+            self.fail(call, _AVAIL % "monitorUntil")
+            return
+        if not self.queue_ok(call, q):
+            return
+        max_items = a["max_items"]
+        if max_items == 0 or f.config.aliases.get(q) is not None:
+            self.reply(call, [])
+            return
+        budget = max_items if max_items > 0 else _UNLIMITED
+
+        def items(slot):
+            p = slot.parts[0]
+            if p.status != R_DATA:
+                return []
+            return [th.Item(data, tid) for data, tid in msgpack.unpackb(p.payload)]
+        slot = self.call_slot(call, items)
+        self.request(slot, f.owner(q), OP_TGET, 0, q.encode("latin-1"), max(a["timeout_msec"], 0),
+                     budget, struct.pack("<q", max(a["auto_abort_msec"], 0)))
+        self.seal(slot)
+
+    def settle(self, call, op: int) -> None:
+        f = self.front
+        by_worker: dict[int, list[int]] = {}
+        for tid in call.args["ids"]:
+            if tid > 0:
+                by_worker.setdefault((tid - 1) % f.nworkers, []).append(tid)
+        if not by_worker:
+            self.reply(call, 0)
+            return
+        slot = self.call_slot(call, lambda s: sum(p.value for p in s.parts if p.status == R_VALUE))
+        for w, ids in by_worker.items():
+            self.request(slot, w, op, 0, b"", 0, 0, msgpack.packb(ids))
+        self.seal(slot)
+
+    def do_confirm(self, call) -> None:
+        self.settle(call, OP_TCONFIRM)
+
+    def do_abort(self, call) -> None:
+        self.settle(call, OP_TABORT)
+
+    def do_peek(self, call) -> None:
+        q = call.args["queue_name"]
+        f = self.front
+        if self.refuse_reads or f.status.blocks_reads():
+            self.fail(call, _AVAIL % "getItem")
+            return
+        if f.config.aliases.get(q) is not None:
+            self.fail(call, "java.util.NoSuchElementException: key not found: items")
+            return
+        if not self.queue_ok(call, q):
+            return
+        f.my.incr(C_PEEK)
+
+        def info(slot):
+            head, items, nbytes, logsize, age, waiters, opens = msgpack.unpackb(slot.parts[0].payload)
+            return th.QueueInfo(head, items, nbytes, logsize, age, waiters, opens)
+        slot = self.call_slot(call, info)
+        self.request(slot, f.owner(q), OP_TPEEK, 0, q.encode("latin-1"))
+        self.seal(slot)
+
+    def queue_write(self, call, op: int, op_name: str) -> None:
+        q = call.args["queue_name"]
+        f = self.front
+        if self.refuse_writes or f.status.blocks_writes():
+            self.fail(call, _AVAIL % op_name)
+            return
+        if f.config.aliases.get(q) is not None or self.check_name(q) is not None:
+            self.reply(call, None)
+            return
+        slot = self.call_slot(call, lambda s: None)
+        self.request(slot, f.owner(q), op, 0, q.encode("latin-1"))
+        self.seal(slot)
+
+    def do_flush_queue(self, call) -> None:
+        self.queue_write(call, OP_FLUSH, "flush")
+
+    def do_delete_queue(self, call) -> None:
+        self.queue_write(call, OP_DELETE, "delete")
+
+    def do_flush_all_queues(self, call) -> None:
+        f = self.front
+        if self.refuse_writes or f.status.blocks_writes():
+            self.fail(call, _AVAIL % "flush")
+            return
+        slot = self.call_slot(call, lambda s: None)
+        self.broadcast(slot, OP_FLUSH_ALL)
+
+    def do_current_status(self, call) -> None:
+        self.reply(call, _STATUS_OUT.get(self.front.status.reported(), th.STATUS_NOT_CONFIGURED))
+
+    def do_set_status(self, call) -> None:
+        name = _STATUS_IN.get(call.args["status"])
+        if name is None:
+            self.fail(call, "net.lag.kestrel.UnknownStatusException: Unknown status.")
+            return
+        self.front.status.set(name)
+        self.reply(call, None)
+
+    def do_get_version(self, call) -> None:
+        self.reply(call, __version__)
