@@ -14,6 +14,8 @@ from .front import BaseConn, Slot
 
 
 class AdminConn(BaseConn):
+    count_bytes = False
+    counts_connection = False
     def __init__(self, front):
         super().__init__(front)
         self.parser = admin.AdminParser()

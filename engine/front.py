@@ -30,6 +30,7 @@ import msgpack
 from . import control, __version__
 from .messages import (OP_DISCONNECT, OP_DUMP_CONFIG, OP_RELOAD, OP_STATS, R_DATA, R_SERVER_ERROR,
                        RF_CLOSE, RF_MORE, RESP_SIZE, Reassembler, pack_req, send, unpack_resp)
+from .config import validate_queue_name
 from .placement import worker_of
 from .ring import prepare_sleep_all
 
@@ -100,6 +101,7 @@ class Front:
         self.stopping = False
         self.write_pending: set = set()
         self.asm = [Reassembler() for _ in resp_rings]
+        self.valid_names: set[str] = set()     # names already checked (cleared on reload)
 
     # -- routing ---------------------------------------------------------------------------------
     def owner(self, queue: str) -> int:
@@ -194,6 +196,8 @@ class Front:
             self.config = reload_config(self.config)
         except ConfigError as e:
             log.error("front %d: reload failed: %s", self.index, e)
+            return
+        self.valid_names.clear()
 
     def request_reload(self) -> None:
         """`reload` from a client: this front reloads now, every worker reloads through its ring
@@ -244,10 +248,17 @@ class Front:
         return [(k, str(vals[k])) for k in GLOBAL_STAT_ORDER]
 
 
+def expiry_at(ms: int) -> int:
+    """An expiry computed from a client's relative or absolute time: never 0 (which means
+    "no expiry") and never negative (an instant before the epoch is simply expired)."""
+    return ms if ms > 0 else 1
+
+
 class BaseConn(asyncio.Protocol):
     """What every client connection shares: ids, the reply queue, routing, flow control."""
 
     count_bytes = True           # bytes_read / bytes_written (thrift is not counted, §9.5)
+    counts_connection = True     # curr/total_connections cover memcache, text and thrift
 
     def __init__(self, front: Front):
         self.front = front
@@ -272,8 +283,9 @@ class BaseConn(asyncio.Protocol):
         self.transport = transport
         f = self.front
         f.conns[self.id] = self
-        f.my.incr(C_CURR)
-        f.my.incr(C_TOTAL)
+        if self.counts_connection:
+            f.my.incr(C_CURR)
+            f.my.incr(C_TOTAL)
         sessions = f.counters.total(C_CURR)
         srv = f.config.server
         if srv.connection_limit_refuse_writes is not None and sessions > srv.connection_limit_refuse_writes:
@@ -302,7 +314,8 @@ class BaseConn(asyncio.Protocol):
         f = self.front
         self.closing = True
         f.conns.pop(self.id, None)
-        f.my.decr(C_CURR)
+        if self.counts_connection:
+            f.my.decr(C_CURR)
         self.send_disconnects()
         self.slots.clear()
         self.parts.clear()
@@ -478,13 +491,17 @@ class BaseConn(asyncio.Protocol):
 
     def check_name(self, queue: str) -> str | None:
         """Why a queue name is illegal, or None.  Cmdlog-stored queues may contain dots."""
-        from .config import validate_queue_name
-        cfg = self.front.config
+        f = self.front
+        if queue in f.valid_names:
+            return None
+        cfg = f.config
         try:
-            validate_queue_name(queue, allow_dots=cfg.queue_config(queue).storage == "cmdlog"
-                                if "." in queue and "/" not in queue else False)
+            validate_queue_name(queue, allow_dots=cfg.queue_config(queue).storage == "cmdlog")
         except ValueError as e:
             return str(e)
+        if len(f.valid_names) > 100_000:      # bounded: names are client-chosen
+            f.valid_names.clear()
+        f.valid_names.add(queue)
         return None
 
     def stats_slot(self, finish_bytes, names=None) -> None:

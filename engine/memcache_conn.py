@@ -10,7 +10,7 @@ from __future__ import annotations
 from protocols import memcache as mc
 
 from . import __version__
-from .front import C_GET, C_PEEK, C_SET, BaseConn, Slot
+from .front import C_GET, C_PEEK, C_SET, BaseConn, Slot, expiry_at
 from .messages import (F_ABORT, F_CLOSE, F_NOREPLY, F_OPEN, F_PEEK, OP_ALIAS_PUT, OP_CONFIRM,
                        OP_DELETE, OP_FLUSH, OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED, OP_FLUSH_EXPIRED,
                        OP_GET, OP_MONITOR, OP_SET, R_CLIENT_ERROR, R_EMPTY, R_END, R_ERROR, R_ITEM, R_OK,
@@ -107,11 +107,9 @@ class MemcacheConn(BaseConn):
         if exptime == 0:
             expiry = 0
         elif exptime < 1_000_000:
-            expiry = f.clock.now_ms() + exptime * 1000
+            expiry = expiry_at(f.clock.now_ms() + exptime * 1000)
         else:
             expiry = exptime * 1000
-        if expiry == 0 and exptime != 0:
-            expiry = -1          # "expired at the epoch" must not read as "never"
         flags = F_NOREPLY if cmd.noreply else 0
         dests = f.config.aliases.get(q)
         if dests is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from protocols import text as tx
 
 from . import __version__
-from .front import C_GET, C_PEEK, C_SET, BaseConn, Slot
+from .front import C_GET, C_PEEK, C_SET, BaseConn, Slot, expiry_at
 from .messages import (F_CONFIRM_ALL, F_OPEN, F_PEEK, OP_ALIAS_PUT, OP_CONFIRM, OP_DELETE,
                        OP_FLUSH, OP_GET, OP_MONITOR, OP_SET, R_ERROR, R_ITEM, R_OK, R_SERVER_ERROR)
 
@@ -72,9 +72,7 @@ class TextConn(BaseConn):
             self.reply_now(_blocked("setItem"))
             return
         f.my.incr(C_SET, len(cmd.items))
-        expiry = 0 if cmd.expiry_ms is None else f.clock.now_ms() + cmd.expiry_ms
-        if expiry == 0 and cmd.expiry_ms is not None:
-            expiry = -1
+        expiry = 0 if cmd.expiry_ms is None else expiry_at(f.clock.now_ms() + cmd.expiry_ms)
         dests = f.config.aliases.get(q)
         targets = dests if dests is not None else (q,)
         if dests is not None:

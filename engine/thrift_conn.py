@@ -15,7 +15,7 @@ import msgpack
 from protocols import thrift as th
 
 from . import __version__
-from .front import C_PEEK, C_SET, BaseConn, Slot
+from .front import C_PEEK, C_SET, BaseConn, Slot, expiry_at
 from .messages import (F_THRIFT, OP_DELETE, OP_DISCONNECT, OP_FLUSH, OP_FLUSH_ALL, OP_PUT_MANY,
                        OP_SET, OP_TABORT, OP_TCONFIRM, OP_TGET, OP_TPEEK, R_DATA, R_OK,
                        R_SERVER_ERROR, R_VALUE)
@@ -114,9 +114,7 @@ class ThriftConn(BaseConn):
             return
         f.my.incr(C_SET, len(items))
         ms = call.args["expiration_msec"]
-        expiry = 0 if ms == 0 else f.clock.now_ms() + ms
-        if expiry == 0 and ms != 0:
-            expiry = -1
+        expiry = 0 if ms == 0 else expiry_at(f.clock.now_ms() + ms)
         dests = f.config.aliases.get(q)
         if dests is None:
             slot = self.call_slot(call, lambda s: s.parts[0].value if s.parts[0].status == R_VALUE else 0)

@@ -1,0 +1,527 @@
+"""Kestrel's thrift protocol: a framed TBinaryProtocol request parser and reply encoders.
+
+Pure: bytes in, call objects out; reply values in, bytes out.  No sockets, no clock, no queue
+access, and no dependency on the `thrift` package (the tests use it as an independent client).
+The front (`engine/thrift_conn.py`) feeds socket bytes to a `ThriftParser`, asks `next()` for
+work, and writes what `encode_*` returns (reference §3).
+
+Wire shape (finagle `ThriftServerFramedCodec` + scrooge 3.0.1 + libthrift TBinaryProtocol):
+
+* every message is one frame: a 4-byte big-endian signed length, then that many bytes;
+* a message starts with a strict header (`0x8001 0000 | type`, name, seqid) or an old non-strict
+  one (name length >= 0, name, type byte, seqid); both are read, only strict is written;
+* the message type is not looked at (scrooge dispatches on the name alone), except that only a
+  CALL named `__can__finagle__trace__v3__` upgrades the connection;
+* the argument struct follows; unknown field ids, and known ids carrying an unexpected type, are
+  skipped as libthrift-generated code does, so a missing or skipped field keeps its IDL default
+  (0, "", empty); bytes after the struct's STOP are ignored.
+
+Outcomes of one frame, mirroring what Kestrel did with it:
+
+* `Call`: a known method whose arguments decoded;
+* `Upgrade`: the TTwitter upgrade call.  **The parser switches itself to upgraded mode** when it
+  returns it, because the very next frame (possibly already buffered, pipelined behind the
+  upgrade) must be read with a `RequestHeader` in front.  The front only answers it with
+  `encode_upgrade_reply`; setting `upgraded` again is harmless;
+* `BadCall`: answered with a `TApplicationException`, the connection stays open.  Type 1 for an
+  unknown method name; type 7 when a known method's argument struct cannot be decoded (Kestrel
+  closed the connection for the truncation cases libthrift reports as transport errors; the frame
+  boundary is known here, so answering and carrying on is safe and says why);
+* `ProtocolError`: the bytes cannot be framed or carry no readable message header (or, upgraded,
+  no readable `RequestHeader`).  Kestrel's finagle server closed the connection; so must the
+  front.  The parser is then stopped: it drops further input and `next()` returns None.
+
+Kestrel handles one call per connection at a time (§3.1), so the front answers each call before
+asking for the next one and passes `parser.upgraded` to the encoders.
+
+String decoding: `queue_name` is the latin-1 decoding of its bytes (how every Lanner front names
+queues, so a name maps to the same queue over every protocol); method names and the TTwitter
+client id are decoded as UTF-8 with replacement, as Java did, since they are compared with
+configured text.
+
+Memory bounds: a frame whose declared length exceeds `max_frame` is refused as soon as its 4
+length bytes arrive, without waiting for (or buffering) the body.  The buffer holds at most what
+was fed since `next()` last returned None.  Decoding never preallocates from a declared count:
+every element consumes at least one byte of the frame, fixed-width runs are bounds-checked
+before they are read, and nesting is cut at 64 levels (libthrift's skip depth).
+"""
+from __future__ import annotations
+
+import logging
+import struct
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "Item", "QueueInfo", "Call", "Upgrade", "BadCall", "ProtocolError", "ThriftParser",
+    "encode_upgrade_reply", "encode_reply", "encode_exception", "internal_error",
+    "STATUS_NOT_CONFIGURED", "STATUS_QUIESCENT", "STATUS_READ_ONLY", "STATUS_UP",
+    "EXC_UNKNOWN_METHOD", "EXC_INTERNAL_ERROR", "EXC_PROTOCOL_ERROR", "UPGRADE_METHOD", "METHODS",
+    "DEFAULT_MAX_FRAME",
+]
+
+STATUS_NOT_CONFIGURED, STATUS_QUIESCENT, STATUS_READ_ONLY, STATUS_UP = 0, 1, 2, 3
+
+#: TApplicationException types Kestrel produces (§3.1 Errors).
+EXC_UNKNOWN_METHOD = 1
+EXC_INTERNAL_ERROR = 6
+EXC_PROTOCOL_ERROR = 7
+
+UPGRADE_METHOD = "__can__finagle__trace__v3__"
+DEFAULT_MAX_FRAME = 64 << 20
+
+# message types
+CALL, REPLY, EXCEPTION, ONEWAY = 1, 2, 3, 4
+# TTypes
+T_STOP, T_VOID, T_BOOL, T_BYTE, T_DOUBLE = 0, 1, 2, 3, 4
+T_I16, T_I32, T_I64, T_STRING, T_STRUCT, T_MAP, T_SET, T_LIST = 6, 8, 10, 11, 12, 13, 14, 15
+
+_VERSION_1 = 0x80010000
+_VERSION_MASK = 0xFFFF0000
+_MAX_DEPTH = 64
+_FIXED = {T_BOOL: 1, T_BYTE: 1, T_DOUBLE: 8, T_I16: 2, T_I32: 4, T_I64: 8}
+_TYPE_NAMES = {T_STOP: "stop", T_VOID: "void", T_BOOL: "bool", T_BYTE: "byte", T_DOUBLE: "double",
+               T_I16: "i16", T_I32: "i32", T_I64: "i64", T_STRING: "string", T_STRUCT: "struct",
+               T_MAP: "map", T_SET: "set", T_LIST: "list"}
+
+_I32 = struct.Struct(">i")
+_U32 = struct.Struct(">I")
+_I64 = struct.Struct(">q")
+_FIELD = struct.Struct(">bh")        # field header: type byte, i16 id
+_CONTAINER = struct.Struct(">bi")    # list/set header: element type, i32 size
+_MAP = struct.Struct(">bbi")         # map header: key type, value type, i32 size
+
+
+# --------------------------------------------------------------------------- values and outcomes
+
+@dataclass(slots=True)
+class Item:
+    data: bytes
+    id: int
+
+
+@dataclass(slots=True)
+class QueueInfo:
+    head_item: bytes | None
+    items: int
+    bytes: int
+    journal_bytes: int
+    age: int
+    waiters: int
+    open_transactions: int
+
+
+@dataclass(slots=True)
+class Call:
+    """A decoded call; `args` always holds every IDL argument (defaults filled in)."""
+    method: str
+    seqid: int
+    args: dict
+    client_id: str | None = None
+
+
+@dataclass(slots=True)
+class Upgrade:
+    seqid: int
+
+
+@dataclass(slots=True)
+class BadCall:
+    method: str
+    seqid: int
+    exc_type: int
+    message: str
+
+
+@dataclass(slots=True)
+class ProtocolError:
+    reason: str
+
+
+class _Bad(Exception):
+    """Decoding stopped; the message says where, for the exception or close reason."""
+
+
+# --------------------------------------------------------------------------- primitive readers
+# Each takes (frame, pos) and returns (value, new pos); `frame` is immutable bytes.
+
+def _need(frame: bytes, pos: int, n: int) -> None:
+    if pos + n > len(frame):
+        raise _Bad(f"frame truncated: {n} bytes needed at offset {pos} of a {len(frame)}-byte frame")
+
+
+def _r_i32(frame: bytes, pos: int) -> tuple[int, int]:
+    _need(frame, pos, 4)
+    return _I32.unpack_from(frame, pos)[0], pos + 4
+
+
+def _r_i64(frame: bytes, pos: int) -> tuple[int, int]:
+    _need(frame, pos, 8)
+    return _I64.unpack_from(frame, pos)[0], pos + 8
+
+
+def _r_binary(frame: bytes, pos: int) -> tuple[bytes, int]:
+    _need(frame, pos, 4)
+    n = _I32.unpack_from(frame, pos)[0]
+    if n < 0:
+        raise _Bad(f"Negative length: {n} (at offset {pos})")
+    pos += 4
+    end = pos + n
+    if end > len(frame):
+        raise _Bad(f"frame truncated: string of {n} bytes at offset {pos} of a {len(frame)}-byte frame")
+    return frame[pos:end], end
+
+
+def _r_latin1(frame: bytes, pos: int) -> tuple[str, int]:
+    raw, pos = _r_binary(frame, pos)
+    return raw.decode("latin-1"), pos
+
+
+def _r_utf8(frame: bytes, pos: int) -> tuple[str, int]:
+    raw, pos = _r_binary(frame, pos)
+    return raw.decode("utf-8", "replace"), pos
+
+
+def _r_container(frame: bytes, pos: int) -> tuple[int, int, int]:
+    _need(frame, pos, 5)
+    etype, n = _CONTAINER.unpack_from(frame, pos)
+    if n < 0:
+        raise _Bad(f"Negative container size: {n} (at offset {pos})")
+    return etype, n, pos + 5
+
+
+def _type_name(t: int) -> str:
+    return _TYPE_NAMES.get(t, f"type {t}")
+
+
+def _r_binary_list(frame: bytes, pos: int) -> tuple[list[bytes], int]:
+    etype, n, pos = _r_container(frame, pos)
+    if n and etype != T_STRING:
+        raise _Bad(f"list<{_type_name(etype)}> where list<binary> was expected")
+    out = []
+    append = out.append
+    for _ in range(n):
+        item, pos = _r_binary(frame, pos)
+        append(item)
+    return out, pos
+
+
+def _r_i64_set(frame: bytes, pos: int) -> tuple[set[int], int]:
+    etype, n, pos = _r_container(frame, pos)
+    if not n:
+        return set(), pos
+    if etype != T_I64:
+        raise _Bad(f"set<{_type_name(etype)}> where set<i64> was expected")
+    _need(frame, pos, 8 * n)
+    return set(struct.unpack_from(f">{n}q", frame, pos)), pos + 8 * n
+
+
+def _skip(frame: bytes, pos: int, ttype: int, depth: int) -> int:
+    """Step over one value of `ttype`; libthrift's TProtocolUtil.skip, with bounds checks."""
+    width = _FIXED.get(ttype)
+    if width is not None:
+        _need(frame, pos, width)
+        return pos + width
+    if ttype == T_STRING:
+        return _r_binary(frame, pos)[1]
+    if depth >= _MAX_DEPTH:
+        raise _Bad(f"nesting deeper than {_MAX_DEPTH} levels at offset {pos}")
+    if ttype == T_STRUCT:
+        while True:
+            _need(frame, pos, 1)
+            ftype = frame[pos]
+            if ftype == T_STOP:
+                return pos + 1
+            _need(frame, pos, 3)
+            pos = _skip(frame, pos + 3, ftype, depth + 1)
+    if ttype in (T_LIST, T_SET):
+        etype, n, pos = _r_container(frame, pos)
+        return _skip_run(frame, pos, n, (etype,), depth)
+    if ttype == T_MAP:
+        _need(frame, pos, 6)
+        ktype, vtype, n = _MAP.unpack_from(frame, pos)
+        if n < 0:
+            raise _Bad(f"Negative container size: {n} (at offset {pos})")
+        return _skip_run(frame, pos + 6, n, (ktype, vtype), depth)
+    raise _Bad(f"unknown thrift type {ttype} at offset {pos}")
+
+
+def _skip_run(frame: bytes, pos: int, n: int, types: tuple[int, ...], depth: int) -> int:
+    """Skip n elements (n pairs for a map); each consumes >= 1 byte, so the loop is bounded."""
+    if not n:
+        return pos
+    widths = [_FIXED.get(t) for t in types]
+    if None not in widths:
+        total = n * sum(widths)
+        _need(frame, pos, total)
+        return pos + total
+    for t in types:
+        if t not in _FIXED and t not in (T_STRING, T_STRUCT, T_MAP, T_SET, T_LIST):
+            raise _Bad(f"unknown thrift element type {t} at offset {pos}")
+    for _ in range(n):
+        for t in types:
+            pos = _skip(frame, pos, t, depth + 1)
+    return pos
+
+
+# --------------------------------------------------------------------------- message structure
+
+def _read_message_begin(frame: bytes, pos: int) -> tuple[str, int, int, int]:
+    _need(frame, pos, 4)
+    word = _I32.unpack_from(frame, pos)[0]
+    if word < 0:
+        if (word & _VERSION_MASK) != _VERSION_1 - (1 << 32) & _VERSION_MASK:
+            raise _Bad(f"Bad version in readMessageBegin: 0x{word & 0xFFFFFFFF:08x}")
+        mtype = word & 0xFF
+        name, pos = _r_utf8(frame, pos + 4)
+        seqid, pos = _r_i32(frame, pos)
+        return name, mtype, seqid, pos
+    name, pos = _r_utf8(frame, pos)
+    _need(frame, pos, 5)
+    mtype = frame[pos]
+    seqid = _I32.unpack_from(frame, pos + 1)[0]
+    return name, mtype, seqid, pos + 5
+
+
+def _read_request_header(frame: bytes, pos: int) -> tuple[str | None, int]:
+    """TTwitter RequestHeader: only field 6 (ClientId {1: string name}) matters here."""
+    client_id = None
+    while True:
+        _need(frame, pos, 1)
+        ftype = frame[pos]
+        if ftype == T_STOP:
+            return client_id, pos + 1
+        _need(frame, pos, 3)
+        ftype, fid = _FIELD.unpack_from(frame, pos)
+        pos += 3
+        if fid == 6 and ftype == T_STRUCT:
+            client_id, pos = _read_client_id(frame, pos)
+        else:
+            pos = _skip(frame, pos, ftype, 1)
+
+
+def _read_client_id(frame: bytes, pos: int) -> tuple[str | None, int]:
+    name = None
+    while True:
+        _need(frame, pos, 1)
+        ftype = frame[pos]
+        if ftype == T_STOP:
+            return name, pos + 1
+        _need(frame, pos, 3)
+        ftype, fid = _FIELD.unpack_from(frame, pos)
+        pos += 3
+        if fid == 1 and ftype == T_STRING:
+            name, pos = _r_utf8(frame, pos)
+        else:
+            pos = _skip(frame, pos, ftype, 2)
+
+
+# Per method: (a function giving fresh defaults, {field id: (ttype, key, reader)}).
+_QUEUE = {1: (T_STRING, "queue_name", _r_latin1)}
+_IDS = {1: (T_STRING, "queue_name", _r_latin1), 2: (T_SET, "ids", _r_i64_set)}
+_ARGS: dict[str, tuple] = {
+    "put": (lambda: {"queue_name": "", "items": [], "expiration_msec": 0},
+            {1: (T_STRING, "queue_name", _r_latin1), 2: (T_LIST, "items", _r_binary_list),
+             3: (T_I32, "expiration_msec", _r_i32)}),
+    "get": (lambda: {"queue_name": "", "max_items": 0, "timeout_msec": 0, "auto_abort_msec": 0},
+            {1: (T_STRING, "queue_name", _r_latin1), 2: (T_I32, "max_items", _r_i32),
+             3: (T_I32, "timeout_msec", _r_i32), 4: (T_I32, "auto_abort_msec", _r_i32)}),
+    "confirm": (lambda: {"queue_name": "", "ids": set()}, _IDS),
+    "abort": (lambda: {"queue_name": "", "ids": set()}, _IDS),
+    "peek": (lambda: {"queue_name": ""}, _QUEUE),
+    "flush_queue": (lambda: {"queue_name": ""}, _QUEUE),
+    "flush_all_queues": (dict, {}),
+    "delete_queue": (lambda: {"queue_name": ""}, _QUEUE),
+    "current_status": (dict, {}),
+    "set_status": (lambda: {"status": 0}, {1: (T_I32, "status", _r_i32)}),
+    "get_version": (dict, {}),
+}
+#: The service's method names, in IDL order.
+METHODS = tuple(_ARGS)
+
+
+def _read_args(frame: bytes, pos: int, method: str) -> dict:
+    defaults, fields = _ARGS[method]
+    args = defaults()
+    flen = len(frame)
+    while True:
+        if pos >= flen:
+            raise _Bad(f"{method}_args: frame ends before the struct's STOP (offset {pos})")
+        ftype = frame[pos]
+        if ftype == T_STOP:
+            return args
+        if pos + 3 > flen:
+            raise _Bad(f"{method}_args: frame truncated in a field header at offset {pos}")
+        ftype, fid = _FIELD.unpack_from(frame, pos)
+        pos += 3
+        spec = fields.get(fid)
+        if spec is not None and spec[0] == ftype:
+            try:
+                args[spec[1]], pos = spec[2](frame, pos)
+            except _Bad as e:
+                raise _Bad(f"{method}_args field {fid} ({spec[1]}): {e}") from None
+        else:
+            try:
+                pos = _skip(frame, pos, ftype, 1)
+            except _Bad as e:
+                raise _Bad(f"{method}_args field {fid}: {e}") from None
+
+
+# --------------------------------------------------------------------------- the parser
+
+class ThriftParser:
+    """Incremental frame parser for one connection; see the module docstring for its contract."""
+
+    __slots__ = ("max_frame", "upgraded", "_buf", "_stopped")
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME):
+        self.max_frame = max_frame
+        self.upgraded = False
+        self._buf = bytearray()
+        self._stopped = False
+
+    def feed(self, data: bytes) -> None:
+        if not self._stopped:
+            self._buf += data
+
+    def next(self) -> Call | Upgrade | BadCall | ProtocolError | None:
+        """The outcome of the next complete frame, or None until one has fully arrived."""
+        if self._stopped:
+            return None
+        buf = self._buf
+        if len(buf) < 4:
+            return None
+        n = _I32.unpack_from(buf, 0)[0]
+        if n < 0 or n > self.max_frame:
+            return self._stop(f"frame length {n} outside 0..{self.max_frame}")
+        end = 4 + n
+        if len(buf) < end:
+            return None
+        with memoryview(buf) as view:
+            frame = bytes(view[4:end])
+        del buf[:end]
+        return self._decode(frame)
+
+    def _stop(self, reason: str) -> ProtocolError:
+        self._stopped = True
+        self._buf = bytearray()
+        log.debug("thrift connection unframeable: %s", reason)
+        return ProtocolError(reason)
+
+    def _decode(self, frame: bytes) -> Call | Upgrade | BadCall | ProtocolError:
+        client_id = None
+        try:
+            pos = 0
+            if self.upgraded:
+                client_id, pos = _read_request_header(frame, 0)
+            name, mtype, seqid, pos = _read_message_begin(frame, pos)
+        except _Bad as e:
+            what = "RequestHeader or message header" if self.upgraded else "message header"
+            return self._stop(f"unreadable {what}: {e}")
+        if name in _ARGS:
+            try:
+                return Call(name, seqid, _read_args(frame, pos, name), client_id)
+            except _Bad as e:
+                return BadCall(name, seqid, EXC_PROTOCOL_ERROR, str(e))
+        if not self.upgraded and mtype == CALL and name == UPGRADE_METHOD:
+            try:
+                _skip(frame, pos, T_STRUCT, 0)
+            except _Bad as e:
+                return self._stop(f"unreadable {UPGRADE_METHOD} arguments: {e}")
+            self.upgraded = True
+            return Upgrade(seqid)
+        return BadCall(name, seqid, EXC_UNKNOWN_METHOD, f"Invalid method name: '{name}'")
+
+
+# --------------------------------------------------------------------------- encoders
+
+def _w_string(raw: bytes) -> bytes:
+    return _I32.pack(len(raw)) + raw
+
+
+def _message_head(name: str, mtype: int) -> bytes:
+    return _U32.pack(_VERSION_1 | mtype) + _w_string(name.encode("utf-8"))
+
+
+_REPLY_HEAD = {m: _message_head(m, REPLY) for m in METHODS}
+_UPGRADE_REPLY = _message_head(UPGRADE_METHOD, REPLY) + _I32.pack(0) + b"\x00"
+_UPGRADE_FRAME = _I32.pack(len(_UPGRADE_REPLY)) + _UPGRADE_REPLY
+_EMPTY_RESPONSE_HEADER = b"\x00"   # ResponseHeader with `spans` unset, as finagle writes it
+_STOP = b"\x00"
+_F0_I32 = _FIELD.pack(T_I32, 0)
+_F0_LIST = _FIELD.pack(T_LIST, 0)
+_F0_STRUCT = _FIELD.pack(T_STRUCT, 0)
+_F0_STRING = _FIELD.pack(T_STRING, 0)
+_ITEM_DATA = _FIELD.pack(T_STRING, 1)
+_ITEM_ID = _FIELD.pack(T_I64, 2)
+_VOID_METHODS = frozenset(("flush_queue", "flush_all_queues", "delete_queue", "set_status"))
+_I32_METHODS = frozenset(("put", "confirm", "abort", "current_status"))
+
+
+def _frame(parts: list[bytes], upgraded: bool) -> bytes:
+    if upgraded:
+        parts.insert(0, _EMPTY_RESPONSE_HEADER)
+    body = b"".join(parts)
+    return _I32.pack(len(body)) + body
+
+
+def encode_upgrade_reply(seqid: int) -> bytes:
+    """The framed upgrade REPLY.  Finagle always answers with seqid 0, whatever the call's seqid
+    was (§3.1), and finagle clients accept exactly that, so `seqid` is deliberately unused."""
+    return _UPGRADE_FRAME
+
+
+def _encode_items(items) -> list[bytes]:
+    parts = [_F0_LIST, _CONTAINER.pack(T_STRUCT, len(items))]
+    append = parts.append
+    pack_i32, pack_i64 = _I32.pack, _I64.pack
+    for item in items:
+        data = item.data
+        append(_ITEM_DATA + pack_i32(len(data)))
+        append(data)
+        append(_ITEM_ID + pack_i64(item.id) + _STOP)
+    return parts
+
+
+def _encode_queue_info(info: QueueInfo) -> bytes:
+    parts = [_F0_STRUCT]
+    if info.head_item is not None:
+        parts.append(_FIELD.pack(T_STRING, 1) + _w_string(info.head_item))
+    parts.append(struct.pack(">bhqbhqbhqbhqbhibhib",
+                             T_I64, 2, info.items, T_I64, 3, info.bytes,
+                             T_I64, 4, info.journal_bytes, T_I64, 5, info.age,
+                             T_I32, 6, info.waiters, T_I32, 7, info.open_transactions, T_STOP))
+    return b"".join(parts)
+
+
+def encode_reply(call: Call, value, upgraded: bool) -> bytes:
+    """The framed REPLY to `call`; `value` has the method's result type (None for void)."""
+    method = call.method
+    parts = [_REPLY_HEAD[method], _I32.pack(call.seqid)]
+    if method in _VOID_METHODS:
+        pass
+    elif method in _I32_METHODS:
+        parts.append(_F0_I32 + _I32.pack(value))
+    elif method == "get":
+        parts.extend(_encode_items(value))
+    elif method == "peek":
+        parts.append(_encode_queue_info(value))
+    else:  # get_version
+        parts.append(_F0_STRING + _w_string(value.encode("utf-8")))
+    parts.append(_STOP)
+    return _frame(parts, upgraded)
+
+
+def encode_exception(method: str, seqid: int, exc_type: int, message: str, upgraded: bool) -> bytes:
+    """A framed EXCEPTION message carrying TApplicationException{1: message, 2: type}."""
+    parts = [_message_head(method, EXCEPTION), _I32.pack(seqid),
+             _FIELD.pack(T_STRING, 1), _w_string(message.encode("utf-8")),
+             _FIELD.pack(T_I32, 2), _I32.pack(exc_type), _STOP]
+    return _frame(parts, upgraded)
+
+
+def internal_error(method: str, java_exception: str) -> str:
+    """Scrooge's message for a handler failure, e.g. `internal_error("put",
+    "net.lag.kestrel.AvailabilityException: Server not available for operation setItem")`."""
+    return f"Internal error processing {method}: '{java_exception}'"
