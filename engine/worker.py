@@ -28,6 +28,7 @@ import os
 import selectors
 import signal
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -49,6 +50,8 @@ from .storage_factory import ShardStorage
 from .waiters import Waiter
 
 log = logging.getLogger(__name__)
+
+SPIN_S = float(os.environ.get("LANNER_WORKER_SPIN_US", "0")) / 1e6
 
 EXIT_OK = 0
 EXIT_BOOT_ERROR = 3      # replay or config failure: the supervisor halts instead of looping
@@ -138,6 +141,7 @@ class Worker:
         rings = [(src, r) for src, r in enumerate(self.inbound) if r is not None]
         self.asm = {src: Reassembler() for src, _ in rings}
         outs = [r for r in self.outbound if r is not None]
+        idle_since = None
         while not self.stopping:
             for r in outs:
                 if r.backlog:
@@ -146,7 +150,16 @@ class Worker:
             self.run_timers()
             self.finish_batch()
             if busy:
+                idle_since = None
                 continue
+            if SPIN_S:
+                # Under load the next request is usually microseconds away: polling for it
+                # is cheaper than the cross-core wakeup a sleep would cost the producer.
+                now = time.perf_counter()
+                if idle_since is None:
+                    idle_since = now
+                if now - idle_since < SPIN_S:
+                    continue
             # Going to sleep: tell every producer to signal us, then re-check.
             if any(not r.prepare_sleep() for _, r in rings):
                 for _, r in rings:

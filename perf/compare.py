@@ -93,7 +93,7 @@ def combine(args, mod, primary: str, targets, runs: list[list[Report]]) -> Repor
         b_rows = [r for rep in runs[1] for r in rep.rows if r["label"] == label]
         if not b_rows:
             continue
-        out = {"label": label, "a": _median(a_rows, primary), "b": _median(b_rows, primary)}
+        out = {"label": label, "conns": row.get("conns"), "a": _median(a_rows, primary), "b": _median(b_rows, primary)}
         out["ratio"] = round(out["a"] / out["b"], 3) if out["a"] is not None and out["b"] else None
         for side, rows in (("a", a_rows), ("b", b_rows)):
             for key in ("p50_us", "p99_us", "client_us_op", "server_us_op"):
@@ -109,8 +109,14 @@ def combine(args, mod, primary: str, targets, runs: list[list[Report]]) -> Repor
         for rep in reps:
             report.notes += [f"{side}: {note}" for note in rep.notes if f"{side}: {note}" not in report.notes]
     report.notes.append(f"metric: {primary}, median of {args.rounds} rounds; A = {a_name}, B = {b_name}")
-    report.plots.append(Plot("compare.png", "label", ["a", "b"], "", primary.replace("_s", "/s"),
-                             f"{mod.NAME}: {a_name} vs {b_name}", kind="bar"))
+    title = f"{mod.NAME}: {a_name} vs {b_name}"
+    names = {"a": a_name, "b": b_name}
+    ylabel = primary.replace("_s", "/s").replace("_us", " µs")
+    if len({r["conns"] for r in report.rows}) > 1:
+        report.plots.append(Plot("compare.png", "conns", ["a", "b"], "connections", ylabel, title, logx=True,
+                                 labels=names))
+    else:
+        report.plots.append(Plot("compare.png", "label", ["a", "b"], "", ylabel, title, kind="bar", labels=names))
     return report
 
 

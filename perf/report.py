@@ -42,6 +42,7 @@ class Plot:
     logy: bool = False
     rows: str = ""          # only rows whose `phase` equals this (empty: all rows)
     kind: str = "line"      # line | bar (bar: one group per row, bars are the ys)
+    labels: dict = field(default_factory=dict)   # legend name per y column (default: the column)
 
 
 @dataclass(slots=True)
@@ -151,12 +152,14 @@ def write_plots(report: Report, directory: Path) -> list[Path]:
         if spec.kind == "bar":
             width = 0.8 / max(1, len(spec.ys))
             for i, y in enumerate(spec.ys):
-                ax.bar([j + i * width for j in range(len(rows))], [r.get(y) or 0 for r in rows], width, label=y)
+                ax.bar([j + i * width for j in range(len(rows))], [r.get(y) or 0 for r in rows], width,
+                       label=spec.labels.get(y, y))
             ax.set_xticks([j + width * (len(spec.ys) - 1) / 2 for j in range(len(rows))])
             ax.set_xticklabels([str(r.get(spec.x)) for r in rows])
         else:
             for y in spec.ys:
-                ax.plot([r.get(spec.x) for r in rows], [r.get(y) for r in rows], marker="o", label=y)
+                ax.plot([r.get(spec.x) for r in rows], [r.get(y) for r in rows], marker="o",
+                        label=spec.labels.get(y, y))
         if spec.logx:
             xs = [r.get(spec.x) for r in rows if isinstance(r.get(spec.x), (int, float))]
             if xs and min(xs) <= 0:

@@ -152,17 +152,14 @@ def _need(frame: bytes, pos: int, n: int) -> None:
 
 
 def _r_i32(frame: bytes, pos: int) -> tuple[int, int]:
-    _need(frame, pos, 4)
+    if pos + 4 > len(frame):
+        _need(frame, pos, 4)
     return _I32.unpack_from(frame, pos)[0], pos + 4
 
 
-def _r_i64(frame: bytes, pos: int) -> tuple[int, int]:
-    _need(frame, pos, 8)
-    return _I64.unpack_from(frame, pos)[0], pos + 8
-
-
 def _r_binary(frame: bytes, pos: int) -> tuple[bytes, int]:
-    _need(frame, pos, 4)
+    if pos + 4 > len(frame):
+        _need(frame, pos, 4)
     n = _I32.unpack_from(frame, pos)[0]
     if n < 0:
         raise _Bad(f"Negative length: {n} (at offset {pos})")
@@ -267,17 +264,23 @@ def _skip_run(frame: bytes, pos: int, n: int, types: tuple[int, ...], depth: int
 
 # --------------------------------------------------------------------------- message structure
 
+def _r_name(frame: bytes, pos: int) -> tuple[str, int]:
+    raw, pos = _r_binary(frame, pos)
+    name = _KNOWN_NAMES.get(raw)
+    return (raw.decode("utf-8", "replace") if name is None else name), pos
+
+
 def _read_message_begin(frame: bytes, pos: int) -> tuple[str, int, int, int]:
     _need(frame, pos, 4)
     word = _I32.unpack_from(frame, pos)[0]
     if word < 0:
-        if (word & _VERSION_MASK) != _VERSION_1 - (1 << 32) & _VERSION_MASK:
+        if (word & _VERSION_MASK) != _VERSION_1:
             raise _Bad(f"Bad version in readMessageBegin: 0x{word & 0xFFFFFFFF:08x}")
         mtype = word & 0xFF
-        name, pos = _r_utf8(frame, pos + 4)
+        name, pos = _r_name(frame, pos + 4)
         seqid, pos = _r_i32(frame, pos)
         return name, mtype, seqid, pos
-    name, pos = _r_utf8(frame, pos)
+    name, pos = _r_name(frame, pos)
     _need(frame, pos, 5)
     mtype = frame[pos]
     seqid = _I32.unpack_from(frame, pos + 1)[0]
@@ -339,6 +342,7 @@ _ARGS: dict[str, tuple] = {
 }
 #: The service's method names, in IDL order.
 METHODS = tuple(_ARGS)
+_KNOWN_NAMES = {m.encode(): m for m in (*METHODS, UPGRADE_METHOD)}
 
 
 def _read_args(frame: bytes, pos: int, method: str) -> dict:
@@ -357,6 +361,10 @@ def _read_args(frame: bytes, pos: int, method: str) -> dict:
         pos += 3
         spec = fields.get(fid)
         if spec is not None and spec[0] == ftype:
+            if ftype == T_I32 and pos + 4 <= flen:      # the common case, inline
+                args[spec[1]] = _I32.unpack_from(frame, pos)[0]
+                pos += 4
+                continue
             try:
                 args[spec[1]], pos = spec[2](frame, pos)
             except _Bad as e:

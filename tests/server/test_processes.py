@@ -120,8 +120,11 @@ def test_kill_front_returns_open_reads(tmp_path):
         h.stop()
 
 
-def test_kill_worker_under_load_loses_nothing(tmp_path):
-    cfg = '[default]\nsync_journal = "always"\n'
+@pytest.mark.parametrize("cfg", [
+    '[default]\nsync_journal = "always"\n',
+    '[default]\nstorage = "cmdlog"\n[cmdlog]\nsync = "always"\nsegment_size = "64KiB"\n',
+], ids=["journal", "cmdlog"])
+def test_kill_worker_under_load_loses_nothing(tmp_path, cfg):
     h = start_server(tmp_path, workers=2, fronts=1, config=cfg)
     acked = []
     stop = threading.Event()
