@@ -667,10 +667,9 @@ class Worker:
         return msgpack.packb({"global": coll.stats(), "queues": out_queues})
 
     def config_payload(self) -> bytes:
-        entries = []
-        for name in self.coll.names():
-            qc = self.coll.queue(name, create=False).config
-            entries.append((name, [(k, _fmt(getattr(qc, k))) for k in qc.__dataclass_fields__]))
+        from .config import config_items
+        entries = [(name, config_items(self.coll.queue(name, create=False).config))
+                   for name in self.coll.names()]
         return msgpack.packb(entries)
 
     def reload(self) -> None:
@@ -730,14 +729,6 @@ def _sync_all(storages) -> None:
             st.sync()
         except OSError as e:
             log.error("periodic fsync failed: %s", e)
-
-
-def _fmt(v) -> str:
-    if v is None:
-        return "off"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return str(v)
 
 
 def worker_main(index, nworkers, config, status, inbound, outbound, wake_fd, control_sock,

@@ -486,7 +486,10 @@ static long parse(conn_t *c) {
                 note_error("VALUE block not followed by END: %.*s", line, (int)(llen < 80 ? llen : 80));
                 return -1;
             }
-            if (op != OP_GET) { note_error("item where a set reply was expected: %.*s", line, (int)(llen < 80 ? llen : 80)); return -1; }
+            if (op != OP_GET) {
+                note_error("item where a set reply was expected: %.*s", line, (int)(llen < 80 ? llen : 80));
+                return -1;
+            }
             st.hits++;
             if (o_verify && c->last_seq) check_payload(c, line + llen, n);
             h_add(&h_get, lat);

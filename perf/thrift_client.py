@@ -48,7 +48,8 @@ class KestrelThrift:
             _i32(p, 3, expiration_msec)
         return self._call("put", args, _read_i32)
 
-    def get(self, queue: str, max_items: int, timeout_msec: int = 0, auto_abort_msec: int = 0) -> list[tuple[bytes, int]]:
+    def get(self, queue: str, max_items: int, timeout_msec: int = 0,
+            auto_abort_msec: int = 0) -> list[tuple[bytes, int]]:
         """Items as (data, id) pairs; id is 0 unless auto_abort_msec made the read transactional."""
         def args(p):
             _string(p, 1, queue)

@@ -54,8 +54,8 @@ def run(args, ctx) -> Report:
         row, res = ctx.measure(small, "small sets", None if args.duration else args.sets)
     finally:
         large = flood.stop()
-    report.rows.append({"label": f"{args.item_size} B sets", "mb_s": round(res["bytes_out"] / res["elapsed_s"] / 1e6, 2),
-                        **row})
+    mb_s = round(res["bytes_out"] / res["elapsed_s"] / 1e6, 2) if res["elapsed_s"] else None
+    report.rows.append({"label": f"{args.item_size} B sets", "mb_s": mb_s, **row})
     check_clean(report, res, "small sets")
     lrow = {"label": f"{human(args.large_size)} flood", "ops": large["ops"],
             "ops_s": round(large["ops_per_s"], 1),

@@ -27,7 +27,8 @@ NEEDS_THRIFT = True
 def add_arguments(p) -> None:
     g = p.add_argument_group("leaky-reader (Kestrel's names and defaults)")
     g.add_argument("-n", "--count", type=int, default=1000, help="items to put (default 1000)")
-    g.add_argument("-d", "--drop-rate", type=float, default=0.01, help="fraction of reads left unconfirmed (default 0.01)")
+    g.add_argument("-d", "--drop-rate", type=float, default=0.01,
+                   help="fraction of reads left unconfirmed (default 0.01)")
     g.add_argument("-q", "--queue", default="spam-thrift", help="queue (default spam-thrift)")
     g.add_argument("-t", "--threads", type=int, default=1, help="consumers (default 1)")
     g.add_argument("-F", "--no-flush", action="store_true", help="don't flush the queue first")
@@ -43,8 +44,8 @@ def connect(ctx, port: int) -> KestrelThrift:
     try:
         return KestrelThrift.connect(host, port)
     except TException as e:
-        raise ScenarioError(f"nothing answers thrift on {host}:{port} ({e}); start a Kestrel-compatible "
-                            f"server with a thrift port, e.g. `lanner serve --thrift-port {port}`, or pass -p") from None
+        raise ScenarioError(f"nothing answers thrift on {host}:{port} ({e}); start a Kestrel-compatible server "
+                            f"with a thrift port, e.g. `lanner serve --thrift-port {port}`, or pass -p") from None
 
 
 def run(args, ctx) -> Report:

@@ -104,7 +104,8 @@ def run(args, ctx) -> Report:
         "server_canceled": _delta(before, after, "canceled_transactions"),
         "left_in_queue": _int(after.get("items")),
     })
-    report.check("nothing lost", not lost, f"{len(lost)} items never delivered" + (f", e.g. {lost[:10]}" if lost else ""))
+    report.check("nothing lost", not lost,
+                 f"{len(lost)} items never delivered" + (f", e.g. {lost[:10]}" if lost else ""))
     if transactions:
         report.check("redelivery", True, f"{len(twice)} items seen twice (allowed: transactional reads)")
     else:

@@ -14,10 +14,10 @@ import tempfile
 from collections import deque
 
 from hypothesis import HealthCheck, settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from engine.clock import FakeClock
-from engine.cmdlog import PartitionLog
+from engine.cmdlog import PartitionLog, Replayer, replay_directory
 from engine.item import QItem
 from engine.rewrite import rewrite_segments
 
@@ -126,6 +126,30 @@ class CmdlogModel(RuleBasedStateMachine):
         self.plog.flush()
         rewrite_segments(self.dir, self.clock)
 
+    def expected(self, q: dict, now: int) -> tuple[list[QItem], list[QItem]]:
+        """What replay at `now` must rebuild: unexpired queued items in order,
+        unexpired open reads in xid order."""
+        alive = [i for i in q["ready"] if not (i.expiry and i.expiry < now)]
+        opens = [q["opens"][x] for x in sorted(q["opens"])]
+        return alive, [i for i in opens if not (i.expiry and i.expiry < now)]
+
+    @precondition(lambda self: self.plog is not None)
+    @invariant()
+    def log_replays_to_the_model(self):
+        """After every step: the flushed log, replayed read-only, holds exactly the model."""
+        self.plog.flush()
+        now = self.clock.now_ms()
+        r = Replayer(now * 1_000_000)
+        replay_directory(self.dir, r)
+        jobs = r.queue_jobs()
+        for name, q in self.queues.items():
+            alive, opens = self.expected(q, now)
+            ready, leased, scheduled = jobs.pop(name.encode(), ([], [], []))
+            assert [j.cmd.id for j in ready] == [i.job_id for i in alive], name
+            assert [j.cmd.id for j in leased] == [i.job_id for i in opens], name
+            assert scheduled == []
+        assert jobs == {}
+
     @precondition(lambda self: self.plog is not None)
     @rule()
     def restart(self):
@@ -134,9 +158,7 @@ class CmdlogModel(RuleBasedStateMachine):
         self.plog = PartitionLog(self.dir, self.clock, segment_size=self.segment_size)
         assert self.plog.queue_names() == sorted(self.queues)
         for name, q in self.queues.items():
-            alive = [i for i in q["ready"] if not (i.expiry and i.expiry < now)]
-            opens = [q["opens"][x] for x in sorted(q["opens"])]
-            opens = [i for i in opens if not (i.expiry and i.expiry < now)]
+            alive, opens = self.expected(q, now)
             st_ = self.plog.storage_for(name)
             state = st_.replay(None)
             assert _view(state.items) == _view(alive), name

@@ -38,7 +38,8 @@ def frame(body: bytes) -> bytes:
 
 
 def header(kind: int, name: str, seqid: int) -> bytes:
-    return struct.pack(">I", 0x80010000 | kind) + struct.pack(">i", len(name)) + name.encode() + struct.pack(">i", seqid)
+    return (struct.pack(">I", 0x80010000 | kind) + struct.pack(">i", len(name)) + name.encode()
+            + struct.pack(">i", seqid))
 
 
 def field(ttype: int, fid: int) -> bytes:

@@ -346,3 +346,14 @@ def test_large_item_through_rings(mc):
     c.send(b"get %s\r\n" % q)
     assert c.recv_until(b"\r\n") == b"VALUE %s 0 %d\r\n" % (q, len(data))
     assert c.recv_n(len(data) + 7) == data + b"\r\nEND\r\n"
+
+
+def test_dump_config(mc):
+    c = mc()
+    q = qname()
+    setq(c, q, b"x")
+    out = c.ask(b"dump_config\r\n", b"END\r\n")
+    block = out.split(b"queue '%s' {\r\n" % q)[1].split(b"}\r\n")[0]
+    lines = block.decode().split("\r\n")
+    assert "  max_items=2147483647" in lines
+    assert out.endswith(b"END\r\n")

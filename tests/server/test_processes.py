@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 
-from tests.helpers import start_server
+from tests.helpers import free_port, start_server
 from tests.server.conftest import Client
 
 pytestmark = pytest.mark.integration
@@ -238,3 +238,18 @@ def test_bad_config_is_an_error(tmp_path):
                        capture_output=True, timeout=60, cwd=tmp_path)
     assert r.returncode != 0
     assert "max_items" in r.stderr.decode()
+
+
+def test_stray_file_in_queue_path_refuses_start(tmp_path):
+    import subprocess
+    import sys
+    qp = tmp_path / "q"
+    qp.mkdir()
+    (qp / "foo.txt").write_bytes(b"not a journal")
+    r = subprocess.run([sys.executable, "-m", "engine.cli", "serve", "--queue-path", str(qp),
+                        "--status-file", str(tmp_path / "st"), "--memcache-port", str(free_port()),
+                        "--text-port", "off", "--thrift-port", "off", "--admin-port", "off",
+                        "--workers", "1", "--fronts", "1"],
+                       capture_output=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 3
+    assert "foo.txt" in r.stderr.decode()
