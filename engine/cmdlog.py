@@ -220,7 +220,7 @@ class Replayer:
             else:
                 self._requeues += 1
                 job.state = PENDING
-                job.order = (-job.cmd.priority, 0, -self._requeues, 0)
+                job.order = job.order
         elif t == COMPLETE:
             self._finish(job, COMPLETED, cmd.result)
         elif t == FAIL:

@@ -24,6 +24,7 @@ Exit codes: 0 clean shutdown; 1 start-up refused (config, port, data dir);
 from __future__ import annotations
 
 import ctypes
+import gc
 import errno
 import logging
 import mmap
@@ -202,6 +203,10 @@ class Supervisor:
 
     def child_main(self, kind: str, index: int, sock: socket.socket) -> int:
         _name_process(f"lanner-{kind[0]}{index}" if kind != "cleaner" else "lanner-cleaner")
+        # Everything allocated so far lives as long as the process: keep the collector off it,
+        # and let young garbage (per-request objects) build up more before a collection.
+        gc.freeze()
+        gc.set_threshold(50_000, 20, 20)
         for kind_, socks in self.listeners.items():
             for i, s in enumerate(socks):
                 if kind != "front" or i != index:

@@ -21,7 +21,7 @@ from engine.cmdlog import PartitionLog, Replayer, replay_directory
 from engine.item import QItem
 from engine.rewrite import rewrite_segments
 
-QUEUES = st.sampled_from(["jobs", "mail.out+fan"])
+QUEUES = st.sampled_from(["jobs", "jobs", "jobs", "mail.out+fan"])
 
 
 def _view(items) -> list[tuple]:
@@ -63,35 +63,43 @@ class CmdlogModel(RuleBasedStateMachine):
             q = self.queues[name] = {"st": st_, "ready": deque(), "opens": {}, "xid": state.xid_counter}
         return q
 
-    @rule(name=QUEUES, ttl=st.sampled_from([None, None, 1, 50, 2_000]), pad=st.integers(0, 40))
-    def add(self, name, ttl, pad):
+    @rule(name=QUEUES, count=st.integers(1, 4), ttl=st.sampled_from([None, None, 1, 50, 2_000]),
+          pad=st.integers(0, 40))
+    def add(self, name, count, ttl, pad):
         q = self.queue(name)
-        self.serial += 1
-        now = self.clock.now_ms()
-        item = QItem(now, 0 if ttl is None else now + ttl, b"%s-%d" % (name.encode(), self.serial) + b"." * pad)
-        q["st"].record_add(item)
-        q["ready"].append(item)
+        for _ in range(count):
+            self.serial += 1
+            now = self.clock.now_ms()
+            item = QItem(now, 0 if ttl is None else now + ttl,
+                         b"%s-%d" % (name.encode(), self.serial) + b"." * pad)
+            q["st"].record_add(item)
+            q["ready"].append(item)
 
-    @rule(name=QUEUES)
-    def get(self, name):
+    @rule(name=QUEUES, roll=st.integers(0, 2))
+    def get(self, name, roll):
         q = self.queue(name)
-        if q["ready"]:
+        if q["ready"] and roll == 0:
             q["st"].record_remove(q["ready"].popleft())
 
-    @rule(name=QUEUES)
-    def open(self, name):
+    @rule(name=QUEUES, count=st.integers(1, 3))
+    def open(self, name, count):
         q = self.queue(name)
-        if q["ready"]:
+        for _ in range(count):
+            if not q["ready"]:
+                break
             item = q["ready"].popleft()
             q["xid"] += 1
             item.xid = q["xid"]
             q["opens"][item.xid] = item
             q["st"].record_open(item, item.xid)
 
-    @rule(name=QUEUES, pick=st.integers(0, 5), confirm=st.booleans())
-    def close_read(self, name, pick, confirm):
+    @rule(name=QUEUES, picks=st.lists(st.tuples(st.integers(0, 5), st.booleans()), min_size=1, max_size=3))
+    def close_reads(self, name, picks):
+        """Confirm (True) or abort (False) open reads, several in a chosen order."""
         q = self.queue(name)
-        if q["opens"]:
+        for pick, confirm in picks:
+            if not q["opens"]:
+                break
             xids = sorted(q["opens"])
             xid = xids[pick % len(xids)]
             item = q["opens"].pop(xid)
@@ -102,15 +110,15 @@ class CmdlogModel(RuleBasedStateMachine):
                 q["st"].record_unremove(item, xid)
             item.xid = 0
 
-    @rule(name=QUEUES)
-    def flush_queue(self, name):
+    @rule(name=QUEUES, roll=st.integers(0, 4))
+    def flush_queue(self, name, roll):
         q = self.queue(name)
-        while q["ready"]:
+        while q["ready"] and roll == 0:
             q["st"].record_remove(q["ready"].popleft())
 
-    @rule(name=QUEUES)
-    def erase(self, name):
-        if name in self.queues:
+    @rule(name=QUEUES, roll=st.integers(0, 4))
+    def erase(self, name, roll):
+        if roll == 0 and name in self.queues:          # rarer than the other rules
             self.queues.pop(name)["st"].erase()
 
     @rule(ms=st.integers(0, 3_000))
@@ -151,7 +159,11 @@ class CmdlogModel(RuleBasedStateMachine):
         assert jobs == {}
 
     @precondition(lambda self: self.plog is not None)
-    @rule()
+    @rule(roll=st.integers(0, 2))
+    def maybe_restart(self, roll):
+        if roll == 0:                                   # rarer, so open reads live a while
+            self.restart()
+
     def restart(self):
         self.plog.close()
         now = self.clock.now_ms()
@@ -177,6 +189,6 @@ class CmdlogModel(RuleBasedStateMachine):
 
 
 CmdlogModel.TestCase.settings = settings(
-    max_examples=120, stateful_step_count=40, deadline=None,
+    max_examples=100, stateful_step_count=50, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 test_random_operations_replay_to_the_model = CmdlogModel.TestCase
