@@ -6,8 +6,11 @@ LOCK_EX for its whole life, so a second server fails fast) and `read.lock`
 (replay holds LOCK_SH, the cleaner LOCK_EX per pass), and
 `lanner-queues.json`, the names of the queues that exist in this partition (so
 an empty queue survives a restart even after the cleaner dropped every record
-that named it).  workq ignores that file, as it ignores every non-segment name.
-Every queue whose parent hashes to the partition (placement.py) shares its log.
+that named it; rewritten by fsync + rename + directory fsync whenever a queue
+is created or erased).  Without that file (a directory workq wrote) every queue
+named by a replayed add exists, which is workq's own rule.  workq ignores the
+file, as it ignores every non-segment name.  Every queue whose parent hashes
+to the partition (placement.py) shares its log.
 
 Queue operations as workq commands (one record per seam call):
 
@@ -22,7 +25,11 @@ Queue operations as workq commands (one record per seam call):
                             workq would drop it 30 days after creation.  An
                             expiry more than 30 days after the add is written
                             with its real TTL, which Lanner replays exactly and
-                            workq would refuse ("Invalid TTL").
+                            workq would refuse ("Invalid TTL").  Any job_id the
+                            item carried is replaced: every queue's item is its
+                            own job, so fanout copies must be separate QItems.
+                            The exception is an item handed out by due_items,
+                            which is already logged: nothing is written for it.
     record_remove(item)     expire when the item's expiry has passed (the expiry
                             sweep), otherwise delete (plain get, discard, flush).
                             Replay treats the two alike: the job is gone.
@@ -54,7 +61,11 @@ transitions (a second complete, a start-attempt of a leased job); a second add
 of a live id is fatal (CmdlogError), as in workq.  Lanner does not re-run workq's
 add validation (name charset, 1 MiB payload, TTR range): Kestrel names with `+`
 and items over 1 MiB are legal here.  A schedule whose time has passed is ready;
-a later one stays in the partition (`due_items`/`next_due`) until due.  Each
+a later one stays in the partition until due: the owner's timer asks
+`next_due()` (epoch ms) and takes `due_items(now_ms)`, (queue, QItem) pairs
+whose records are already in the log, and appends each item to its queue
+(through record_add on that same object, which writes nothing, or directly).
+A restart before that simply schedules it again.  Each
 queue's ready items come back ordered by (-priority, requeue class, ...): first
 jobs that went back by timeout-attempt, most recent first (that is where the
 live queue puts an aborted item: at the head), then the rest by (time they
@@ -66,7 +77,9 @@ queue rolls them back (record_unremove) as after a Kestrel restart.
 
 Torn tail: only the newest segment may end inside a record (a crash mid-write);
 replay truncates it at that record (WARNING with file and offset) provided no
-complete valid record follows.  A torn record anywhere else, a CRC mismatch, a
+complete valid record follows; a newest segment shorter than its header (a crash
+while it was created) gets a bare header again.  A torn record anywhere else,
+a CRC mismatch, a
 bad header or an undecodable record refuses start-up: CmdlogError, whose str is
 one line naming the file and byte offset.
 
@@ -84,6 +97,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import gc
 import heapq
 import json
 import logging
@@ -101,8 +115,8 @@ from crc32c import crc32c
 from .item import QItem
 from .segment import (ADD, COMPLETE, CORRUPT, DELETE, EXPIRE, FAIL, HEADER, HEADER_SIZE, IO, LOCKED,
                       MAX_TTL_MS, NO_EXPIRY_MAX_FAILS, REPLAY, SCHEDULE, START_ATTEMPT,
-                      TIMEOUT_ATTEMPT, TORN, ZERO_TIME, CmdlogError, JobCommand, SegmentFile,
-                      check_header, decode_command, encode_command, encode_time, expires_at_ns,
+                      TIMEOUT_ATTEMPT, TORN, ZERO_TIME, ZERO_TIME_NS, CmdlogError, JobCommand, SegmentFile,
+                      check_header, decode_command, encode_command, encode_time,
                       fsync_dir, list_segments, put_uvarint, put_varint, record_spans, segment_name,
                       valid_record_after)
 from .storage import ReplayState
@@ -128,7 +142,9 @@ _UUID_V4 = (0x4 << 76) | (0x2 << 62)
 _TTR = put_uvarint(LANNER_TTR_MS)
 _NO_EXPIRY_TAIL = put_uvarint(MAX_TTL_MS) + b"\x00\x00" + put_uvarint(NO_EXPIRY_MAX_FAILS)
 _ORDER = attrgetter("order")
-_CRC_BE = (4, "big")
+_ID_PREFIX = {k: bytes((17, k)) for k in (DELETE, EXPIRE, START_ATTEMPT, TIMEOUT_ATTEMPT)}
+_CONFIRM = bytes((18, COMPLETE))
+_ADD_FIXED = 1 + 16 + len(_TTR) + 2 * 15        # type, id, TTR, JOB_TIME, JOB_CREATED
 
 
 def job_uuid(jid: bytes) -> str:
@@ -166,8 +182,7 @@ class Replayer:
     set, not the log; `finished` (tools and tests) also keeps how every other
     job ended."""
 
-    __slots__ = ("now_ns", "jobs", "finished", "applied", "seq", "records", "skipped",
-                 "_leases", "_requeues")
+    __slots__ = ("now_ns", "jobs", "finished", "applied", "seq", "skipped", "_leases", "_requeues")
 
     def __init__(self, now_ns: int, keep_finished: bool = False) -> None:
         self.now_ns = now_ns
@@ -175,7 +190,6 @@ class Replayer:
         self.finished: dict[bytes, Job] | None = {} if keep_finished else None
         self.applied: dict[bytes, int] = {}     # queue name -> add/schedule records applied
         self.seq = 0
-        self.records = 0
         self.skipped = 0                        # expired adds/schedules
         self._leases = 0
         self._requeues = 0
@@ -185,10 +199,14 @@ class Replayer:
         t = cmd.type
         jobs = self.jobs
         if t == ADD or t == SCHEDULE:
-            exp = expires_at_ns(cmd)
-            if exp is not None and self.now_ns > exp:
-                self.skipped += 1
-                return
+            # segment.expires_at_ns(cmd), inlined: this runs once per add in the log
+            if cmd.ttl == MAX_TTL_MS and cmd.max_fails == NO_EXPIRY_MAX_FAILS and not cmd.max_attempts and t == ADD:
+                exp = None
+            else:
+                exp = (cmd.time_ns if cmd.time_ns != ZERO_TIME_NS else cmd.created_ns) + cmd.ttl * _MS
+                if self.now_ns > exp:
+                    self.skipped += 1
+                    return
             jid = cmd.id
             if jid in jobs:
                 raise CmdlogError(path, offset, f"duplicate job {job_uuid(jid)} (already live)", REPLAY)
@@ -220,7 +238,7 @@ class Replayer:
             else:
                 self._requeues += 1
                 job.state = PENDING
-                job.order = job.order
+                job.order = (-job.cmd.priority, 0, -self._requeues, 0)
         elif t == COMPLETE:
             self._finish(job, COMPLETED, cmd.result)
         elif t == FAIL:
@@ -278,7 +296,22 @@ def replay_directory(directory: str, replayer: Replayer, *, repair_tail: bool = 
     segment, and rewrites a newest segment that is a torn header prefix.
     `active_tolerant` (the cleaner, reading while the owner appends) stops
     quietly at a torn or half-written end of the newest segment instead.
-    `segments` fixes the listing (default: list the directory now)."""
+    `segments` fixes the listing (default: list the directory now).
+
+    The cyclic garbage collector is paused meanwhile: replay allocates a few
+    objects per live job and no reference cycles, and collections over that
+    growing heap cost about a third of the replay time."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _replay_directory(directory, replayer, repair_tail, keep_payload, progress, active_tolerant,
+                                 segments)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _replay_directory(directory, replayer, repair_tail, keep_payload, progress, active_tolerant, segments):
     info = ReplayInfo()
     segs = list_segments(directory) if segments is None else segments
     for i, (seq, name) in enumerate(segs):
@@ -433,6 +466,8 @@ class PartitionLog:
         self._write = os.write          # tests swap in failing writes
         self._time_ms = -1
         self._time_bytes = b""
+        self._ctime_ms = -1
+        self._ctime_bytes = b""
         self._rand = b""
         self._rand_pos = 0
         self.rotations = 0
@@ -634,32 +669,41 @@ class PartitionLog:
         os.close(old)
         self.rotations += 1
 
-    def _append(self, head: bytes, data: bytes = b"", tail: bytes = b"") -> None:
-        """Buffer one record whose payload is head + data + tail."""
+    def _now_time(self) -> bytes:
+        """The encoded record time for now (cached per millisecond)."""
+        now = self._clock.now_ms()
+        if now != self._time_ms:
+            self._time_ms = now
+            self._time_bytes = encode_time(now * _MS)
+        return self._time_bytes
+
+    def _put(self, body: bytes) -> None:
+        """Buffer one record: body is TIME + SIZE + payload; the CRC is added here.
+        Rotation happens first, when the active segment is already at or over the limit."""
         if self._fd is None:
             self._open_active()
         if self._broken:
             raise CmdlogError(self._active_path(), self._size, self._broken, IO)
         if self._size + len(self._buf) >= self.segment_size:
             self._rotate()
-        now = self._clock.now_ms()
-        if now != self._time_ms:
-            self._time_ms = now
-            self._time_bytes = encode_time(now * _MS)
-        pre = self._time_bytes + put_uvarint(len(head) + len(data) + len(tail)) + head
-        crc = crc32c(pre)
         buf = self._buf
-        buf += pre
-        if data:
-            crc = crc32c(data, crc)
-            buf += data
-        if tail:
-            crc = crc32c(tail, crc)
-            buf += tail
-        buf += crc.to_bytes(*_CRC_BE)
+        buf += body
+        buf += crc32c(body).to_bytes(4, "big")
 
-    def _time(self, ms: int) -> bytes:
-        return self._time_bytes if ms == self._time_ms else encode_time(ms * _MS)
+    def _append(self, payload: bytes) -> None:
+        self._put(b"".join((self._now_time(), put_uvarint(len(payload)), payload)))
+
+    def _append_id(self, kind: int, jid: bytes) -> None:
+        """delete / expire / start-attempt / timeout-attempt: a 17-byte payload."""
+        self._put(b"".join((self._now_time(), _ID_PREFIX[kind], jid)))
+
+    def _created_time(self, ms: int) -> bytes:
+        if ms == self._time_ms:
+            return self._time_bytes
+        if ms != self._ctime_ms:
+            self._ctime_ms = ms
+            self._ctime_bytes = encode_time(ms * _MS)
+        return self._ctime_bytes
 
     def append_command(self, cmd) -> None:
         """Append any command (tools, tests, and the re-log of limited jobs)."""
@@ -761,8 +805,7 @@ class PartitionLog:
 def _qitem(job: Job) -> QItem:
     cmd = job.cmd
     exp = job.expire_ns
-    return QItem(cmd.created_ns // _MS, 0 if exp is None else exp // _MS, cmd.payload,
-                 job_id=cmd.id, priority=cmd.priority)
+    return QItem(cmd.created_ns // _MS, 0 if exp is None else exp // _MS, cmd.payload, 0, cmd.id, cmd.priority)
 
 
 def flock_path(path: str, mode: int) -> int:
@@ -821,15 +864,21 @@ class CmdlogStorage:
         jid = plog._new_job_id()
         item.job_id = jid
         expiry = item.expiry
+        prio = item.priority
         if expiry:
             ttl = expiry - item.add_time
-            mid = put_uvarint(ttl if ttl > 0 else 1) + put_varint(item.priority) + b"\x00\x00"
+            mid = put_uvarint(ttl if ttl > 0 else 1) + (put_varint(prio) if prio else b"\x00") + b"\x00\x00"
+        elif not prio:
+            mid = _NO_EXPIRY_TAIL
         else:
-            mid = _NO_EXPIRY_TAIL if not item.priority else (
-                put_uvarint(MAX_TTL_MS) + put_varint(item.priority) + b"\x00" + put_uvarint(NO_EXPIRY_MAX_FAILS))
+            mid = put_uvarint(MAX_TTL_MS) + put_varint(prio) + b"\x00" + put_uvarint(NO_EXPIRY_MAX_FAILS)
         data = item.data
-        head = b"".join((b"\x01", jid, self._name_field, _TTR, mid, put_uvarint(len(data))))
-        plog._append(head, data, ZERO_TIME + plog._time(item.add_time))
+        n = len(data)
+        dlen = put_uvarint(n)
+        name_field = self._name_field
+        size = _ADD_FIXED + len(name_field) + len(mid) + len(dlen) + n
+        plog._put(b"".join((plog._now_time(), put_uvarint(size), b"\x01", jid, name_field, _TTR, mid, dlen, data,
+                            ZERO_TIME, plog._created_time(item.add_time))))
         self._live.add(jid)
 
     def record_remove(self, item: QItem) -> None:
@@ -838,8 +887,7 @@ class CmdlogStorage:
             return
         plog = self._log
         expiry = item.expiry
-        kind = EXPIRE if expiry and expiry < plog._clock.now_ms() else DELETE
-        plog._append(bytes((kind,)) + jid)
+        plog._append_id(EXPIRE if expiry and expiry < plog._clock.now_ms() else DELETE, jid)
         self._discard(jid)
 
     def record_open(self, item: QItem, xid: int) -> None:
@@ -847,7 +895,7 @@ class CmdlogStorage:
         if jid is None:
             return
         plog = self._log
-        plog._append(b"\x07" + jid)
+        plog._append_id(START_ATTEMPT, jid)
         if plog._limited:
             job = plog._limited.get(jid)
             if job is not None:
@@ -864,13 +912,14 @@ class CmdlogStorage:
         if job is not None and job.attempts >= job.cmd.max_attempts:
             self._relog(item, job)
         else:
-            plog._append(b"\x08" + jid)
+            plog._append_id(TIMEOUT_ATTEMPT, jid)
 
     def record_confirm(self, item: QItem, xid: int) -> None:
         jid = item.job_id
         if jid is None:
             return
-        self._log._append(b"\x03" + jid + b"\x00")
+        plog = self._log
+        plog._put(b"".join((plog._now_time(), _CONFIRM, jid, b"\x00")))
         self._discard(jid)
 
     def _discard(self, jid: bytes) -> None:
@@ -888,7 +937,7 @@ class CmdlogStorage:
         old = item.job_id
         new = plog._new_job_id()
         cmd = replace(job.cmd, id=new, payload=item.data)
-        plog._append(bytes((DELETE,)) + old)
+        plog._append_id(DELETE, old)
         plog.append_command(cmd)
         plog._limited.pop(old, None)
         plog._limited[new] = Job(cmd, job.expire_ns, job.seq)
@@ -929,7 +978,7 @@ class CmdlogStorage:
         that durable, then forget the queue name."""
         plog = self._log
         for jid in sorted(self._live):
-            plog._append(bytes((DELETE,)) + jid)
+            plog._append_id(DELETE, jid)
             plog._scheduled.pop(jid, None)
             plog._limited.pop(jid, None)
             plog._handed.discard(jid)

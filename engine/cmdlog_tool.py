@@ -111,7 +111,8 @@ def record_text(name: str, off: int, buf, cmd) -> str:
     if isinstance(cmd, JobCommand):
         parts += [f"name={cmd.name.decode('utf-8', 'surrogateescape')}", f"ttr={cmd.ttr}", f"ttl={cmd.ttl}",
                   f"priority={cmd.priority}", f"max_attempts={cmd.max_attempts}",
-                  f"max_fails={cmd.max_fails}", f"time={'ZERO' if cmd.time_ns == ZERO_TIME_NS else format_time(cmd.time_ns)}",
+                  f"max_fails={cmd.max_fails}",
+                  f"time={'ZERO' if cmd.time_ns == ZERO_TIME_NS else format_time(cmd.time_ns)}",
                   f"created={format_time(cmd.created_ns)}", f"payload={_short(cmd.payload)}"]
         if never_expires(cmd):
             parts.append("(lanner: no expiry)")

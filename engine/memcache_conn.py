@@ -17,6 +17,7 @@ from .messages import (F_ABORT, F_CLOSE, F_NOREPLY, F_OPEN, F_PEEK, OP_ALIAS_PUT
                        R_SERVER_ERROR, R_VALUE, RF_CLOSE)
 
 _VERSION = mc.version_line(__version__)
+PIPELINE_LIMIT = 1 << 20
 
 
 class MemcacheConn(BaseConn):
@@ -37,8 +38,10 @@ class MemcacheConn(BaseConn):
 
     def feed(self, data: bytes) -> None:
         self.parser.feed(data)
-        if self.parser.buffered > (8 << 20) and not self.reading_paused:
-            # a blocked command holds back a pipeline: stop reading until it drains
+        if self.blocked is not None and self.parser.buffered > PIPELINE_LIMIT \
+                and not self.reading_paused:
+            # a blocked command holds back a pipeline: stop reading until it completes (an
+            # unblocked connection only ever holds one incomplete command, however large)
             self.reading_paused = True
             self.transport.pause_reading()
 

@@ -74,6 +74,7 @@ LOCKED = "lock"
 IO = "io"
 
 _TIME = struct.Struct(">Bqih")
+_TWO_TIMES = struct.Struct(">BqihBqih")
 _CRC = struct.Struct(">I")
 _SMALL = [bytes((i,)) for i in range(128)]
 _U64 = (1 << 64) - 1
@@ -233,46 +234,72 @@ def encode_command(cmd: Command) -> bytes:
 
 
 def _int32(v: int) -> int:
+    if -0x80000000 <= v <= 0x7FFFFFFF:
+        return v
     v &= 0xFFFFFFFF
     return v - (1 << 32) if v >= (1 << 31) else v
 
 
 def decode_command(buf, start: int = 0, end: int | None = None, keep_payload: bool = True) -> Command:
     """Decode one payload buf[start:end].  ValueError names what is wrong.
-    `keep_payload=False` skips copying the job payload (the cleaner's scan)."""
+    `keep_payload=False` skips copying the job payload (the cleaner's scan).
+
+    Replay speed lives here: one-byte varints (names, priorities, counts,
+    short payload lengths) are read inline, longer ones by read_uvarint, and
+    a field that overruns `end` is caught by the final position check."""
     if end is None:
         end = len(buf)
     if start >= end:
         raise ValueError("EOF (empty payload)")
     t = buf[start]
-    pos = start + 1
-    if pos + 16 > end:
+    pos = start + 17
+    if pos > end:
         raise ValueError("unexpected EOF in job id")
-    jid = bytes(buf[pos:pos + 16])
-    pos += 16
+    jid = bytes(buf[start + 1:pos])
     if t == ADD or t == SCHEDULE:
-        n, pos = read_uvarint(buf, pos, end)
-        if pos + n > end:
-            raise ValueError("unexpected EOF in name")
-        name = bytes(buf[pos:pos + n])
-        pos += n
-        ttr, pos = read_uvarint(buf, pos, end)
-        ttl, pos = read_uvarint(buf, pos, end)
-        zz, pos = read_uvarint(buf, pos, end)
-        max_attempts, pos = read_uvarint(buf, pos, end)
-        max_fails, pos = read_uvarint(buf, pos, end)
-        n, pos = read_uvarint(buf, pos, end)
-        if pos + n > end:
-            raise ValueError("unexpected EOF in payload")
-        payload = bytes(buf[pos:pos + n]) if keep_payload else b""
-        pos += n
-        if pos + 2 * TIME_SIZE > end:
-            raise ValueError("unexpected EOF in job times")
-        time_ns = decode_time(buf, pos)
-        created_ns = decode_time(buf, pos + TIME_SIZE)
+        # seven varints: name length, TTR, TTL, zigzag priority, max-attempts,
+        # max-fails, payload length; loops inlined (no call per field)
+        vals = [0, 0, 0, 0, 0, 0, 0]
+        try:
+            for k in range(7):
+                b = buf[pos]
+                pos += 1
+                if b < 0x80:
+                    v = b
+                else:
+                    v = b & 0x7F
+                    shift = 7
+                    while True:
+                        b = buf[pos]
+                        pos += 1
+                        if b < 0x80:
+                            if shift == 63 and b > 1:
+                                raise ValueError("varint overflows a 64-bit integer")
+                            v |= b << shift
+                            break
+                        v |= (b & 0x7F) << shift
+                        shift += 7
+                        if shift > 63:
+                            raise ValueError("varint overflows a 64-bit integer")
+                vals[k] = v
+                if k == 0:
+                    name = bytes(buf[pos:pos + v])
+                    pos += v
+            n = vals[6]
+            payload = bytes(buf[pos:pos + n]) if keep_payload else b""
+            pos += n
+            if pos + 2 * TIME_SIZE > end:
+                raise ValueError("unexpected EOF in job fields")
+            v1, s1, n1, _o1, v2, s2, n2, _o2 = _TWO_TIMES.unpack_from(buf, pos)
+        except IndexError:
+            raise ValueError("unexpected EOF in job fields") from None
+        _n, ttr, ttl, zz, max_attempts, max_fails, _p = vals
+        if v1 != 1 or v2 != 1:
+            raise ValueError(f"Time.UnmarshalBinary: unsupported version {v1 if v1 != 1 else v2}")
         pos += 2 * TIME_SIZE
         cmd: Command = JobCommand(t, jid, name, ttr & 0xFFFFFFFF, ttl, _int32((zz >> 1) ^ -(zz & 1)),
-                                  max_attempts & 0xFF, max_fails & 0xFF, payload, time_ns, created_ns)
+                                  max_attempts & 0xFF, max_fails & 0xFF, payload,
+                                  (s1 - GO_UNIX_OFFSET) * NS + n1, (s2 - GO_UNIX_OFFSET) * NS + n2)
     elif t == COMPLETE or t == FAIL:
         n, pos = read_uvarint(buf, pos, end)
         if pos + n > end:
@@ -284,6 +311,8 @@ def decode_command(buf, start: int = 0, end: int | None = None, keep_payload: bo
     else:
         raise ValueError(f"unable to recognize cmd type {t}")
     if pos != end:
+        if pos > end:
+            raise ValueError(f"unexpected EOF in the {COMMAND_NAMES[t]} command")
         raise ValueError(f"trailing garbage detected ({end - pos} bytes after the {COMMAND_NAMES[t]} command)")
     return cmd
 
@@ -295,23 +324,24 @@ def encode_record(time_ns: int, payload: bytes) -> bytes:
     return body + _CRC.pack(crc32c(body))
 
 
-def record_spans(buf, path: str, start: int = HEADER_SIZE, end: int | None = None
+def record_spans(buf, path: str, start: int = HEADER_SIZE, end: int | None = None, verify: bool = True
                  ) -> Iterator[tuple[int, int, int, int]]:
     """Frame records in buf[start:end]: yields (offset, payload_start,
     payload_end, record_end) per record, CRC checked.  Raises CmdlogError at
     the first problem: kind TORN when the data ends inside a record (including
     a SIZE that runs past the end), CORRUPT for a bad time version or an
-    overlong varint, BAD_CRC for a checksum mismatch."""
+    overlong varint, BAD_CRC for a checksum mismatch.  `verify=False` skips
+    the CRC, for bytes already verified that cannot have changed since."""
     if end is None:
         end = len(buf)
     mv = memoryview(buf)
     try:
-        yield from _spans(buf, mv, path, start, end)
+        yield from _spans(buf, mv if verify else None, path, start, end)
     finally:
         mv.release()
 
 
-def _spans(buf, mv: memoryview, path: str, pos: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+def _spans(buf, mv: memoryview | None, path: str, pos: int, end: int) -> Iterator[tuple[int, int, int, int]]:
     while pos < end:
         if end - pos < TIME_SIZE:
             raise CmdlogError(path, pos, f"torn record: unexpected EOF in TIME ({end - pos} bytes left)", TORN)
@@ -338,29 +368,37 @@ def _spans(buf, mv: memoryview, path: str, pos: int, end: int) -> Iterator[tuple
         if rec_end > end:
             raise CmdlogError(path, pos, f"torn record: SIZE {size} runs past the end "
                                          f"({end - p} bytes left)", TORN)
-        crc = crc32c(mv[pos:p + size])
-        stored = _CRC.unpack_from(buf, p + size)[0]
-        if crc != stored:
-            raise CmdlogError(path, pos, f"crc mismatch (stored {stored:08x}, computed {crc:08x})", BAD_CRC)
+        if mv is not None:
+            crc = crc32c(mv[pos:p + size])
+            stored = _CRC.unpack_from(buf, p + size)[0]
+            if crc != stored:
+                raise CmdlogError(path, pos, f"crc mismatch (stored {stored:08x}, computed {crc:08x})", BAD_CRC)
         yield pos, p, p + size, rec_end
         pos = rec_end
 
 
 def valid_record_after(buf, start: int, end: int) -> int | None:
-    """Offset of the first position after `start` where a complete, CRC-valid
-    record begins, or None.  The torn-tail policy asks this before truncating:
-    a break followed by a good record is corruption in the middle, not a torn
-    tail, and must not be "repaired" by throwing the good records away."""
+    """Offset of the first position after `start` from which CRC-valid records
+    run to the end of the data (or to a torn last record), or None.  The
+    torn-tail policy asks this before truncating: a break followed by good
+    records is corruption in the middle, not a torn tail, and must not be
+    "repaired" by throwing the good records away.  A record that merely
+    appears inside the torn record's bytes (an item that is itself a workq
+    record) is not followed by a clean chain, so it does not count."""
     pos = start + 1
     while pos + TIME_SIZE + 1 + CRC_SIZE <= end:
         pos = _find_version_byte(buf, pos, end)
         if pos < 0:
             return None
+        found = False
         try:
             for _span in record_spans(buf, "", pos, end):
+                found = True
+            if found:
                 return pos
-        except CmdlogError:
-            pass
+        except CmdlogError as e:
+            if found and e.kind == TORN:
+                return pos
         pos += 1
     return None
 

@@ -35,7 +35,8 @@ class TextConn(BaseConn):
 
     def feed(self, data: bytes) -> None:
         self.parser.feed(data)
-        if self.parser.buffered > (8 << 20) and not self.reading_paused:
+        if self.blocked is not None and self.parser.buffered > (1 << 20) \
+                and not self.reading_paused:
             self.reading_paused = True
             self.transport.pause_reading()
 

@@ -207,6 +207,11 @@ class Worker:
                         continue
                     try:
                         self.handle(src, msg)
+                    except OSError as e:   # a full disk, an I/O error: say which file
+                        log.error("worker %d: %s", self.index, e)
+                        conn, req = unpack_req(msg, 0)[:2]
+                        self.reply(src, conn, req, R_SERVER_ERROR, RF_CLOSE, 0,
+                                   str(e).encode("latin-1", "replace"))
                     except Exception:   # one bad request must not take the shard down
                         log.exception("worker %d: request from peer %d failed", self.index, src)
                         conn, req = unpack_req(msg, 0)[:2]

@@ -18,8 +18,6 @@ from perf.loadgen import LoadgenError
 from perf.report import out_dir, render, write_json, write_plots
 from perf.servers import ServerError, external, start_lanner, start_memcached
 
-log = logging.getLogger("perf")
-
 
 def add_common(p: argparse.ArgumentParser, default_port: int) -> None:
     g = p.add_argument_group("server and output")

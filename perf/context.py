@@ -109,6 +109,7 @@ def check_payloads(report: Report, res: loadgen.Result, label: str, expected: in
     problems = [f"{v[k]} {k.replace('_', ' ')}" for k in ("bad_payload", "duplicates", "out_of_order", "unexpected")
                 if v[k]]
     if expected is not None and v["distinct"] != expected:
-        problems.append(f"{v['distinct']} distinct items read of {expected} expected ({expected - v['distinct']} missing)")
+        problems.append(f"{v['distinct']} distinct items read of {expected} expected "
+                        f"({expected - v['distinct']} missing)")
     report.check(f"{label}: payloads", not problems,
                  "; ".join(problems) or f"{v['checked']} items checked, all intact and in order")

@@ -18,7 +18,9 @@
  * closed loop when depth is 1.  Latency of a response is measured from the
  * write of its batch.  The run ends when every budget is spent (count mode),
  * when --duration has passed or SIGTERM arrives (no new batch starts after
- * either), or at --timeout.
+ * either; replies still owed are awaited for --stop-grace seconds, default 5),
+ * at --timeout, or when no reply at all has come for --stall seconds (default
+ * 30; blocking gets answer within their t=).  Replies never sent count as errors.
  *
  * Payload checks (--verify, queue servers only): a set's value starts with
  * 16 hex digits "PPPPPPPPSSSSSSSS" (producer id, sequence number) followed by a
@@ -144,11 +146,13 @@ static int o_producer_base = 0;
 static long long o_seq_base = 0, o_expect_seq_base = 0, o_expect_count = 0;
 static int o_expect_producers = 0;
 static int o_connect_retries = 50;
+static double o_stop_grace = 5.0;
+static double o_stall = 30.0;
 
 static long long g_sets_left = -1, g_gets_left = -1;
 static volatile sig_atomic_t g_stop = 0;
 static int g_timed_out = 0;
-static uint64_t g_start_ns;
+static uint64_t g_start_ns, g_last_reply_ns;
 
 static struct {
     uint64_t sets, stored, not_stored, gets, hits, misses, errors, closes;
@@ -450,6 +454,7 @@ static void check_payload(conn_t *c, const char *data, long long len) {
 static long parse(conn_t *c) {
     size_t pos = 0;
     uint64_t t = now_ns();
+    g_last_reply_ns = t;
     uint64_t lat = (t - c->batch_ns) / 1000;
     while (c->pend_n > 0) {
         char *line = c->in + pos;
@@ -590,7 +595,8 @@ static void usage(void) {
         "  [--sets N] [--gets N] [--get-ratio F] [--duration S] [--timeout S] [--depth D]\n"
         "  [--value-size B] [--queue NAME] [--queues Q] [--get-suffix STR] [--until-hits]\n"
         "  [--verify --expect-producers P --expect-count N [--expect-seq-base N] [--strict-order]]\n"
-        "  [--producer-base N] [--seq-base N] [--connect-retries N] [--progress]\n");
+        "  [--producer-base N] [--seq-base N] [--connect-retries N] [--stop-grace S]\n"
+        "  [--stall S] [--progress]\n");
     exit(2);
 }
 
@@ -622,6 +628,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--producer-base")) o_producer_base = atoi(ARG);
         else if (!strcmp(a, "--seq-base")) o_seq_base = atoll(ARG);
         else if (!strcmp(a, "--connect-retries")) o_connect_retries = atoi(ARG);
+        else if (!strcmp(a, "--stop-grace")) o_stop_grace = atof(ARG);
+        else if (!strcmp(a, "--stall")) o_stall = atof(ARG);
         else if (!strcmp(a, "--progress")) o_progress = 1;
         else usage();
 #undef ARG
@@ -667,13 +675,14 @@ int main(int argc, char **argv) {
 
     struct rusage ru0, ru1;
     getrusage(RUSAGE_SELF, &ru0);
-    g_start_ns = now_ns();
+    g_start_ns = g_last_reply_ns = now_ns();
     for (int i = 0; i < g_nconns; i++) issue_batch(&g_conns[i]);
 
     struct epoll_event evs[512];
     uint64_t next_progress = g_start_ns + 250000000ULL;
     uint64_t deadline = o_duration > 0 ? g_start_ns + (uint64_t)(o_duration * 1e9) : 0;
     uint64_t hard = o_timeout > 0 ? g_start_ns + (uint64_t)(o_timeout * 1e9) : 0;
+    uint64_t stop_at = 0; /* once stopping (duration or SIGTERM): give up on replies after --stop-grace */
     while (g_active > 0) {
         int n = epoll_wait(g_ep, evs, 512, 50);
         for (int i = 0; i < n; i++) {
@@ -685,10 +694,18 @@ int main(int argc, char **argv) {
         }
         uint64_t t = now_ns();
         if (deadline && t >= deadline) g_stop = 1;
-        if (hard && t >= hard) {
+        if (g_stop && !stop_at) stop_at = t + (uint64_t)(o_stop_grace * 1e9);
+        int stalled = o_stall > 0 && t - g_last_reply_ns > (uint64_t)(o_stall * 1e9);
+        if ((hard && t >= hard) || (stop_at && t >= stop_at) || stalled) {
+            /* the server owes replies it is not sending: report it, don't wait forever */
             g_stop = 1;
             g_timed_out = 1;
-            for (int i = 0; i < g_nconns; i++) conn_kill(&g_conns[i], ST_DONE);
+            for (int i = 0; i < g_nconns; i++) {
+                conn_t *c = &g_conns[i];
+                if (c->state != ST_DONE && c->state != ST_DEAD && c->pend_n > 0)
+                    note_error("%.*s", "replies still owed at the deadline: the server stopped answering", 64);
+                conn_kill(c, ST_DONE);
+            }
         }
         if (o_progress && t >= next_progress) {
             fprintf(stderr, "progress %llu %llu\n", (unsigned long long)(h_set.n + h_get.n),

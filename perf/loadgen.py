@@ -53,6 +53,8 @@ class Load:
     get_ratio: float | None = None
     duration: float | None = None
     timeout: float | None = None
+    stop_grace: float | None = None
+    stall: float | None = None
     depth: int = 1
     value_size: int = 64
     queue: str = "spam"
@@ -74,7 +76,7 @@ class Load:
         for name in ("producers", "consumers", "conns"):
             if getattr(self, name):
                 a += [f"--{name}", str(getattr(self, name))]
-        for name in ("sets", "gets", "get_ratio", "duration", "timeout"):
+        for name in ("sets", "gets", "get_ratio", "duration", "timeout", "stop_grace", "stall"):
             value = getattr(self, name)
             if value is not None:
                 a += ["--" + name.replace("_", "-"), str(value)]

@@ -168,6 +168,8 @@ def write_plots(report: Report, directory: Path) -> list[Path]:
                 ax.set_xscale("log")
         if spec.logy:
             ax.set_yscale("log")
+        else:
+            ax.set_ylim(bottom=0)
         ax.set_xlabel(spec.xlabel)
         ax.set_ylabel(spec.ylabel)
         ax.set_title(spec.title, fontsize=10)

@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,10 +118,8 @@ class Target:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        if self.proc is not None:
-            for f in (self.proc.stdout, self.proc.stderr):
-                if f:
-                    f.close()
+        if self.proc is not None and self.proc.stdout:
+            self.proc.stdout.close()
         if self.workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
@@ -149,8 +148,9 @@ def start_memcached(port: int | None = None, extra: list[str] | None = None) -> 
     if os.geteuid() == 0:
         args += ["-u", getpass.getuser()]
     args += list(extra or [])
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for_port("127.0.0.1", port, proc, 10.0)
+    log.info("memcached pid %d on 127.0.0.1:%d", proc.pid, port)
     return Target("memcached", "memcached", "127.0.0.1", port, tree=ProcTree(proc.pid), proc=proc,
                   settings={"args": " ".join(args[1:])})
 
@@ -171,19 +171,32 @@ def start_lanner(workers: int = 1, fronts: int = 1, config: str | None = None, t
     args += list(extra or [])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=workdir, env=env)
+    # stderr goes to a file: a long run's logging must never fill a pipe nobody reads and stall the server
+    with open(os.path.join(workdir, "lanner.log"), "wb") as err:
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err, cwd=workdir, env=env)
     target = Target("lanner", "kestrel", "127.0.0.1", mc, thrift_port=th, tree=ProcTree(proc.pid), proc=proc,
                     workdir=workdir, settings={"workers": workers, "fronts": fronts, "config": config,
                                                "args": " ".join(args[3:])})
     try:
-        _wait_ready(proc)
+        _wait_ready(proc, os.path.join(workdir, "lanner.log"))
+        threading.Thread(target=_drain, args=(proc.stdout,), daemon=True).start()
     except BaseException:
         target.stop()
         raise
+    log.info("lanner serve pid %d on 127.0.0.1:%d (workers %d, fronts %d)", proc.pid, mc, workers, fronts)
     return target
 
 
-def _wait_ready(proc: subprocess.Popen) -> None:
+def _drain(stream) -> None:
+    """Reads whatever the server prints after its ready line, until it exits (or stop() closes it)."""
+    try:
+        for _ in stream:
+            pass
+    except (ValueError, OSError):
+        pass
+
+
+def _wait_ready(proc: subprocess.Popen, log_path: str) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     line = b""
     while time.monotonic() < deadline:
@@ -197,7 +210,9 @@ def _wait_ready(proc: subprocess.Popen) -> None:
         elif proc.poll() is not None:
             break
     proc.kill()
-    err = proc.stderr.read().decode(errors="replace")
+    proc.wait()
+    with open(log_path, "rb") as f:
+        err = f.read().decode(errors="replace")
     raise ServerError(f"lanner serve did not become ready (last stdout line {line!r}): {err[-2000:]}")
 
 

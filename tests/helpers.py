@@ -30,6 +30,11 @@ class ServerHandle:
     status_file: str
     args: list[str] = field(default_factory=list)
     ready_line: str = ""
+    log_path: str = ""
+
+    def log(self) -> str:
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")
 
     def connect(self, port: int | None = None, timeout: float = 10.0) -> socket.socket:
         s = socket.create_connection(("127.0.0.1", port or self.memcache_port), timeout=timeout)
@@ -44,9 +49,8 @@ class ServerHandle:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        for f in (self.proc.stdout, self.proc.stderr):
-            if f:
-                f.close()
+        if self.proc.stdout:
+            self.proc.stdout.close()
         return self.proc.returncode
 
 
@@ -70,8 +74,12 @@ def start_server(tmp_path, *extra: str, workers: int = 1, fronts: int = 1, confi
             f.write(config)
         args += ["--config", path]
     args += list(extra)
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd or str(tmp_path),
+    # stderr goes to a file: a pipe nobody reads would stall a chatty server once it fills
+    log_path = os.path.join(str(tmp_path), "lanner-%d.log" % time.monotonic_ns())
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, cwd=cwd or str(tmp_path),
                             env={**os.environ, **(env or {})})
+    log.close()
     deadline = time.monotonic() + READY_TIMEOUT
     line = b""
     while time.monotonic() < deadline:
@@ -86,9 +94,11 @@ def start_server(tmp_path, *extra: str, workers: int = 1, fronts: int = 1, confi
             break
     if not line.startswith(b"lanner ready"):
         proc.kill()
-        err = proc.stderr.read().decode(errors="replace")
+        proc.wait()
+        with open(log_path, "rb") as f:
+            err = f.read().decode(errors="replace")
         raise RuntimeError(f"lanner serve did not become ready: {line!r}\n{err[-4000:]}")
-    return ServerHandle(proc, mc, tx, th, ad, qp, status_file, args, line.decode().strip())
+    return ServerHandle(proc, mc, tx, th, ad, qp, status_file, args, line.decode().strip(), log_path)
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes:

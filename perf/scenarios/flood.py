@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from perf.context import check_clean, check_payloads
 from perf.loadgen import Load
-from perf.report import RATE_COLUMNS, Report
+from perf.report import RATE_COLUMNS, Plot, Report
 
 NAME = "flood"
 HELP = "producers and consumers at once through one queue; items/s end to end"
@@ -60,4 +60,7 @@ def run(args, ctx) -> Report:
         check_payloads(report, res, "flood", args.count)
     else:
         report.notes.append(f"{ctx.target.name} has no queue semantics: items are not checked")
+    report.plots.append(Plot("latency.png", "label", ["p50_us", "p99_us", "p999_us", "max_us"], "",
+                             "latency (µs)", f"flood: {args.producers} producers, {args.consumers} consumers, "
+                             f"{size} B", kind="bar", logy=True))
     return report

@@ -14,7 +14,7 @@ import time
 from thrift.Thrift import TException
 
 from perf.context import ScenarioError
-from perf.report import Report
+from perf.report import Plot, Report
 from perf.thrift_client import KestrelThrift
 
 NAME = "leaky-reader"
@@ -147,4 +147,6 @@ def run(args, ctx) -> Report:
                  f"{len(missing)} items never confirmed" + (f", e.g. {[f'{i:08x}' for i in missing[:10]]}" if missing
                                                             else f" (server version {version})"))
     report.check("no errors", not errors, "; ".join(errors[:3]) or "no errors")
+    report.plots.append(Plot("reads.png", "label", ["items", "reads", "dropped", "redelivered"], "", "count",
+                             f"leaky-reader: {args.count} items, drop rate {args.drop_rate:g}", kind="bar"))
     return report

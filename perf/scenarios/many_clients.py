@@ -16,7 +16,7 @@ import time
 
 from perf.client import ProtocolError
 from perf.context import ScenarioError
-from perf.report import Report
+from perf.report import Plot, Report
 
 NAME = "many-clients"
 HELP = "a trickling producer and many blocking consumers; nothing lost, optional hang-ups"
@@ -114,6 +114,8 @@ def run(args, ctx) -> Report:
     report.check("no errors", not st.errors, "; ".join(st.errors[:3]) or "no errors")
     if after.get("items") is not None:
         report.check("queue drained", _int(after.get("items")) == 0, f"{after.get('items')} items left in the queue")
+    report.plots.append(Plot("delivery.png", "label", ["p50_ms", "p99_ms", "max_ms"], "", "put-to-read latency (ms)",
+                             f"many-clients: {args.clients} consumers, one put every {args.sleep:g} ms", kind="bar"))
     return report
 
 

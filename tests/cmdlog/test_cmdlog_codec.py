@@ -151,6 +151,22 @@ def test_expiration_rule_and_no_expiry_marker():
         assert sg.expires_at_ns(other) == created + sg.MAX_TTL_MS * 10**6
 
 
+@pytest.mark.parametrize("cmd", [
+    JobCommand(sg.ADD, ID, b"q", 1, 1500, 0, 0, 0, b"", sg.ZERO_TIME_NS, 10**18),
+    JobCommand(sg.SCHEDULE, ID, b"q", 1, 1500, 0, 0, 0, b"", 10**18 + 7, 10**18),
+    JobCommand(sg.SCHEDULE, ID, b"q", 1, 1500, 0, 0, 0, b"", 10**18 - 10**12, 10**18),
+    JobCommand(sg.ADD, ID, b"q", 1, sg.MAX_TTL_MS, 0, 0, 255, b"", sg.ZERO_TIME_NS, 10**18),
+    JobCommand(sg.ADD, ID, b"q", 1, sg.MAX_TTL_MS, 0, 0, 254, b"", sg.ZERO_TIME_NS, 10**18),
+])
+def test_replay_skips_exactly_what_expires_at_ns_says(cmd):
+    from engine.cmdlog import Replayer
+    exp = sg.expires_at_ns(cmd)
+    for now in ((10**18, 10**19) if exp is None else (exp - 1, exp, exp + 1)):
+        r = Replayer(now)
+        r.apply(cmd, "f", 8)
+        assert (cmd.id in r.jobs) == (exp is None or now <= exp)
+
+
 @pytest.mark.parametrize("name,seq", [
     ("000000001.log", 1), ("000000000.log", 0), ("123456789.log", 123456789),
     ("0000001.log", None), ("0000000002.log", None), ("0000002.notlog.log", None),
@@ -239,10 +255,15 @@ def test_iter_segment_streams_commands(tmp_path):
 
 
 def test_valid_record_after_finds_resynchronisation_point():
-    good = _segment(b"\x05" + ID, b"\x06" + ID)
+    good = _segment(b"\x05" + ID, b"\x06" + ID, b"\x07" + ID)
     assert sg.valid_record_after(good, 8, len(good)) == 45
-    assert sg.valid_record_after(good, 45, len(good)) is None
+    assert sg.valid_record_after(good, 82, len(good)) is None
     assert sg.valid_record_after(memoryview(good), 8, len(good)) == 45
+    assert sg.valid_record_after(good[:-3], 8, len(good) - 3) == 45      # chain ends in a torn record
+    # a record embedded in a torn record's payload is not a resynchronisation point
+    inner = sg.encode_record(10**18, b"\x05" + ID)
+    torn = _segment(b"\x05" + ID, GOLDEN_ADD[:40] + inner + GOLDEN_ADD[40:])[:-30]
+    assert sg.valid_record_after(torn, 45, len(torn)) is None
 
 
 job_ids = st.binary(min_size=16, max_size=16)

@@ -3,6 +3,7 @@ replay to the states the fixture README lists (clock injected before and after
 the cut-offs), the tool's JSON against expected/*.json, appending after them."""
 from __future__ import annotations
 
+import base64
 import io
 import json
 import os
@@ -12,9 +13,8 @@ import pytest
 
 from engine import segment as sg
 from engine.clock import FakeClock
-from engine.cmdlog import (COMPLETED, DELETED, EXPIRED, FAILED, LEASED, NEW, PENDING, PartitionLog, Replayer,
-                           replay_directory)
-from engine.cmdlog_tool import cmdlog_main
+from engine.cmdlog import COMPLETED, DELETED, FAILED, NEW, PENDING, PartitionLog, Replayer, replay_directory
+from engine.cmdlog_tool import _parse_now, cmdlog_main
 
 from . import indep
 
@@ -30,11 +30,6 @@ def jid(n: int) -> bytes:
 
 
 def ns(text: str) -> int:
-    return cmdlog_tool_now(text)
-
-
-def cmdlog_tool_now(text: str) -> int:
-    from engine.cmdlog_tool import _parse_now
     return _parse_now(text)
 
 
@@ -83,7 +78,6 @@ def test_dump_json_matches_expected_field_for_field(fixture):
         cmd = got["command"]
         for blob in ("payload", "result"):
             if blob in cmd:
-                import base64
                 assert base64.b64decode(cmd[blob].pop("base64")).hex() == cmd[blob]["hex"]
         assert got == rec
 

@@ -189,6 +189,6 @@ class CmdlogModel(RuleBasedStateMachine):
 
 
 CmdlogModel.TestCase.settings = settings(
-    max_examples=100, stateful_step_count=50, deadline=None,
+    max_examples=250, stateful_step_count=50, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 test_random_operations_replay_to_the_model = CmdlogModel.TestCase

@@ -12,7 +12,6 @@ from collections import deque
 import pytest
 
 from engine import segment as sg
-from engine.clock import FakeClock
 from engine.cmdlog import (LANNER_TTR_MS, QUEUES_FILE, CmdlogStorage, PartitionLog, open_partition_logs,
                            partition_dir)
 from engine.item import QItem

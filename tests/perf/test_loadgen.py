@@ -1,6 +1,8 @@
 """The C load generator: build, counts, pipelining, payload checks, merging of several processes."""
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from perf import loadgen
@@ -79,6 +81,20 @@ def test_server_error_is_reported_not_hidden(memcached):
     # memcached refuses a set larger than its item limit (16 MiB here) and keeps going
     res = loadgen.run(Load(port=memcached.port, producers=1, sets=1, value_size=20 * 2**20, queue="huge"))
     assert res["errors"] == 1 and "SERVER_ERROR" in res["first_error"]
+
+
+def test_a_server_that_stops_answering_is_reported_not_waited_for():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        res = loadgen.run(Load(port=listener.getsockname()[1], conns=2, duration=0.1, stop_grace=0.2))
+    assert res["timed_out"] and res["errors"] == 2 and res["ops"] == 0
+    assert "stopped answering" in res["first_error"]
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        res = loadgen.run(Load(port=listener.getsockname()[1], conns=1, sets=10, stall=0.2))
+    assert res["timed_out"] and res["errors"] == 1 and res["ops"] == 0
 
 
 def test_cannot_connect_names_the_address():

@@ -30,10 +30,11 @@ def test_put_many_with_checked_get_phase(lanner, run_perf):
     assert put["server_us_op"] is not None
 
 
-def test_flood_blocking_pipelined_with_prefill(lanner, run_perf):
+def test_flood_blocking_pipelined_with_prefill(lanner, run_perf, tmp_path):
     rc, data, printed = run_perf("flood", *server_args(lanner), "-R", "2", "-C", "2", "-n", "300", "-b", "64",
-                                 "-r", "4", "-B", "-P", "10", "-q", "fl")
+                                 "-r", "4", "-B", "-P", "10", "-q", "fl", "--plot")
     assert_ok(rc, data, printed)
+    assert [p.name for p in tmp_path.glob("out*/*/*.png")] == ["latency.png"]
     [row] = data["rows"]
     assert row["hits"] == 300 and row["items_s"] > 0
     assert data["checks"]["flood: payloads"]["ok"]

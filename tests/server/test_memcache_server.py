@@ -340,7 +340,7 @@ def test_data_block_over_many_writes(mc):
 def test_large_item_through_rings(mc):
     c = mc()
     q = qname()
-    data = bytes(range(256)) * (3 * 4096)     # 3 MiB: larger than one ring record
+    data = bytes(range(256)) * (9 * 4096)     # 9 MiB: larger than a ring, and than the pipeline cap
     c.send(b"set %s 0 0 %d\r\n" % (q, len(data)) + data + b"\r\n")
     assert c.recv_until(b"\r\n") == b"STORED\r\n"
     c.send(b"get %s\r\n" % q)
