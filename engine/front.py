@@ -102,10 +102,16 @@ class Front:
         self.write_pending: set = set()
         self.asm = [Reassembler() for _ in resp_rings]
         self.valid_names: set[str] = set()     # names already checked (cleared on reload)
+        self.owners: dict[str, int] = {}       # queue -> worker, a cache of placement
 
     # -- routing ---------------------------------------------------------------------------------
     def owner(self, queue: str) -> int:
-        return worker_of(queue, self.nworkers)
+        w = self.owners.get(queue)
+        if w is None:
+            if len(self.owners) > 100_000:     # bounded: names are client-chosen
+                self.owners.clear()
+            w = self.owners[queue] = worker_of(queue, self.nworkers)
+        return w
 
     def send(self, worker: int, conn_id: int, req: int, op: int, flags: int, queue: bytes,
              a: int = 0, b: int = 0, payload: bytes = b"") -> bool:

@@ -155,6 +155,24 @@ class MemcacheConn(BaseConn):
     def on_get(self, cmd: mc.Get) -> None:
         f = self.front
         keys = cmd.keys
+        if len(keys) == 1:
+            k = keys[0]
+            if not (k.open or k.close or k.abort or k.peek or k.timeout_ms):
+                # the hot path: a plain `get q`
+                q = k.queue
+                if self.bad_name(q):
+                    return
+                if self.reads_blocked():
+                    return
+                f.my.incr(C_GET)
+                if f.config.aliases.get(q) is not None:
+                    self.reply_now(mc.END)
+                    return
+                raw = k.raw
+                slot = self.new_slot(lambda s: _finish_get1(self, s, raw))
+                self.request(slot, f.owner(q), OP_GET, 0, q.encode("latin-1"), -1)
+                self.seal(slot)
+                return
         for k in keys:
             if self.bad_name(k.queue):
                 return
