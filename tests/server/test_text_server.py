@@ -28,8 +28,8 @@ def test_put_get_one_behind(tc):
     assert c.ask(b"get %s\n" % q, b"\n") == b":second\n"   # confirms "first"
     c.close()
     d = tc()
-    # "second" was never confirmed: it comes back after the disconnect
-    assert d.ask(b"get %s\n" % q, b"\n") == b":second\n"
+    # "second" was never confirmed: it comes back once the disconnect is processed
+    assert d.ask(b"get %s 5000\n" % q, b"\n") == b":second\n"
     assert d.ask(b"confirm %s 1\n" % q, b"\n") == b"+1\n"
     assert d.ask(b"get %s\n" % q, b"\n") == b"*\n"
 
