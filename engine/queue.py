@@ -171,6 +171,17 @@ class PersistentQueue:
             self._wake_one()
         return True
 
+    def admit(self, item: QItem) -> None:
+        """Take in an item its storage already holds and has just released (a workq job whose
+        scheduled time came): no limits, nothing recorded, one waiter woken."""
+        n = len(item.data)
+        self._length += 1
+        self._bytes += n
+        self._items.append(item)
+        self._mem_bytes += n
+        if self.waiters:
+            self._wake_one()
+
     # -- removes -------------------------------------------------------------------------------
     def remove(self, transactional: bool = False) -> QItem | None:
         """Take the head item (reserved under a fresh `item.xid` when transactional)."""

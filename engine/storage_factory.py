@@ -33,6 +33,7 @@ class ShardStorage:
         self._next_pack = 1
         self._next_cmdlog_sync: int | None = None
         self._next_pack_check = 0
+        self.collection = None                     # set by the worker once it exists
 
     # -- the factory the QueueCollection calls -------------------------------------------------
     def __call__(self, name: str, qc):
@@ -69,9 +70,26 @@ class ShardStorage:
 
     # -- timers the worker drives --------------------------------------------------------------
     def next_deadlines(self) -> list[int]:
-        return [self._next_cmdlog_sync] if self._next_cmdlog_sync is not None else []
+        out = [self._next_cmdlog_sync] if self._next_cmdlog_sync is not None else []
+        for plog in self._logs.values():
+            due = plog.next_due()
+            if due is not None:
+                out.append(due)
+        return out
+
+    def release_scheduled(self, now_ms: int) -> None:
+        """workq `schedule` records found in a log: each job joins its queue when its time comes."""
+        for plog in self._logs.values():
+            due = plog.next_due()
+            if due is None or due > now_ms:
+                continue
+            for name, item in plog.due_items(now_ms):
+                q = self.collection.queue(name)
+                q.admit(item)
 
     def tick(self, now_ms: int) -> None:
+        if self.collection is not None:
+            self.release_scheduled(now_ms)
         if self._next_cmdlog_sync is not None and now_ms >= self._next_cmdlog_sync:
             self._next_cmdlog_sync = now_ms + self.config.cmdlog.sync_interval
             logs = [plog for plog in self._logs.values()]

@@ -120,6 +120,7 @@ class Worker:
         self.coll = QueueCollection(self.config, self.clock, storage_factory=factory, owns=self.owns,
                                     expire_forward=self.forward_add, autoflush=False)
         self.storage_factory = factory
+        factory.collection = self.coll
 
         def progress(name, i, n):
             log.info("worker %d: replaying queue %r (%d/%d)", self.index, name, i, n)
