@@ -28,6 +28,7 @@ import os
 import selectors
 import signal
 import threading
+from concurrent.futures import ThreadPoolExecutor
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -98,6 +99,7 @@ class Worker:
         self.replies: list[tuple[int, bytes, bytes]] = []
         self.held: list[tuple[int, bytes, bytes]] = []
         self.sync_inflight = False
+        self.sync_pool = self.sync_coord = None
         self.sync_done_r, self.sync_done_w = os.pipe()
         os.set_blocking(self.sync_done_r, False)
         self.stopping = False
@@ -273,18 +275,30 @@ class Worker:
             self.replies = []
 
     def start_sync(self, storages) -> None:
+        """fsync every storage the held replies depend on, in parallel (the filesystem
+        journal commits concurrent fsyncs together), off the loop's thread."""
         self.sync_inflight = True
         held, self.held = self.held, []
         self.sync_batch = held
+        if self.sync_pool is None:
+            self.sync_pool = ThreadPoolExecutor(8, thread_name_prefix="fsync")
+            self.sync_coord = ThreadPoolExecutor(1, thread_name_prefix="group-commit")
+        pool = self.sync_pool
+
+        def sync_one(st):
+            try:
+                st.sync()
+            except OSError as e:
+                log.error("worker %d: fsync failed: %s", self.index, e)
 
         def work():
-            for st in storages:
-                try:
-                    st.sync()
-                except OSError as e:
-                    log.error("worker %d: fsync failed: %s", self.index, e)
+            if len(storages) == 1:
+                sync_one(storages[0])
+            else:
+                for _ in pool.map(sync_one, storages):
+                    pass
             os.write(self.sync_done_w, b"x")
-        threading.Thread(target=work, name="group-commit", daemon=True).start()
+        self.sync_coord.submit(work)
 
     def on_sync_done(self) -> None:
         try:
