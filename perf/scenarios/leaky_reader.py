@@ -15,7 +15,7 @@ from thrift.Thrift import TException
 
 from perf.context import ScenarioError
 from perf.report import Plot, Report
-from perf.thrift_client import KestrelThrift
+from perf.thrift_client import KestrelThrift, ThriftAppError
 
 NAME = "leaky-reader"
 HELP = "thrift: reliable reads that sometimes fail to confirm; every item confirmed once"
@@ -42,8 +42,8 @@ def connect(ctx, port: int) -> KestrelThrift:
     host = ctx.target.host
     logging.getLogger("thrift.transport.TSocket").setLevel(logging.CRITICAL)  # the error below says it
     try:
-        return KestrelThrift.connect(host, port)
-    except TException as e:
+        return KestrelThrift(host, port)
+    except (TException, OSError) as e:
         raise ScenarioError(f"nothing answers thrift on {host}:{port} ({e}); start a Kestrel-compatible server "
                             f"with a thrift port, e.g. `lanner serve --thrift-port {port}`, or pass -p") from None
 
@@ -85,7 +85,7 @@ def run(args, ctx) -> Report:
                         fail(f"put of item {i:08x} to {args.queue} was refused")
             finally:
                 c.close()
-        except (TException, ScenarioError, OSError) as e:
+        except (TException, ThriftAppError, ScenarioError, OSError) as e:
             fail(f"producer: {e}")
 
     def consume(k: int) -> None:
@@ -125,7 +125,7 @@ def run(args, ctx) -> Report:
                     if item in confirmed:
                         errors.append(f"item {item:08x} confirmed twice")
                     confirmed.add(item)
-        except (TException, OSError, ValueError) as e:
+        except (TException, ThriftAppError, OSError, ValueError) as e:
             fail(f"consumer {k}: {e}")
         finally:
             c.close()

@@ -22,7 +22,7 @@ from protocols.thrift import (
     BadCall, Call, Item, ProtocolError, QueueInfo, ThriftParser, Upgrade, encode_exception,
     encode_reply, encode_upgrade_reply, internal_error,
 )
-from tests.protocols.thrift_client import KestrelThrift, ThriftAppError, TItem, TQueueInfo
+from perf.thrift_client import KestrelThrift, ThriftAppError, TItem, TQueueInfo
 
 CALL, REPLY, EXCEPTION, ONEWAY = (TMessageType.CALL, TMessageType.REPLY, TMessageType.EXCEPTION,
                                   TMessageType.ONEWAY)
