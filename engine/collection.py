@@ -49,7 +49,7 @@ import logging
 import os
 import re
 from functools import partial
-from typing import Callable, Iterable
+from typing import Callable
 
 from .clock import SYSTEM_CLOCK
 from .config import validate_queue_name

@@ -1,10 +1,8 @@
 """Servers for the suite's own tests: a real `lanner serve` (tests/helpers.start_server) and
-Debian's memcached.  LANNER_PERF_FAKE=1 swaps in tests/perf/fake_kestrel.py for the queue server,
-only to develop the suite while the server is unavailable."""
+Debian's memcached."""
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 
 import pytest
@@ -12,7 +10,6 @@ import pytest
 from perf.__main__ import main as perf_main
 from perf.servers import start_memcached
 from tests.helpers import start_server
-from tests.perf.fake_kestrel import FakeKestrel
 
 
 @dataclass
@@ -24,11 +21,6 @@ class Server:
 
 @pytest.fixture(scope="module")
 def lanner(tmp_path_factory):
-    if os.environ.get("LANNER_PERF_FAKE") == "1":
-        fake = FakeKestrel()
-        yield Server(fake.port, os.getpid())
-        fake.stop()
-        return
     handle = start_server(tmp_path_factory.mktemp("lanner"), workers=1, fronts=1)
     yield Server(handle.memcache_port, handle.proc.pid)
     handle.stop()
