@@ -22,17 +22,30 @@ log = logging.getLogger(__name__)
 
 
 def run_pack(msg: dict) -> dict:
-    from .packer import pack_files
+    """Pack in a forked child: the pack's memory (bounded, but tens of MiB for a big
+    journal) goes back to the OS when the child exits, so the cleaner itself stays small,
+    and a pack that crashes takes only the child with it."""
     t0 = time.monotonic()
-    try:
-        result = pack_files(msg["files"], msg["out"], msg.get("open_xids"),
-                            now_ms=time.time_ns() // 1_000_000)
-    except Exception as e:       # reported to the worker, which keeps its journal as it was
-        log.exception("cleaner: pack into %s failed", msg.get("out"))
-        return {"cmd": "packed", "id": msg["id"], "ok": False, "error": str(e)}
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            from .packer import pack_files
+            pack_files(msg["files"], msg["out"], msg.get("open_xids"),
+                       now_ms=time.time_ns() // 1_000_000)
+            code = 0
+        except BaseException:
+            log.exception("cleaner: pack into %s failed", msg.get("out"))
+        finally:
+            logging.shutdown()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
+        return {"cmd": "packed", "id": msg["id"], "ok": False,
+                "error": f"pack process ended with status {status}"}
     log.info("cleaner: packed %d file(s) into %s in %.2fs", len(msg["files"]), msg["out"],
              time.monotonic() - t0)
-    return {"cmd": "packed", "id": msg["id"], "ok": True, "out_path": result.out_path}
+    return {"cmd": "packed", "id": msg["id"], "ok": True, "out_path": msg["out"]}
 
 
 def rewrite_all(queue_path: str, clock) -> None:

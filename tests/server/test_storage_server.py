@@ -83,3 +83,36 @@ def test_cmdlog_storage_is_checkable_by_the_tool(tmp_path):
         assert c.ask(b"get email.send\r\n", b"END\r\n").endswith(b"def\r\nEND\r\n")
     finally:
         h.stop()
+
+
+def test_read_behind_with_cleaner_packs_keeps_order(tmp_path):
+    """A backlog beyond max_memory_size while items flow through: the journal rotates, sets
+    checkpoints, and the cleaner process packs them; every item still comes out in order."""
+    cfg = '[default]\nmax_memory_size = "4KiB"\nmax_journal_size = "16KiB"\n'
+    h = start_server(tmp_path, workers=1, fronts=1, config=cfg)
+    nxt = 0
+
+    def put(c):
+        nonlocal nxt
+        data = b"%05d" % nxt + b"x" * 251
+        nxt += 1
+        assert c.ask(b"set pk 0 0 %d\r\n%s\r\n" % (len(data), data)) == b"STORED\r\n"
+    try:
+        c = Client(h.connect())
+        for _ in range(300):
+            put(c)
+        got = []
+        for _ in range(1500):
+            r = c.ask(b"get pk\r\n", b"END\r\n")
+            got.append(int(r.split(b"\r\n")[1][:5]))
+            put(c)
+        while True:
+            r = c.ask(b"get pk\r\n", b"END\r\n")
+            if r == b"END\r\n":
+                break
+            got.append(int(r.split(b"\r\n")[1][:5]))
+        assert got == list(range(nxt))
+    finally:
+        h.stop()
+    assert "cleaner: packed" in h.log()
+    assert [f for f in os.listdir(h.queue_path) if "~~" in f] == []
