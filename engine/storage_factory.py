@@ -19,6 +19,8 @@ from .storage import MemoryStorage
 
 log = logging.getLogger(__name__)
 
+PACK_PATIENCE_MS = 600_000     # packing 1 GiB takes seconds; ten minutes means the cleaner is gone
+
 
 class ShardStorage:
     def __init__(self, config, clock, worker: int, nworkers: int, cleaner_sock=None):
@@ -29,7 +31,7 @@ class ShardStorage:
         self.partitions = partitions_of_worker(worker, nworkers)
         self._logs: dict[int, object] = {}
         self._journals: dict[str, object] = {}
-        self._packs: dict[int, object] = {}       # request id -> journal
+        self._packs: dict[int, tuple] = {}        # request id -> (journal, sent at ms)
         self._next_pack = 1
         self._next_cmdlog_sync: int | None = None
         self._next_pack_check = 0
@@ -98,6 +100,13 @@ class ShardStorage:
             threading.Thread(target=_sync_logs, args=(logs,), name="cmdlog-sync", daemon=True).start()
         if self.cleaner is not None and now_ms >= self._next_pack_check:
             self._next_pack_check = now_ms + 100
+            for rid, (j, sent) in list(self._packs.items()):
+                if now_ms - sent > PACK_PATIENCE_MS:
+                    # the cleaner died with it (or hangs): forget it, the journal asks again
+                    log.warning("queue %r: no answer from the cleaner for a pack in %d s; asking again",
+                                j.name, PACK_PATIENCE_MS // 1000)
+                    del self._packs[rid]
+                    j.pack_done(None)
             for j in self._journals.values():
                 if j.checkpoint is not None:
                     req = j.pack_due()
@@ -107,7 +116,7 @@ class ShardStorage:
     def request_pack(self, journal, req) -> None:
         rid = self._next_pack
         self._next_pack += 1
-        self._packs[rid] = journal
+        self._packs[rid] = (journal, self.clock.now_ms())
         try:
             control.send(self.cleaner, {"cmd": "pack", "id": rid, "files": list(req.files),
                                         "out": req.out_path, "open_xids": list(req.open_xids)})
@@ -118,9 +127,10 @@ class ShardStorage:
     def on_cleaner_reply(self, msg) -> None:
         if msg.get("cmd") != "packed":
             return
-        j = self._packs.pop(msg["id"], None)
-        if j is None:
-            return
+        entry = self._packs.pop(msg["id"], None)
+        if entry is None:
+            return               # a pack given up on (see tick): its temporary file is ignored
+        j = entry[0]
         if msg.get("ok"):
             j.pack_done(PackedFile(msg["out_path"]))
         else:

@@ -44,7 +44,7 @@ from .messages import (F_ABORT, F_CLOSE, F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_PEE
                        OP_MONITOR, OP_PUT_MANY, OP_RELOAD, OP_SET, OP_STATS, OP_TABORT, OP_TCONFIRM,
                        OP_TGET, OP_TPEEK, R_CLIENT_ERROR, R_DATA, R_EMPTY, R_END, R_ERROR,
                        R_ITEM, R_NOT_STORED, R_OK, R_SERVER_ERROR, R_VALUE, REQ_SIZE, RF_CLOSE, RF_MORE,
-                       Reassembler, pack_req, pack_resp, send, unpack_req)
+                       Reassembler, pack_req, pack_resp, send, unpack_req, unpack_resp)
 from .placement import worker_of
 from .sessions import Session
 from .storage_factory import ShardStorage
@@ -100,6 +100,9 @@ class Worker:
         self.held: list[tuple[int, bytes, bytes]] = []
         self.sync_inflight = False
         self.sync_pool = self.sync_coord = None
+        self.sync_batch: list = []       # replies waiting for the fsync under way
+        self.sync_error: str | None = None
+        self.sync_queue: list = []       # storages dirtied since, for the next fsync round
         self.sync_done_r, self.sync_done_w = os.pipe()
         os.set_blocking(self.sync_done_r, False)
         self.stopping = False
@@ -257,7 +260,10 @@ class Worker:
             try:
                 st.flush()
             except OSError as e:
+                # The records stay buffered and are retried, but nothing this batch
+                # acknowledged may claim to be written.
                 log.error("worker %d: journal write failed: %s", self.index, e)
+                self.replies = _fail_acks(self.replies, str(e))
             policy = st.sync_policy
             if policy == "always":
                 needs_sync.append(st)
@@ -269,7 +275,7 @@ class Worker:
             if needs_sync and not self.sync_inflight:
                 self.start_sync(needs_sync)
             elif needs_sync:
-                self.sync_queue = getattr(self, "sync_queue", []) + needs_sync
+                self.sync_queue.extend(needs_sync)
         if self.replies:
             self.publish(self.replies)
             self.replies = []
@@ -290,6 +296,7 @@ class Worker:
                 st.sync()
             except OSError as e:
                 log.error("worker %d: fsync failed: %s", self.index, e)
+                self.sync_error = str(e)
 
         def work():
             if len(storages) == 1:
@@ -306,10 +313,12 @@ class Worker:
         except BlockingIOError:
             return
         self.sync_inflight = False
+        if self.sync_error is not None:     # not durable: the acknowledgements become errors
+            self.sync_batch = _fail_acks(self.sync_batch, "fsync failed: " + self.sync_error)
+            self.sync_error = None
         self.publish(self.sync_batch)
         self.sync_batch = []
-        more = getattr(self, "sync_queue", [])
-        self.sync_queue = []
+        more, self.sync_queue = self.sync_queue, []
         if more:
             self.start_sync(list(dict.fromkeys(more)))
         elif self.held:
@@ -749,6 +758,20 @@ def _sync_all(storages) -> None:
             st.sync()
         except OSError as e:
             log.error("periodic fsync failed: %s", e)
+
+
+def _fail_acks(replies, reason: str):
+    """Turn the acknowledgements (R_OK: stored, deleted, confirmed) among `replies` into
+    SERVER_ERROR, closing the connection, as Kestrel answers an availability failure."""
+    out = []
+    why = reason.encode("latin-1", "replace")
+    for dst, head, payload in replies:
+        conn, req, status, flags, _, value = unpack_resp(head, 0)
+        if status == R_OK:
+            head = pack_resp(conn, req, R_SERVER_ERROR, RF_CLOSE, 0, 0)
+            payload = why
+        out.append((dst, head, payload))
+    return out
 
 
 def worker_main(index, nworkers, config, status, inbound, outbound, wake_fd, control_sock,
