@@ -25,7 +25,8 @@ def kind_pids(h, kind):
             name = p.name()
         except psutil.NoSuchProcess:
             continue
-        if name.startswith("lanner-" + kind[0]) and name != "lanner-cleaner":
+        if name == "lanner-cleaner" if kind == "cleaner" else \
+                (name.startswith("lanner-" + kind[0]) and name != "lanner-cleaner"):
             out.append(p)
     return out
 
@@ -253,3 +254,19 @@ def test_stray_file_in_queue_path_refuses_start(tmp_path):
                        capture_output=True, timeout=60, cwd=tmp_path)
     assert r.returncode == 3
     assert "foo.txt" in r.stderr.decode()
+
+
+def test_kill_cleaner_is_restarted(tmp_path):
+    h = start_server(tmp_path, workers=1, fronts=1)
+    try:
+        def cleaners():
+            return [p.pid for p in kind_pids(h, "cleaner")]
+        old = cleaners()
+        assert len(old) == 1
+        os.kill(old[0], signal.SIGKILL)
+        assert wait_for(lambda: (pids := cleaners()) and pids != old)
+        c = client(h)
+        assert setq(c, b"cq", b"x") == b"STORED\r\n"
+        assert drain(c, b"cq") == [b"x"]
+    finally:
+        assert h.stop() == 0
