@@ -188,9 +188,15 @@ class MemcacheConn(BaseConn):
                 plan.append((k, None, 0))        # alias: always empty
                 continue
             if fetching and self.reads_blocked_quiet():
-                if k.close:                       # the close happens before the status check
+                # Closes and aborts before the status check still happen (Kestrel's order);
+                # their END is not written: the reply is the availability error alone.
+                if k.close:
                     plan.append((k, F_CLOSE, -1))
-                self.send_plan(plan, False)
+                for pk, pflags, _ in plan:
+                    if pflags is not None:
+                        w = f.owner(pk.queue)
+                        self.touched |= 1 << w
+                        f.send(w, self.id, 0, OP_GET, pflags, pk.queue.encode("latin-1"), -1)
                 self.reply_now(mc.server_error("server is %s" % f.status.enforced()
                                                if not self.refuse_reads else
                                                "reads refused: connection limit"), close=True)

@@ -357,3 +357,22 @@ def test_dump_config(mc):
     lines = block.decode().split("\r\n")
     assert "  max_items=2147483647" in lines
     assert out.endswith(b"END\r\n")
+
+
+def test_close_then_open_while_quiescent(mc):
+    c = mc()
+    q = qname()
+    setq(c, q, b"a")
+    setq(c, q, b"b")
+    assert c.ask(b"get %s/open\r\n" % q, b"END\r\n").endswith(b"a\r\nEND\r\n")
+    admin = mc()
+    assert admin.ask(b"status quiescent\r\n") == b"END\r\n"
+    try:
+        c.send(b"get %s/close/open\r\n" % q)
+        assert c.recv_until(b"\r\n").startswith(b"SERVER_ERROR")   # and nothing before it
+        assert c.is_closed()
+    finally:
+        assert admin.ask(b"status up\r\n") == b"END\r\n"
+    d = mc()
+    # the close happened before the status check: "a" is gone, "b" is next
+    assert d.ask(b"get %s\r\n" % q, b"END\r\n").endswith(b"b\r\nEND\r\n")
