@@ -261,7 +261,10 @@ def expiry_at(ms: int) -> int:
 
 
 class BaseConn(asyncio.Protocol):
-    """What every client connection shares: ids, the reply queue, routing, flow control."""
+    """What every client connection shares: ids, the reply queue, routing, flow control.
+
+    A protocol's connection class adds `feed(data)` (into its parser), `next_command()`,
+    `handle(command)` and `unavailable(slot, reason)` (its availability error)."""
 
     count_bytes = True           # bytes_read / bytes_written (thrift is not counted, §9.5)
     counts_connection = True     # curr/total_connections cover memcache, text and thrift
@@ -350,20 +353,6 @@ class BaseConn(asyncio.Protocol):
             self.transport.resume_reading()
         self.process()
         self.flush_out()
-
-    # -- subclass hooks ----------------------------------------------------------------------------
-    def feed(self, data: bytes) -> None:
-        raise RuntimeError("subclass must feed its parser")
-
-    def next_command(self):
-        raise RuntimeError("subclass must parse")
-
-    def handle(self, cmd) -> None:
-        raise RuntimeError("subclass must handle")
-
-    def unavailable(self, slot: Slot, reason: str) -> None:
-        """A worker is down or restarting: the protocol's availability error."""
-        raise RuntimeError("subclass must answer")
 
     # -- command processing ----------------------------------------------------------------------
     def process(self) -> None:
