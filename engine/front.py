@@ -429,6 +429,8 @@ class BaseConn(asyncio.Protocol):
     def complete(self, slot: Slot) -> None:
         if slot.finish is not None:
             slot.finish(slot)
+            slot.finish = None
+        slot.parts.clear()      # parts point back at their slot: free them by refcount, not GC
         slot.done = True
         if self.blocked is slot:
             self.blocked = None

@@ -513,6 +513,7 @@ class Worker:
 
     def finish(self, p: Pending, status: int) -> None:
         p.done = True
+        p.waiter = None          # the waiter points back at p: free both by refcount
         s = self.pending_by_conn.get((p.src, p.conn))
         if s is not None:
             s.discard(p)
@@ -548,6 +549,7 @@ class Worker:
             if self.try_fetch(p):
                 self.coll.cancel_wait(w)
                 p.done = True
+                p.waiter = None
                 s = self.pending_by_conn.get((p.src, p.conn))
                 if s is not None:
                     s.discard(p)
@@ -600,6 +602,7 @@ class Worker:
 
     def tget_finish(self, p: Pending, reply: bool = True) -> None:
         p.done = True
+        p.waiter = None
         s = self.pending_by_conn.get((p.src, p.conn))
         if s is not None:
             s.discard(p)
