@@ -135,9 +135,14 @@ def test_blocking_get_times_out_and_wakes(mc):
 def test_blocking_get_fifo_across_fronts(mc):
     q = qname()
     waiters = [mc() for _ in range(4)]
-    for w in waiters:
-        w.send(b"get %s/t=5000\r\n" % q)
-        time.sleep(0.05)
+    watcher = mc()
+    for n, w in enumerate(waiters, 1):
+        w.send(b"get %s/t=10000\r\n" % q)
+        # wait until the worker has parked it, so the FIFO order is the order sent
+        deadline = time.monotonic() + 10
+        while b"waiters=%d\r\n" % n not in watcher.ask(b"dump_stats %s\r\n" % q, b"END\r\n"):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
     p = mc()
     for i in range(4):
         setq(p, q, b"%d" % i)
