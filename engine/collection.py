@@ -92,6 +92,7 @@ class QueueCollection:
         self._partition_logs: dict[int, object] = {}   # default cmdlog storage only
         self._last_sync: dict[object, float] = {}
         self.woken: list[Waiter] = []
+        self._touched: dict[PersistentQueue, None] = {}   # queues that may hold unflushed records, in order
         self.timers = TimerHeap()
         self.closed = False
         self.total_items = 0
@@ -210,6 +211,7 @@ class QueueCollection:
         plus = name.find("+")
         q = PersistentQueue(name, qc, storage, self.clock, is_fanout_child=plus >= 0,
                             on_wake=self.woken_append)
+        q.touched = self._touched
         try:
             q.replay()
         except BaseException:
@@ -477,12 +479,17 @@ class QueueCollection:
             q.reload(new)
 
     def dirty_storages(self) -> list:
-        """Storages holding buffered or unsynced records, each once."""
+        """Storages holding buffered or unsynced records, each once.  Only queues touched
+        since the last call are visited; those still dirty (unsynced) stay on the list."""
+        touched = self._touched
+        if not touched:
+            return []
         seen = {}
-        for q in self._queues.values():
-            st = q.storage
-            if st.dirty:
-                seen[id(st)] = st
+        still = [q for q in touched if not q.closed and q.storage.dirty]
+        for q in still:
+            seen[id(q.storage)] = q.storage
+        touched.clear()
+        touched.update(dict.fromkeys(still))
         return list(seen.values())
 
     def flush_storages(self) -> None:

@@ -51,6 +51,10 @@ class PersistentQueue:
         self.is_fanout_child = is_fanout_child
         self.expire_sink = expire_sink
         self.on_wake = on_wake
+        # The owner's set of queues whose storage may hold unflushed records: every entry
+        # point that can write a record adds the queue, so the owner's batch flush visits
+        # only those instead of every queue it has.
+        self.touched: dict | None = None
         self.closed = False
         self.created_ms = clock.now_ms()
         self.waiters = WaitList()
@@ -98,6 +102,8 @@ class PersistentQueue:
         Rollback runs in DESCENDING xid order, each item going to the head, so
         the lowest xid ends up first and reserved items come back ahead of the
         never-fetched ones in their original order.  It counts no stats."""
+        if self.touched is not None:
+            self.touched[self] = None
         st = self.storage.replay(self.config)
         items = st.items if isinstance(st.items, deque) else deque(st.items)
         self._items = items
@@ -121,6 +127,8 @@ class PersistentQueue:
         """Append an item; False when refused (§5.3).  `expiry_ms` is absolute
         epoch ms, None or 0 for never.  `count_total` says whether the add counts
         in this queue's `total_items` stat (every kind of add does by default)."""
+        if self.touched is not None:
+            self.touched[self] = None
         config = self.config
         if self.closed or len(data) > config.max_item_size:
             return False
@@ -185,6 +193,8 @@ class PersistentQueue:
     # -- removes -------------------------------------------------------------------------------
     def remove(self, transactional: bool = False) -> QItem | None:
         """Take the head item (reserved under a fresh `item.xid` when transactional)."""
+        if self.touched is not None:
+            self.touched[self] = None
         if self.closed or not self._length:
             return None
         now = self.clock.now_ms()
@@ -215,6 +225,8 @@ class PersistentQueue:
         return item
 
     def peek(self) -> QItem | None:
+        if self.touched is not None:
+            self.touched[self] = None
         if self.closed or not self._length:
             return None
         self.discard_expired()
@@ -222,6 +234,8 @@ class PersistentQueue:
 
     def unremove(self, xid: int) -> bool:
         """Abort: the reserved item goes back to the HEAD and wakes one waiter (§5.9)."""
+        if self.touched is not None:
+            self.touched[self] = None
         item = self._open.pop(xid, None) if not self.closed else None
         if item is None:
             log.warning("queue %r: abort of xid %d, which is not open", self.name, xid)
@@ -233,6 +247,8 @@ class PersistentQueue:
         return True
 
     def confirm_remove(self, xid: int) -> bool:
+        if self.touched is not None:
+            self.touched[self] = None
         item = self._open.pop(xid, None) if not self.closed else None
         if item is None:
             log.warning("queue %r: confirm of xid %d, which is not open", self.name, xid)
@@ -244,6 +260,8 @@ class PersistentQueue:
     def flush(self) -> None:
         """Remove every queued item, each recorded as a plain remove; open
         transactions stay and can still be aborted back (§5.5)."""
+        if self.touched is not None:
+            self.touched[self] = None
         if self.closed:
             return
         now = self.clock.now_ms()
@@ -270,6 +288,8 @@ class PersistentQueue:
     def discard_expired(self, now: int | None = None, limit: int | None = None) -> int:
         """Sweep expired items off the head, at most `max_expire_sweep` (and
         `limit`) of them; stops at the first live item (§5.2).  Returns the count."""
+        if self.touched is not None:
+            self.touched[self] = None
         items = self._items
         if not items:
             return 0
