@@ -153,48 +153,42 @@ def encode_continue(xid: int, item: QItem) -> bytes:
     return _XADDX_pack(OP_CONTINUE, xid, len(item.data) + 16, item.add_time, item.expiry) + item.data
 
 
+_ADDX_NAMES = {2: "ADDX", 7: "ADD_XID", 8: "CONTINUE"}
+
+
 def decode(buf: bytes, i: int, n: int, now_ms: int, items: bool = True):
     """Decode the record at buf[i] (i < n).  Returns (opcode, item, xid, end) or
     None when buf[i:n] does not hold the whole record.  With items=False no
     QItem is built (packing only needs offsets).  Raises _Broken."""
     op = buf[i]
-    if op == 2:
-        if i + 5 > n:
+    if op == 2 or op == 8 or op == 7:
+        # ADDX, and CONTINUE / ADD_XID: an i32 xid, then the same ADDX body
+        if op == 2:
+            xid, at = 0, i + 1
+        else:
+            if i + 9 > n:
+                return None
+            xid, at = _u32(buf, i + 1)[0], i + 5
+        if at + 4 > n:
             return None
-        size = _i32(buf, i + 1)[0]
-        end = i + 5 + size
+        size = _i32(buf, at)[0]
+        end = at + 4 + size
         if size < 0:
-            raise _Broken(f"negative size {size} in ADDX record")
-        if end > n:
-            return None
-        if size < 16:
-            raise _Broken(f"ADDX body of {size} bytes (< 16)")
-        if not items:
-            return 2, None, 0, end
-        add, exp = _qq(buf, i + 5)
-        return 2, QItem(add, exp, buf[i + 21:end]), 0, end
-    if op == 1:
-        return 1, None, 0, i + 1
-    if op == 9 or op == 5 or op == 6 or op == 4:
-        if i + 5 > n:
-            return None
-        return op, None, _u32(buf, i + 1)[0], i + 5
-    if op == 8 or op == 7:
-        if i + 9 > n:
-            return None
-        xid = _u32(buf, i + 1)[0]
-        size = _i32(buf, i + 5)[0]
-        end = i + 9 + size
-        if size < 0:
-            raise _Broken(f"negative size {size} in {'CONTINUE' if op == 8 else 'ADD_XID'} record")
+            raise _Broken(f"negative size {size} in {_ADDX_NAMES[op]} record")
         if end > n:
             return None
         if size < 16:
             raise _Broken(f"ADDX body of {size} bytes (< 16)")
         if not items:
             return op, None, xid, end
-        add, exp = _qq(buf, i + 9)
-        return op, QItem(add, exp, buf[i + 25:end]), xid, end
+        add, exp = _qq(buf, at + 4)
+        return op, QItem(add, exp, buf[at + 20:end]), xid, end
+    if op == 1:
+        return 1, None, 0, i + 1
+    if op == 9 or op == 5 or op == 6 or op == 4:
+        if i + 5 > n:
+            return None
+        return op, None, _u32(buf, i + 1)[0], i + 5
     if op == 0:
         if i + 5 > n:
             return None

@@ -294,24 +294,7 @@ class Ring:
         """Append one record (unpublished).  False, writing nothing, when the ring
         has no room or overflow is pending.  `payload`: any contiguous bytes-like
         object with 1-byte items."""
-        n = len(payload)
-        size = (n + 11) & ~7
-        tail = self._wtail
-        idx = tail & self._mask
-        if size > self.capacity - idx or self._overflow:
-            idx = self._make_room(size, n)
-            if idx < 0:
-                return False
-            tail = self._wtail
-        elif tail + size - self._head_cache > self.capacity:
-            self._head_cache = self._hdr[HEAD]
-            if tail + size - self._head_cache > self.capacity:
-                return False
-        off = HEADER_SIZE + idx
-        self._u32[off >> 2] = n
-        self._mm[off + 4:off + 4 + n] = payload
-        self._wtail = tail + size
-        return True
+        return self.write_parts(payload, b"")
 
     def write_parts(self, header, body) -> bool:
         """`write(header + body)` without building the concatenation."""
