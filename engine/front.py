@@ -268,6 +268,7 @@ class BaseConn(asyncio.Protocol):
 
     count_bytes = True           # bytes_read / bytes_written (thrift is not counted, §9.5)
     counts_connection = True     # curr/total_connections cover memcache, text and thrift
+    disconnect_flags = 0         # thrift: F_THRIFT, its open reads outlive the connection
 
     def __init__(self, front: Front):
         self.front = front
@@ -336,9 +337,24 @@ class BaseConn(asyncio.Protocol):
         w = 0
         while touched:
             if touched & 1:
-                f.send(w, self.id, 0, OP_DISCONNECT, 0, b"")
+                f.send(w, self.id, 0, OP_DISCONNECT, self.disconnect_flags, b"")
             touched >>= 1
             w += 1
+
+    def read_refusal(self) -> str | None:
+        """Why reads are refused on this connection right now (status or connection limit)."""
+        if self.refuse_reads:
+            return "reads refused: connection limit"
+        if self.front.status.blocks_reads():
+            return "server is " + self.front.status.enforced()
+        return None
+
+    def write_refusal(self) -> str | None:
+        if self.refuse_writes:
+            return "writes refused: connection limit"
+        if self.front.status.blocks_writes():
+            return "server is " + self.front.status.enforced()
+        return None
 
     def pause_writing(self):
         self.paused_writing = True

@@ -25,16 +25,6 @@ class MemcacheConn(BaseConn):
         super().__init__(front)
         cfg = front.config
         self.parser = mc.MemcacheParser(item_limit=lambda q: cfg.queue_config(q).max_item_size)
-        self._handlers = {
-            mc.Get: self.on_get, mc.Set: self.on_set, mc.SetRefused: self.on_set_refused,
-            mc.Delete: self.on_delete, mc.Flush: self.on_flush, mc.FlushAll: self.on_flush_all,
-            mc.FlushExpired: self.on_flush_expired, mc.FlushAllExpired: self.on_flush_all_expired,
-            mc.Stats: self.on_stats, mc.DumpStats: self.on_dump_stats,
-            mc.DumpConfig: self.on_dump_config, mc.Monitor: self.on_monitor,
-            mc.Confirm: self.on_confirm, mc.Status: self.on_status, mc.Version: self.on_version,
-            mc.Reload: self.on_reload, mc.Shutdown: self.on_shutdown, mc.Quit: self.on_quit,
-            mc.ProtocolError: self.on_protocol_error,
-        }
 
     def feed(self, data: bytes) -> None:
         self.parser.feed(data)
@@ -49,7 +39,7 @@ class MemcacheConn(BaseConn):
         return self.parser.next()
 
     def handle(self, cmd) -> None:
-        self._handlers[type(cmd)](cmd)
+        _HANDLERS[type(cmd)](self, cmd)
 
     def unavailable(self, slot: Slot, reason: str) -> None:
         slot.out = mc.server_error(reason)
@@ -64,22 +54,18 @@ class MemcacheConn(BaseConn):
         return True
 
     def writes_blocked(self) -> bool:
-        if self.refuse_writes:
-            self.reply_now(mc.server_error("writes refused: connection limit"), close=True)
-            return True
-        if self.front.status.blocks_writes():
-            self.reply_now(mc.server_error("server is %s" % self.front.status.enforced()), close=True)
-            return True
-        return False
+        why = self.write_refusal()
+        if why is None:
+            return False
+        self.reply_now(mc.server_error(why), close=True)
+        return True
 
     def reads_blocked(self) -> bool:
-        if self.refuse_reads:
-            self.reply_now(mc.server_error("reads refused: connection limit"), close=True)
-            return True
-        if self.front.status.blocks_reads():
-            self.reply_now(mc.server_error("server is %s" % self.front.status.enforced()), close=True)
-            return True
-        return False
+        why = self.read_refusal()
+        if why is None:
+            return False
+        self.reply_now(mc.server_error(why), close=True)
+        return True
 
     def first_failure(self, slot: Slot) -> bool:
         """If any part failed (worker error, protocol violation), make that the reply."""
@@ -187,7 +173,7 @@ class MemcacheConn(BaseConn):
                 f.my.incr(C_PEEK if k.peek else C_GET)
                 plan.append((k, None, 0))        # alias: always empty
                 continue
-            if fetching and self.reads_blocked_quiet():
+            if fetching and self.read_refusal() is not None:
                 # Closes and aborts before the status check still happen (Kestrel's order);
                 # their END is not written: the reply is the availability error alone.
                 if k.close:
@@ -197,9 +183,7 @@ class MemcacheConn(BaseConn):
                         w = f.owner(pk.queue)
                         self.touched |= 1 << w
                         f.send(w, self.id, 0, OP_GET, pflags, pk.queue.encode("latin-1"), -1)
-                self.reply_now(mc.server_error("server is %s" % f.status.enforced()
-                                               if not self.refuse_reads else
-                                               "reads refused: connection limit"), close=True)
+                self.reads_blocked()
                 return
             flags = (F_OPEN if k.open else 0) | (F_CLOSE if k.close else 0) | (F_PEEK if k.peek else 0)
             if fetching:
@@ -209,9 +193,6 @@ class MemcacheConn(BaseConn):
                 blocking = True
             plan.append((k, flags, timeout))
         self.send_plan(plan, blocking)
-
-    def reads_blocked_quiet(self) -> bool:
-        return self.refuse_reads or self.front.status.blocks_reads()
 
     def send_plan(self, plan, blocking: bool) -> None:
         if not plan:
@@ -413,3 +394,16 @@ def _finish_get1(conn: MemcacheConn, slot: Slot, raw: str) -> None:
         slot.out = mc.END
     else:
         conn.first_failure(slot)
+
+
+_HANDLERS = {
+    mc.Get: MemcacheConn.on_get, mc.Set: MemcacheConn.on_set, mc.SetRefused: MemcacheConn.on_set_refused,
+    mc.Delete: MemcacheConn.on_delete, mc.Flush: MemcacheConn.on_flush,
+    mc.FlushAll: MemcacheConn.on_flush_all, mc.FlushExpired: MemcacheConn.on_flush_expired,
+    mc.FlushAllExpired: MemcacheConn.on_flush_all_expired, mc.Stats: MemcacheConn.on_stats,
+    mc.DumpStats: MemcacheConn.on_dump_stats, mc.DumpConfig: MemcacheConn.on_dump_config,
+    mc.Monitor: MemcacheConn.on_monitor, mc.Confirm: MemcacheConn.on_confirm,
+    mc.Status: MemcacheConn.on_status, mc.Version: MemcacheConn.on_version,
+    mc.Reload: MemcacheConn.on_reload, mc.Shutdown: MemcacheConn.on_shutdown,
+    mc.Quit: MemcacheConn.on_quit, mc.ProtocolError: MemcacheConn.on_protocol_error,
+}

@@ -25,13 +25,6 @@ class TextConn(BaseConn):
     def __init__(self, front):
         super().__init__(front)
         self.parser = tx.TextParser()
-        self._handlers = {
-            tx.Put: self.on_put, tx.Get: self.on_get, tx.Peek: self.on_peek,
-            tx.Monitor: self.on_monitor, tx.Confirm: self.on_confirm, tx.Flush: self.on_flush,
-            tx.Delete: self.on_delete, tx.Status: self.on_status, tx.Version: self.on_version,
-            tx.Shutdown: self.on_shutdown, tx.Quit: self.on_quit, tx.Reply: self.on_reply,
-            tx.ProtocolError: self.on_protocol_error,
-        }
 
     def feed(self, data: bytes) -> None:
         self.parser.feed(data)
@@ -44,7 +37,7 @@ class TextConn(BaseConn):
         return self.parser.next()
 
     def handle(self, cmd) -> None:
-        self._handlers[type(cmd)](cmd)
+        _HANDLERS[type(cmd)](self, cmd)
 
     def unavailable(self, slot: Slot, reason: str) -> None:
         slot.out = tx.error(reason)
@@ -69,7 +62,7 @@ class TextConn(BaseConn):
         if self.bad_name(q):
             return
         f = self.front
-        if self.refuse_writes or f.status.blocks_writes():
+        if self.write_refusal() is not None:
             self.reply_now(_blocked("setItem"))
             return
         f.my.incr(C_SET, len(cmd.items))
@@ -103,7 +96,7 @@ class TextConn(BaseConn):
         if self.bad_name(queue):
             return
         f = self.front
-        if self.refuse_reads or f.status.blocks_reads():
+        if self.read_refusal() is not None:
             self.reply_now(_blocked(op_name))
             return
         f.my.incr(counter)
@@ -138,7 +131,7 @@ class TextConn(BaseConn):
         if self.bad_name(q):
             return
         f = self.front
-        if self.refuse_reads or f.status.blocks_reads():
+        if self.read_refusal() is not None:
             self.reply_now(_blocked("monitorUntil"))
             return
         if f.config.aliases.get(q) is not None:
@@ -175,7 +168,7 @@ class TextConn(BaseConn):
 
     def queue_op(self, op: int, queue: str, op_name: str) -> None:
         f = self.front
-        if self.refuse_writes or f.status.blocks_writes():
+        if self.write_refusal() is not None:
             self.reply_now(_blocked(op_name))
             return
         if f.config.aliases.get(queue) is not None or self.check_name(queue) is not None:
@@ -223,3 +216,12 @@ class TextConn(BaseConn):
 
     def on_protocol_error(self, cmd: tx.ProtocolError) -> None:
         self.reply_now(cmd.reply, close=cmd.close)
+
+
+_HANDLERS = {
+    tx.Put: TextConn.on_put, tx.Get: TextConn.on_get, tx.Peek: TextConn.on_peek,
+    tx.Monitor: TextConn.on_monitor, tx.Confirm: TextConn.on_confirm, tx.Flush: TextConn.on_flush,
+    tx.Delete: TextConn.on_delete, tx.Status: TextConn.on_status, tx.Version: TextConn.on_version,
+    tx.Shutdown: TextConn.on_shutdown, tx.Quit: TextConn.on_quit, tx.Reply: TextConn.on_reply,
+    tx.ProtocolError: TextConn.on_protocol_error,
+}

@@ -16,7 +16,7 @@ from protocols import thrift as th
 
 from . import __version__
 from .front import C_PEEK, C_SET, BaseConn, Slot, expiry_at
-from .messages import (F_THRIFT, OP_DELETE, OP_DISCONNECT, OP_FLUSH, OP_FLUSH_ALL, OP_PUT_MANY,
+from .messages import (F_THRIFT, OP_DELETE, OP_FLUSH, OP_FLUSH_ALL, OP_PUT_MANY,
                        OP_SET, OP_TABORT, OP_TCONFIRM, OP_TGET, OP_TPEEK, R_DATA, R_OK,
                        R_SERVER_ERROR, R_VALUE)
 
@@ -28,6 +28,7 @@ _STATUS_IN = {th.STATUS_UP: "up", th.STATUS_READ_ONLY: "readonly", th.STATUS_QUI
 
 class ThriftConn(BaseConn):
     count_bytes = False          # bytes_read / bytes_written cover memcache and text only (§9.5)
+    disconnect_flags = F_THRIFT
 
     def __init__(self, front):
         super().__init__(front)
@@ -44,16 +45,6 @@ class ThriftConn(BaseConn):
         slot.out = th.encode_exception(call.method, call.seqid, 6,
                                        th.internal_error(call.method, "java.io.IOException: " + reason),
                                        self.parser.upgraded)
-
-    def send_disconnects(self) -> None:
-        f = self.front
-        touched, self.touched = self.touched, 0
-        w = 0
-        while touched:
-            if touched & 1:
-                f.send(w, self.id, 0, OP_DISCONNECT, F_THRIFT, b"")
-            touched >>= 1
-            w += 1
 
     # -- replies ---------------------------------------------------------------------------------
     def reply(self, call, value) -> None:
@@ -104,7 +95,7 @@ class ThriftConn(BaseConn):
         q = call.args["queue_name"]
         items = call.args["items"]
         f = self.front
-        if self.refuse_writes or f.status.blocks_writes():
+        if self.write_refusal() is not None:
             self.fail(call, _AVAIL % "setItem")
             return
         if not items:
@@ -142,7 +133,7 @@ class ThriftConn(BaseConn):
         a = call.args
         q = a["queue_name"]
         f = self.front
-        if self.refuse_reads or f.status.blocks_reads():
+        if self.read_refusal() is not None:
             self.fail(call, _AVAIL % "monitorUntil")
             return
         if not self.queue_ok(call, q):
@@ -186,7 +177,7 @@ class ThriftConn(BaseConn):
     def do_peek(self, call) -> None:
         q = call.args["queue_name"]
         f = self.front
-        if self.refuse_reads or f.status.blocks_reads():
+        if self.read_refusal() is not None:
             self.fail(call, _AVAIL % "getItem")
             return
         if f.config.aliases.get(q) is not None:
@@ -206,7 +197,7 @@ class ThriftConn(BaseConn):
     def queue_write(self, call, op: int, op_name: str) -> None:
         q = call.args["queue_name"]
         f = self.front
-        if self.refuse_writes or f.status.blocks_writes():
+        if self.write_refusal() is not None:
             self.fail(call, _AVAIL % op_name)
             return
         if f.config.aliases.get(q) is not None or self.check_name(q) is not None:
@@ -223,8 +214,7 @@ class ThriftConn(BaseConn):
         self.queue_write(call, OP_DELETE, "delete")
 
     def do_flush_all_queues(self, call) -> None:
-        f = self.front
-        if self.refuse_writes or f.status.blocks_writes():
+        if self.write_refusal() is not None:
             self.fail(call, _AVAIL % "flush")
             return
         slot = self.call_slot(call, lambda s: None)

@@ -27,7 +27,6 @@ import struct
 import os
 import selectors
 import signal
-import threading
 from concurrent.futures import ThreadPoolExecutor
 import time
 from collections import defaultdict
@@ -286,10 +285,7 @@ class Worker:
         self.sync_inflight = True
         held, self.held = self.held, []
         self.sync_batch = held
-        if self.sync_pool is None:
-            self.sync_pool = ThreadPoolExecutor(8, thread_name_prefix="fsync")
-            self.sync_coord = ThreadPoolExecutor(1, thread_name_prefix="group-commit")
-        pool = self.sync_pool
+        pool = self.fsync_pool()
 
         def sync_one(st):
             try:
@@ -306,6 +302,13 @@ class Worker:
                     pass
             os.write(self.sync_done_w, b"x")
         self.sync_coord.submit(work)
+
+    def fsync_pool(self) -> ThreadPoolExecutor:
+        """The threads that fsync (fsync releases the GIL): group commits and periodic syncs."""
+        if self.sync_pool is None:
+            self.sync_pool = ThreadPoolExecutor(8, thread_name_prefix="fsync")
+            self.sync_coord = ThreadPoolExecutor(1, thread_name_prefix="group-commit")
+        return self.sync_pool
 
     def on_sync_done(self) -> None:
         try:
@@ -511,14 +514,19 @@ class Worker:
         self.coll.wait(w)
         self.pending_by_conn[(p.src, p.conn)].add(p)
 
-    def finish(self, p: Pending, status: int) -> None:
+    def unpark(self, p: Pending) -> None:
+        """`p` is answered: forget it (its connection's set, its waiter)."""
         p.done = True
         p.waiter = None          # the waiter points back at p: free both by refcount
-        s = self.pending_by_conn.get((p.src, p.conn))
+        key = (p.src, p.conn)
+        s = self.pending_by_conn.get(key)
         if s is not None:
             s.discard(p)
             if not s:
-                del self.pending_by_conn[(p.src, p.conn)]
+                del self.pending_by_conn[key]
+
+    def finish(self, p: Pending, status: int) -> None:
+        self.unpark(p)
         self.reply(p.src, p.conn, p.req, status)
 
     def retry_woken(self) -> None:
@@ -548,11 +556,7 @@ class Worker:
                 continue
             if self.try_fetch(p):
                 self.coll.cancel_wait(w)
-                p.done = True
-                p.waiter = None
-                s = self.pending_by_conn.get((p.src, p.conn))
-                if s is not None:
-                    s.discard(p)
+                self.unpark(p)
             else:
                 self.coll.wait(w)
         if self.coll.woken:
@@ -601,13 +605,7 @@ class Worker:
             p.budget -= 1
 
     def tget_finish(self, p: Pending, reply: bool = True) -> None:
-        p.done = True
-        p.waiter = None
-        s = self.pending_by_conn.get((p.src, p.conn))
-        if s is not None:
-            s.discard(p)
-            if not s:
-                del self.pending_by_conn[(p.src, p.conn)]
+        self.unpark(p)
         if p.auto_abort > 0:
             # the auto-abort timers start when the call returns
             due = self.clock.now_ms() + p.auto_abort
@@ -658,7 +656,7 @@ class Worker:
             for st in due:
                 del self.next_sync_ms[st]
             if due:
-                threading.Thread(target=_sync_all, args=(due,), daemon=True).start()
+                self.fsync_pool().submit(_sync_all, due)
         self.storage_factory.tick(now)
         if self.coll.woken:
             self.retry_woken()
