@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 
 from . import control
 from .placement import partition_of, partitions_of_worker
@@ -36,6 +35,7 @@ class ShardStorage:
         self._next_cmdlog_sync: int | None = None
         self._next_pack_check = 0
         self.collection = None                     # set by the worker once it exists
+        self.run_in_thread = _run_inline           # the worker hands in its fsync pool
 
     # -- the factory the QueueCollection calls -------------------------------------------------
     def __call__(self, name: str, qc):
@@ -94,10 +94,10 @@ class ShardStorage:
             self.release_scheduled(now_ms)
         if self._next_cmdlog_sync is not None and now_ms >= self._next_cmdlog_sync:
             self._next_cmdlog_sync = now_ms + self.config.cmdlog.sync_interval
-            logs = [plog for plog in self._logs.values()]
+            logs = list(self._logs.values())
             for plog in logs:
                 plog.flush()
-            threading.Thread(target=_sync_logs, args=(logs,), name="cmdlog-sync", daemon=True).start()
+            self.run_in_thread(sync_all, logs)
         if self.cleaner is not None and now_ms >= self._next_pack_check:
             self._next_pack_check = now_ms + 100
             for rid, (j, sent) in list(self._packs.items()):
@@ -149,9 +149,14 @@ class PackedFile:
         self.out_path = out_path
 
 
-def _sync_logs(logs) -> None:
-    for plog in logs:
+def sync_all(storages) -> None:
+    """fsync each of `storages` (journals or partition logs), logging failures."""
+    for st in storages:
         try:
-            plog.sync()
+            st.sync()
         except OSError as e:
-            log.error("cmdlog fsync failed: %s", e)
+            log.error("fsync failed: %s", e)
+
+
+def _run_inline(fn, *args) -> None:
+    fn(*args)

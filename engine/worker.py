@@ -46,7 +46,7 @@ from .messages import (F_ABORT, F_CLOSE, F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_PEE
                        Reassembler, pack_req, pack_resp, send, unpack_req, unpack_resp)
 from .placement import worker_of
 from .sessions import Session
-from .storage_factory import ShardStorage
+from .storage_factory import ShardStorage, sync_all
 from .waiters import Waiter
 
 log = logging.getLogger(__name__)
@@ -125,6 +125,7 @@ class Worker:
                                     expire_forward=self.forward_add, autoflush=False)
         self.storage_factory = factory
         factory.collection = self.coll
+        factory.run_in_thread = lambda fn, *args: self.fsync_pool().submit(fn, *args)
 
         def progress(name, i, n):
             log.info("worker %d: replaying queue %r (%d/%d)", self.index, name, i, n)
@@ -656,7 +657,7 @@ class Worker:
             for st in due:
                 del self.next_sync_ms[st]
             if due:
-                self.fsync_pool().submit(_sync_all, due)
+                self.fsync_pool().submit(sync_all, due)
         self.storage_factory.tick(now)
         if self.coll.woken:
             self.retry_woken()
@@ -747,18 +748,10 @@ class Worker:
         try:
             self.finish_batch()
             if self.held or self.sync_inflight:
-                _sync_all(self.coll.dirty_storages())
+                sync_all(self.coll.dirty_storages())
                 self.publish(self.held)
         finally:
             self.coll.close()
-
-
-def _sync_all(storages) -> None:
-    for st in storages:
-        try:
-            st.sync()
-        except OSError as e:
-            log.error("periodic fsync failed: %s", e)
 
 
 def _fail_acks(replies, reason: str):
