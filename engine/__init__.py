@@ -1,13 +1,18 @@
-"""Lanner's engine: queues, their storage, and the processes that serve them.
+"""Lanner: a durable, Kestrel-compatible message-queue server that uses every core.
 
-Importable without any networking: a `QueueCollection` (collection.py) over
-`PersistentQueue`s (queue.py) that keep their items in a Kestrel journal
-(journal.py) or a workq command log (cmdlog.py), behind one storage seam
-(storage.py).  Time always comes from a clock object (clock.py).
+The layers, bottom up (docs/design.md walks through them):
 
-The server's processes live here too: supervisor.py forks worker.py (a shard
-of the queues each), front processes (front.py, speaking the wire protocols of
-../protocols) and cleaner.py, joined by shared-memory rings (ring.py).
+- `lanner.queues`   — queues, their collection, waiters, sessions, placement;
+                      importable without any networking.
+- `lanner.storage`  — the storage seam and its one factory; Kestrel journals
+                      (`storage.journal`) and workq command logs (`storage.cmdlog`).
+- `lanner.ipc`      — shared-memory rings, ring messages, control sockets.
+- `lanner.server`   — the supervisor, workers, cleaner and status block.
+- `lanner.fronts`   — the event loops that speak to clients.
+- `lanner.protocols`— pure parsers and encoders: bytes in, commands out.
+- `lanner.tools`    — offline tools (qdump, qpack, cmdlog).
+
+Time always comes from a clock object (`lanner.clock`).
 """
 
 __version__ = "0.1.0"

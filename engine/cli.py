@@ -39,7 +39,7 @@ def setup_logging(level: str) -> None:
 
 def cmd_serve(argv: list[str]) -> int:
     args = serve_parser().parse_args(argv)
-    from .config import ConfigError, load_config
+    from lanner.config import ConfigError, load_config
     overrides = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
     try:
         config = load_config(args.config, overrides)
@@ -50,7 +50,7 @@ def cmd_serve(argv: list[str]) -> int:
         sys.stderr.write(f"lanner: cannot read config {args.config}: {e.strerror or e}\n")
         return 1
     setup_logging(config.server.log_level)
-    from .supervisor import serve
+    from lanner.server.supervisor import serve
     return serve(config)
 
 
@@ -63,13 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "serve":
         return cmd_serve(rest)
     if cmd == "qdump":
-        from .qtools import qdump_main
+        from lanner.tools.qtools import qdump_main
         return qdump_main(rest)
     if cmd == "qpack":
-        from .qtools import qpack_main
+        from lanner.tools.qtools import qpack_main
         return qpack_main(rest)
     if cmd == "cmdlog":
-        from .cmdlog_tool import cmdlog_main
+        from lanner.tools.cmdlog import cmdlog_main
         return cmdlog_main(rest)
     sys.stderr.write(f"lanner: unknown command {cmd!r}\n{USAGE}")
     return 2

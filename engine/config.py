@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any, Callable
 
-from .placement import PARTITIONS
+from lanner.queues.placement import PARTITIONS
 
 log = logging.getLogger(__name__)
 

@@ -11,12 +11,12 @@ import argparse
 import logging
 import sys
 
-from perf import compare, scenarios
-from perf.client import ProtocolError
-from perf.context import Context, ScenarioError
-from perf.loadgen import LoadgenError
-from perf.report import out_dir, render, write_json, write_plots
-from perf.servers import ServerError, external, start_lanner, start_memcached
+from lanner.perf import compare, scenarios
+from lanner.perf.client import ProtocolError
+from lanner.perf.context import Context, ScenarioError
+from lanner.perf.loadgen import LoadgenError
+from lanner.perf.report import out_dir, render, write_json, write_plots
+from lanner.perf.servers import ServerError, external, start_lanner, start_memcached
 
 
 def add_common(p: argparse.ArgumentParser, default_port: int) -> None:

@@ -22,11 +22,11 @@ import tempfile
 
 import pytest
 
-from engine.clock import FakeClock
-from engine.cmdlog import PartitionLog
-from engine.item import QItem
-from engine.rewrite import rewrite_segments
-from engine.segment import list_segments
+from lanner.clock import FakeClock
+from lanner.storage.cmdlog.cmdlog import PartitionLog
+from lanner.queues.item import QItem
+from lanner.storage.cmdlog.rewrite import rewrite_segments
+from lanner.storage.cmdlog.segment import list_segments
 
 APPENDS = 20_000
 LOG_MB = 24

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine.clock import FakeClock
-from engine.item import QItem
-from engine.journal import Journal, encode_add, encode_remove
-from engine.packer import pack_files
+from lanner.clock import FakeClock
+from lanner.queues.item import QItem
+from lanner.storage.journal.journal import Journal, encode_add, encode_remove
+from lanner.storage.journal.packer import pack_files
 
 RECORD = 1024                  # item bytes per record
 APPENDS = 50_000               # records per append round

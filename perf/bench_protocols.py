@@ -4,8 +4,8 @@ Run: python -m pytest perf/bench_protocols.py --benchmark-enable -p no:randomly
 Each benchmark feeds one request and drains the parser, as a front does per request;
 the batched variants show the per-request cost when 100 pipelined requests arrive in one read.
 """
-from protocols import memcache as mc
-from protocols import text as tx
+from lanner.protocols import memcache as mc
+from lanner.protocols import text as tx
 
 SET64 = b"set q 0 0 64\r\n" + b"x" * 64 + b"\r\n"
 GET = b"get q\r\n"

@@ -21,7 +21,7 @@ import statistics
 import sys
 import time
 
-from engine.ring import Ring, WakeFd
+from lanner.ipc.ring import Ring, WakeFd
 
 PAYLOAD = 64
 COUNT = 300_000

@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from perf import scenarios
-from perf.context import Context, ScenarioError
-from perf.report import Plot, Report
-from perf.servers import external, start_lanner, start_memcached
+from lanner.perf import scenarios
+from lanner.perf.context import Context, ScenarioError
+from lanner.perf.report import Plot, Report
+from lanner.perf.servers import external, start_lanner, start_memcached
 
 THROUGHPUT_SCENARIOS = [n for n in scenarios.MODULES if scenarios.load(n).THROUGHPUT]
 

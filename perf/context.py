@@ -9,10 +9,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from perf import loadgen
-from perf.client import MemcacheClient
-from perf.report import Report, progress_bar
-from perf.servers import Target
+from lanner.perf import loadgen
+from lanner.perf.client import MemcacheClient
+from lanner.perf.report import Report, progress_bar
+from lanner.perf.servers import Target
 
 
 class ScenarioError(RuntimeError):

@@ -161,7 +161,7 @@ def start_lanner(workers: int = 1, fronts: int = 1, config: str | None = None, t
     workdir = tempfile.mkdtemp(prefix="lanner-perf-")
     mc = free_port()
     th = free_port() if thrift else None
-    args = [sys.executable, "-m", "engine.cli", "serve",
+    args = [sys.executable, "-m", "lanner.cli", "serve",
             "--queue-path", queue_path or os.path.join(workdir, "queues"),
             "--status-file", os.path.join(workdir, "status"), "--listen", "127.0.0.1",
             "--memcache-port", str(mc), "--text-port", "off", "--admin-port", "off",

@@ -1,6 +1,6 @@
 """Kestrel's text protocol: an incremental request parser and the reply encoders.
 
-Pure, like `protocols.memcache`: bytes in, command objects out (reference §2,
+Pure, like `lanner.protocols.memcache`: bytes in, command objects out (reference §2,
 deviation 5).  Kestrel built it on naggati's `readLine(true, "ISO-8859-1")`
 and `TextHandler`; this module reproduces both byte for byte:
 
@@ -32,7 +32,7 @@ import logging
 from dataclasses import dataclass
 from typing import Iterator
 
-from protocols.memcache import STATUS_NAMES, _show, parse_int
+from lanner.protocols.memcache import STATUS_NAMES, _show, parse_int
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 import pytest
 
-from engine.clock import FakeClock
+from lanner.clock import FakeClock
 
 
 @pytest.fixture

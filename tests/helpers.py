@@ -63,7 +63,7 @@ def start_server(tmp_path, *extra: str, workers: int = 1, fronts: int = 1, confi
     mc, tx = free_port(), free_port()
     th = free_port() if thrift else None
     ad = free_port() if admin else None
-    args = [sys.executable, "-m", "engine.cli", "serve",
+    args = [sys.executable, "-m", "lanner.cli", "serve",
             "--queue-path", qp, "--status-file", status_file, "--listen", "127.0.0.1",
             "--memcache-port", str(mc), "--text-port", str(tx),
             "--thrift-port", str(th) if th else "off", "--admin-port", str(ad) if ad else "off",

@@ -18,7 +18,7 @@ MODULES = {
 
 
 def load(name: str) -> ModuleType:
-    return importlib.import_module(f"perf.scenarios.{MODULES[name]}")
+    return importlib.import_module(f"lanner.perf.scenarios.{MODULES[name]}")
 
 
 def int_list(text: str) -> list[int]:

@@ -6,9 +6,9 @@ backlog, and the disk it takes, stays bounded; pass 0 for darner's exact setup.
 """
 from __future__ import annotations
 
-from perf.context import check_clean
-from perf.loadgen import Load, start
-from perf.report import RATE_COLUMNS, Plot, Report, progress_bar
+from lanner.perf.context import check_clean
+from lanner.perf.loadgen import Load, start
+from lanner.perf.report import RATE_COLUMNS, Plot, Report, progress_bar
 
 NAME = "fairness"
 HELP = "small sets measured while large items flood the same queue"

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from perf.context import check_clean, check_payloads
-from perf.loadgen import Load
-from perf.report import RATE_COLUMNS, Plot, Report
+from lanner.perf.context import check_clean, check_payloads
+from lanner.perf.loadgen import Load
+from lanner.perf.report import RATE_COLUMNS, Plot, Report
 
 NAME = "flood"
 HELP = "producers and consumers at once through one queue; items/s end to end"

@@ -13,9 +13,9 @@ import time
 
 from thrift.Thrift import TException
 
-from perf.context import ScenarioError
-from perf.report import Plot, Report
-from perf.thrift_client import KestrelThrift, ThriftAppError
+from lanner.perf.context import ScenarioError
+from lanner.perf.report import Plot, Report
+from lanner.perf.thrift_client import KestrelThrift, ThriftAppError
 
 NAME = "leaky-reader"
 HELP = "thrift: reliable reads that sometimes fail to confirm; every item confirmed once"

@@ -14,9 +14,9 @@ import sys
 import threading
 import time
 
-from perf.client import ProtocolError
-from perf.context import ScenarioError
-from perf.report import Plot, Report
+from lanner.perf.client import ProtocolError
+from lanner.perf.context import ScenarioError
+from lanner.perf.report import Plot, Report
 
 NAME = "many-clients"
 HELP = "a trickling producer and many blocking consumers; nothing lost, optional hang-ups"

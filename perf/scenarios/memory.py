@@ -7,10 +7,10 @@ read back with their payloads checked, so a lost or mangled item fails the run.
 """
 from __future__ import annotations
 
-from perf.context import ScenarioError, check_clean, check_payloads
-from perf.loadgen import Load
-from perf.report import Plot, Report
-from perf.scenarios import int_list
+from lanner.perf.context import ScenarioError, check_clean, check_payloads
+from lanner.perf.loadgen import Load
+from lanner.perf.report import Plot, Report
+from lanner.perf.scenarios import int_list
 
 NAME = "memory"
 HELP = "RSS/PSS of all server processes as a backlog grows to N items and drains"

@@ -6,10 +6,10 @@ concurrency of 100 or more.  With --depth D each connection writes D requests at
 """
 from __future__ import annotations
 
-from perf.context import check_clean
-from perf.loadgen import Load
-from perf.report import RATE_COLUMNS, Plot, Report
-from perf.scenarios import int_list
+from lanner.perf.context import check_clean
+from lanner.perf.loadgen import Load
+from lanner.perf.report import RATE_COLUMNS, Plot, Report
+from lanner.perf.scenarios import int_list
 
 NAME = "mixed"
 HELP = "darner's db: interleaved set/get at a ratio, concurrency sweep"

@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from perf.context import check_clean, check_payloads
-from perf.loadgen import Load
-from perf.report import Plot, Report
+from lanner.perf.context import check_clean, check_payloads
+from lanner.perf.loadgen import Load
+from lanner.perf.report import Plot, Report
 
 NAME = "packing"
 HELP = "backlog beyond memory, then concurrent write/read cycles with strict order checks"

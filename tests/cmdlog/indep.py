@@ -1,5 +1,5 @@
 """A tiny workq segment decoder/encoder written from the spec alone, sharing no
-code with engine.segment (its own CRC-32C table too), so that tests can check
+code with lanner.storage.cmdlog.segment (its own CRC-32C table too), so that tests can check
 Lanner's bytes against an independent reading of the format."""
 from __future__ import annotations
 

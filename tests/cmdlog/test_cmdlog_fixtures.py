@@ -11,10 +11,10 @@ import shutil
 
 import pytest
 
-from engine import segment as sg
-from engine.clock import FakeClock
-from engine.cmdlog import COMPLETED, DELETED, FAILED, NEW, PENDING, PartitionLog, Replayer, replay_directory
-from engine.cmdlog_tool import _parse_now, cmdlog_main
+from lanner.storage.cmdlog import segment as sg
+from lanner.clock import FakeClock
+from lanner.storage.cmdlog.cmdlog import COMPLETED, DELETED, FAILED, NEW, PENDING, PartitionLog, Replayer, replay_directory
+from lanner.tools.cmdlog import _parse_now, cmdlog_main
 
 from . import indep
 
@@ -194,7 +194,7 @@ def test_b_appends_continue_in_the_newest_segment(tmp_path):
     plog = PartitionLog(d, clock, segment_size=200)
     st = plog.storage_for("after").replay(None)
     assert st.total_items == 0
-    from engine.item import QItem
+    from lanner.queues.item import QItem
     plog.storage_for("after").record_add(QItem(clock.now_ms(), clock.now_ms() + 60000, b"z"))
     plog.close()
     assert os.path.getsize(os.path.join(d, "000000003.log")) > 93

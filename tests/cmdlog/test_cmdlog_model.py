@@ -16,10 +16,10 @@ from collections import deque
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from engine.clock import FakeClock
-from engine.cmdlog import PartitionLog, Replayer, replay_directory
-from engine.item import QItem
-from engine.rewrite import rewrite_segments
+from lanner.clock import FakeClock
+from lanner.storage.cmdlog.cmdlog import PartitionLog, Replayer, replay_directory
+from lanner.queues.item import QItem
+from lanner.storage.cmdlog.rewrite import rewrite_segments
 
 QUEUES = st.sampled_from(["jobs", "jobs", "jobs", "mail.out+fan"])
 

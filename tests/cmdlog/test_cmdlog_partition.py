@@ -11,11 +11,11 @@ from collections import deque
 
 import pytest
 
-from engine import segment as sg
-from engine.cmdlog import (LANNER_TTR_MS, QUEUES_FILE, CmdlogStorage, PartitionLog, open_partition_logs,
+from lanner.storage.cmdlog import segment as sg
+from lanner.storage.cmdlog.cmdlog import (LANNER_TTR_MS, QUEUES_FILE, CmdlogStorage, PartitionLog, open_partition_logs,
                            partition_dir)
-from engine.item import QItem
-from engine.segment import CmdlogError
+from lanner.queues.item import QItem
+from lanner.storage.cmdlog.segment import CmdlogError
 
 from . import indep
 
@@ -201,7 +201,7 @@ def test_torn_tail_of_newest_segment_is_truncated_with_a_warning(tmp_path, clock
         with open(path, "ab") as f:
             f.write(whole[last:last + cut - good])
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="engine.cmdlog"):
+        with caplog.at_level(logging.WARNING, logger="lanner.storage.cmdlog.cmdlog"):
             p2 = PartitionLog(plog.dir, clock)
         assert os.path.getsize(path) == good
         assert [i.data for i in p2.storage_for("q").replay(None).items] == [b"item%d" % i for i in range(5)]
@@ -473,7 +473,7 @@ def test_closed_log_refuses_appends(plog, clock):
 
 
 def test_open_partition_logs_layout_and_config(tmp_path, clock):
-    from engine.config import CmdlogConfig
+    from lanner.config import CmdlogConfig
     logs = open_partition_logs(str(tmp_path), [3, 17], clock, CmdlogConfig(segment_size=4096, sync="always"))
     assert set(logs) == {3, 17}
     assert logs[3].dir == partition_dir(str(tmp_path), 3) == os.path.join(str(tmp_path), "cmdlog", "3")

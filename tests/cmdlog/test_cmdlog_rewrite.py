@@ -10,12 +10,12 @@ import tempfile
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from engine import segment as sg
-from engine.clock import FakeClock
-from engine.cmdlog import PartitionLog, Replayer, replay_directory
-from engine.item import QItem
-from engine.rewrite import rewrite_segments
-from engine.segment import CmdlogError, IdCommand, JobCommand, ResultCommand
+from lanner.storage.cmdlog import segment as sg
+from lanner.clock import FakeClock
+from lanner.storage.cmdlog.cmdlog import PartitionLog, Replayer, replay_directory
+from lanner.queues.item import QItem
+from lanner.storage.cmdlog.rewrite import rewrite_segments
+from lanner.storage.cmdlog.segment import CmdlogError, IdCommand, JobCommand, ResultCommand
 
 from . import indep
 

@@ -2,13 +2,13 @@
 import os
 import uuid
 
-from engine.clock import FakeClock
-from engine.cmdlog import PartitionLog
-from engine.collection import QueueCollection
-from engine.config import load_config
-from engine.placement import partition_of
-from engine.segment import JobCommand
-from engine.storage_factory import ShardStorage
+from lanner.clock import FakeClock
+from lanner.storage.cmdlog.cmdlog import PartitionLog
+from lanner.queues.collection import QueueCollection
+from lanner.config import load_config
+from lanner.queues.placement import partition_of
+from lanner.storage.cmdlog.segment import JobCommand
+from lanner.storage.factory import ShardStorage
 
 NOW = 1_795_000_000_000
 

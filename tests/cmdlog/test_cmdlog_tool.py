@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from engine import segment as sg
-from engine.clock import FakeClock
-from engine.cmdlog import PartitionLog
-from engine.cmdlog_tool import cmdlog_main, format_time
-from engine.item import QItem
+from lanner.storage.cmdlog import segment as sg
+from lanner.clock import FakeClock
+from lanner.storage.cmdlog.cmdlog import PartitionLog
+from lanner.tools.cmdlog import cmdlog_main, format_time
+from lanner.queues.item import QItem
 
 from . import indep
 
@@ -121,6 +121,6 @@ def test_format_time():
 
 def test_lanner_cli_entry_point(logdir):
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(__file__)))}
-    p = subprocess.run([sys.executable, "-m", "engine.cli", "cmdlog", "check", logdir], capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "lanner.cli", "cmdlog", "check", logdir], capture_output=True,
                        text=True, env=env, timeout=60)
     assert p.returncode == 0 and p.stdout.startswith("ok: ")

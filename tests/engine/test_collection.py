@@ -9,11 +9,11 @@ import types
 
 import pytest
 
-from engine.collection import QueueCollection
-from engine.config import Config, QueueConfig, ServerConfig
-from engine.sessions import Session
-from engine.storage import MemoryStorage
-from engine.waiters import Waiter
+from lanner.queues.collection import QueueCollection
+from lanner.config import Config, QueueConfig, ServerConfig
+from lanner.queues.sessions import Session
+from lanner.storage.seam import MemoryStorage
+from lanner.queues.waiters import Waiter
 
 try:
     from .test_queue_model import RecordingStorage
@@ -682,7 +682,7 @@ def test_delete_tells_the_factory(make, factory):
 # -- the default storage factory -----------------------------------------------------------------
 @pytest.fixture
 def fake_backends(monkeypatch):
-    """Stand-ins for engine.journal and engine.cmdlog that log how they are called."""
+    """Stand-ins for lanner.storage.journal.journal and lanner.storage.cmdlog.cmdlog that log how they are called."""
     calls = []
 
     class Journal(RecordingStorage):
@@ -712,8 +712,8 @@ def fake_backends(monkeypatch):
         calls.append(("open", queue_path, list(partitions)))
         return {p: PartitionLog(p) for p in partitions}
 
-    monkeypatch.setitem(sys.modules, "engine.journal", types.SimpleNamespace(Journal=Journal))
-    monkeypatch.setitem(sys.modules, "engine.cmdlog",
+    monkeypatch.setitem(sys.modules, "lanner.storage.journal.journal", types.SimpleNamespace(Journal=Journal))
+    monkeypatch.setitem(sys.modules, "lanner.storage.cmdlog.cmdlog",
                         types.SimpleNamespace(open_partition_logs=open_partition_logs))
     return calls
 
@@ -734,7 +734,7 @@ def test_default_factory_without_keep_journal_erases_old_files(tmp_path, clock, 
 
 
 def test_default_factory_opens_cmdlog_partitions_lazily(tmp_path, clock, fake_backends):
-    from engine.placement import partition_of
+    from lanner.queues.placement import partition_of
     qp = tmp_path / "queues"
     (qp / "cmdlog" / "3").mkdir(parents=True)
     (qp / "cmdlog" / "notes").mkdir()

@@ -10,7 +10,7 @@ import tomllib
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engine.config import (
+from lanner.config import (
     CmdlogConfig, Config, ConfigError, QueueConfig, ServerConfig, config_items, load_config,
     parse_duration, parse_size, reload_config, validate_queue_name,
 )
@@ -366,7 +366,7 @@ def test_non_ascii_names_are_the_utf8_bytes_read_as_latin1(write):
 
 
 def test_alias_with_a_queue_name_is_allowed_with_a_warning(write, caplog):
-    with caplog.at_level(logging.WARNING, logger="engine.config"):
+    with caplog.at_level(logging.WARNING, logger="lanner.config"):
         c = load_config(write('[queues."jobs"]\nmax_items = 2\n[aliases."jobs"]\ndestinations = ["a"]\n'))
     assert c.is_alias("jobs") and c.queue_config("jobs").max_items == 2
     assert any("jobs" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine import journal as J
-from engine.item import QItem
-from engine.journal import (Journal, JournalCorrupt, JournalError, Record, archived_files, encode_add,
+from lanner.storage.journal import journal as J
+from lanner.queues.item import QItem
+from lanner.storage.journal.journal import (Journal, JournalCorrupt, JournalError, Record, archived_files, encode_add,
                             encode_confirm, encode_continue, encode_open, encode_remove, encode_unremove,
                             queue_names_in, read_records)
 
@@ -411,7 +411,7 @@ def test_rewrite_that_cannot_write_is_skipped_and_logged(tmp_path, clock, monkey
         written.append(len(data))
         return os.write(fd, data)
     monkeypatch.setattr(J, "_write", fail_big)
-    with caplog.at_level(logging.ERROR, logger="engine.journal"):
+    with caplog.at_level(logging.ERROR, logger="lanner.storage.journal.journal"):
         j.after_remove(View([item]), Cfg(max_journal_size=100), T)
     assert j.rewrites == 0 and "rewrite skipped" in caplog.text
     assert sorted(os.listdir(tmp_path)) == ["q"] and j.logsize == 3 * 122

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from engine.clock import FakeClock
-from engine.item import QItem
-from engine.journal import Journal, archived_files, encode_add, encode_confirm, encode_open, encode_unremove, \
+from lanner.clock import FakeClock
+from lanner.queues.item import QItem
+from lanner.storage.journal.journal import Journal, archived_files, encode_add, encode_confirm, encode_open, encode_unremove, \
     read_records
-from engine.packer import pack_files
+from lanner.storage.journal.packer import pack_files
 
 T = 1_700_000_000_000
 
@@ -168,7 +168,7 @@ def replay_files(tmp_path, clock, cfg=None):
 
 def test_torn_tail_of_current_file_is_truncated(tmp_path, clock, caplog):
     write(tmp_path / "q", addx(b"hello"), addx(b"world"), b"\x02\x15\x00")
-    with caplog.at_level(logging.ERROR, logger="engine.journal"):
+    with caplog.at_level(logging.ERROR, logger="lanner.storage.journal.journal"):
         st = replay_files(tmp_path, clock)
     assert [i.data for i in st.items] == [b"hello", b"world"] and st.total_items == 2
     assert (tmp_path / "q").stat().st_size == 52
@@ -191,7 +191,7 @@ def test_torn_record_in_rotated_file_skips_only_that_file(tmp_path, clock, caplo
     write(tmp_path / "q.100", addx(b"a"), addx(b"b"), b"\x63\x01\x02", addx(b"lost"))
     write(tmp_path / "q.200", b"\x01", addx(b"c"))
     write(tmp_path / "q", addx(b"d"))
-    with caplog.at_level(logging.ERROR, logger="engine.journal"):
+    with caplog.at_level(logging.ERROR, logger="lanner.storage.journal.journal"):
         st = replay_files(tmp_path, clock)
     assert [i.data for i in st.items] == [b"b", b"c", b"d"]
     assert (tmp_path / "q.100").stat().st_size == 44 + 3 + 25
@@ -200,7 +200,7 @@ def test_torn_record_in_rotated_file_skips_only_that_file(tmp_path, clock, caplo
 
 
 def test_unreadable_archive_is_logged_and_skipped(tmp_path, clock, monkeypatch, caplog):
-    import engine.journal as J
+    import lanner.storage.journal.journal as J
     write(tmp_path / "q.100", addx(b"a"))
     write(tmp_path / "q", addx(b"b"))
     real = J.Cursor
@@ -210,7 +210,7 @@ def test_unreadable_archive_is_logged_and_skipped(tmp_path, clock, monkeypatch, 
             raise PermissionError(13, "Permission denied")
         return real(path, *a, **kw)
     monkeypatch.setattr(J, "Cursor", cursor)
-    with caplog.at_level(logging.ERROR, logger="engine.journal"):
+    with caplog.at_level(logging.ERROR, logger="lanner.storage.journal.journal"):
         st = replay_files(tmp_path, clock)
     assert [i.data for i in st.items] == [b"b"]
     assert "cannot read" in caplog.text and "q.100" in caplog.text and "DATA MAY HAVE BEEN LOST" in caplog.text
@@ -275,7 +275,7 @@ def test_pack_file_beside_archives_is_installed_at_replay(tmp_path, clock):
 
 
 def test_progress_callback(tmp_path, clock, monkeypatch):
-    import engine.journal as J
+    import lanner.storage.journal.journal as J
     monkeypatch.setattr(J, "PROGRESS_STEP", 100)
     write(tmp_path / "q.1", *[addx(b"x" * 50)] * 4)
     write(tmp_path / "q", *[addx(b"y" * 50)] * 4)

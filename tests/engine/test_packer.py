@@ -13,12 +13,12 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engine import packer as P
-from engine.clock import FakeClock
-from engine.item import QItem
-from engine.journal import Journal, encode_add, encode_confirm, encode_continue, encode_open, encode_remove, \
+from lanner.storage.journal import packer as P
+from lanner.clock import FakeClock
+from lanner.queues.item import QItem
+from lanner.storage.journal.journal import Journal, encode_add, encode_confirm, encode_continue, encode_open, encode_remove, \
     encode_unremove
-from engine.packer import pack_files
+from lanner.storage.journal.packer import pack_files
 
 T = 1_700_000_000_000
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -105,7 +105,7 @@ def test_legacy_add_takes_the_pack_time(tmp_path):
 def test_broken_record_skips_the_rest_of_that_file(tmp_path, caplog):
     write(tmp_path / "a", addx(b"a"), b"\x63", addx(b"lost"))
     write(tmp_path / "b", addx(b"b"), b"\x02\x15")
-    with caplog.at_level(logging.ERROR, logger="engine.packer"):
+    with caplog.at_level(logging.ERROR, logger="lanner.storage.journal.packer"):
         r = pack_files([str(tmp_path / "a"), str(tmp_path / "b")], str(tmp_path / "out"), now_ms=T)
     assert (tmp_path / "out").read_bytes() == addx(b"a") + addx(b"b")
     assert r.broken == [(str(tmp_path / "a"), 22, "invalid opcode 99"),
@@ -116,7 +116,7 @@ def test_broken_record_skips_the_rest_of_that_file(tmp_path, caplog):
 
 def test_checkpoint_snapshot_mismatch_is_logged_and_the_files_win(tmp_path, caplog):
     write(tmp_path / "a", addx(b"a"), encode_open(1))
-    with caplog.at_level(logging.WARNING, logger="engine.packer"):
+    with caplog.at_level(logging.WARNING, logger="lanner.storage.journal.packer"):
         r = pack_files([str(tmp_path / "a")], str(tmp_path / "out"), open_xids_at_checkpoint=[1, 2], now_ms=T)
     assert r.open_xids == [1] and "open xids [1]" in caplog.text and "[1, 2]" in caplog.text
     caplog.clear()
@@ -233,8 +233,8 @@ def test_pack_of_a_prefix_then_the_rest_replays_to_the_same_state(tmp_path_facto
 GEN = """
 import os, struct, sys
 sys.path.insert(0, {root!r})
-from engine.journal import encode_add, encode_remove, encode_open, encode_confirm
-from engine.item import QItem
+from lanner.storage.journal.journal import encode_add, encode_remove, encode_open, encode_confirm
+from lanner.queues.item import QItem
 path, target = sys.argv[1], int(sys.argv[2])
 block = bytearray()
 n = 0
@@ -255,7 +255,7 @@ with open(path, "wb") as f:
 PACK = """
 import sys, time
 sys.path.insert(0, {root!r})
-from engine.packer import pack_files
+from lanner.storage.journal.packer import pack_files
 t = time.monotonic()
 r = pack_files([sys.argv[1]], sys.argv[2], now_ms=1)
 hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))

@@ -5,11 +5,11 @@ import dataclasses
 
 import pytest
 
-from engine.config import QueueConfig
-from engine.item import QItem
-from engine.queue import PersistentQueue
-from engine.storage import MemoryStorage
-from engine.waiters import Waiter
+from lanner.config import QueueConfig
+from lanner.queues.item import QItem
+from lanner.queues.queue import PersistentQueue
+from lanner.storage.seam import MemoryStorage
+from lanner.queues.waiters import Waiter
 
 try:
     from .test_queue_model import RecordingStorage

@@ -20,11 +20,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
-from engine.clock import FakeClock
-from engine.config import QueueConfig
-from engine.item import QItem
-from engine.queue import PersistentQueue
-from engine.storage import ReplayState
+from lanner.clock import FakeClock
+from lanner.config import QueueConfig
+from lanner.queues.item import QItem
+from lanner.queues.queue import PersistentQueue
+from lanner.storage.seam import ReplayState
 
 
 class RecordingStorage:
@@ -143,7 +143,7 @@ def recording_storage(path, name, clock, config) -> RecordingStorage:
 
 
 def journal_storage(path, name, clock, config):
-    from engine.journal import Journal
+    from lanner.storage.journal.journal import Journal
     return Journal(str(path), name, clock)
 
 
@@ -151,8 +151,8 @@ _PARTITION_LOGS: dict[str, object] = {}
 
 
 def cmdlog_storage(path, name, clock, config):
-    from engine.cmdlog import open_partition_logs
-    from engine.placement import partition_of
+    from lanner.storage.cmdlog.cmdlog import open_partition_logs
+    from lanner.queues.placement import partition_of
     release(path)                      # a restart: the old process's log is closed first
     p = partition_of(name)
     plog = _PARTITION_LOGS[str(path)] = open_partition_logs(str(path), [p], clock, None)[p]

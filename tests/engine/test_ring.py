@@ -11,7 +11,7 @@ from collections import deque
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engine.ring import (HEADER_SIZE, SLEEP_SEQ, SLEEPING, TAIL, WAITING, Ring, RingError, WakeFd,
+from lanner.ipc.ring import (HEADER_SIZE, SLEEP_SEQ, SLEEPING, TAIL, WAITING, Ring, RingError, WakeFd,
                          clear_sleep_all, duplex, prepare_sleep_all)
 from tests.engine.forking import CHILD_TIMEOUT, child_result, in_child
 

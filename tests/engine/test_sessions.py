@@ -1,7 +1,7 @@
 """Session: per-connection open reads, FIFO per queue (§1.5, §1.6, §9.3)."""
 from __future__ import annotations
 
-from engine.sessions import Session
+from lanner.queues.sessions import Session
 
 
 def test_open_reads_are_fifo_per_queue():

@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from engine.shm import CounterBlock, SharedBytes
+from lanner.ipc.shm import CounterBlock, SharedBytes
 from tests.engine.forking import child_result, in_child
 
 

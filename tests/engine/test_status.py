@@ -7,8 +7,8 @@ import struct
 
 import pytest
 
-from engine.clock import FakeClock
-from engine.status import STATUSES, ServerStatus, StatusError
+from lanner.clock import FakeClock
+from lanner.server.status import STATUSES, ServerStatus, StatusError
 
 BLOCKS = {  # enforced status -> (blocks reads, blocks writes), §5.11 table
     "Up": (False, False), "WriteAvoid": (False, False), "ReadOnly": (False, True),

@@ -1,7 +1,7 @@
 """WaitList (FIFO, lazy cancel, wake one/all) and TimerHeap (lazy deadlines)."""
 from __future__ import annotations
 
-from engine.waiters import TimerHeap, Waiter, WaitList
+from lanner.queues.waiters import TimerHeap, Waiter, WaitList
 
 
 def w(key, deadline=None, **kw) -> Waiter:

@@ -1,6 +1,6 @@
 """A failed write or fsync turns the batch's acknowledgements into errors (worker.py)."""
-from engine.messages import R_ITEM, R_OK, R_SERVER_ERROR, RF_CLOSE, pack_resp, unpack_resp
-from engine.worker import _fail_acks
+from lanner.ipc.messages import R_ITEM, R_OK, R_SERVER_ERROR, RF_CLOSE, pack_resp, unpack_resp
+from lanner.server.worker import _fail_acks
 
 
 def test_acks_become_server_errors_and_items_stay():

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from perf.__main__ import main as perf_main
-from perf.servers import start_memcached
+from lanner.perf.__main__ import main as perf_main
+from lanner.perf.servers import start_memcached
 from tests.helpers import start_server
 
 

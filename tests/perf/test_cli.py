@@ -6,10 +6,10 @@ import os
 import subprocess
 import sys
 
-from perf import scenarios
-from perf.__main__ import build_parser
-from perf.report import Plot, Report, format_table, progress_bar, render, write_json, write_plots
-from perf.servers import ProcTree, find_server_pid, free_port
+from lanner.perf import scenarios
+from lanner.perf.__main__ import build_parser
+from lanner.perf.report import Plot, Report, format_table, progress_bar, render, write_json, write_plots
+from lanner.perf.servers import ProcTree, find_server_pid, free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -5,10 +5,10 @@ import socket
 
 import pytest
 
-from perf import loadgen
-from perf.client import MemcacheClient
-from perf.loadgen import Load, LoadgenError, merge, merge_hist, percentiles, split
-from perf.servers import free_port
+from lanner.perf import loadgen
+from lanner.perf.client import MemcacheClient
+from lanner.perf.loadgen import Load, LoadgenError, merge, merge_hist, percentiles, split
+from lanner.perf.servers import free_port
 
 ALPHA = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 

@@ -1,9 +1,9 @@
-"""protocols.admin: the HTTP request parser, routing and the Ostrich-shaped JSON."""
+"""lanner.protocols.admin: the HTTP request parser, routing and the Ostrich-shaped JSON."""
 import json
 
 import pytest
 
-from protocols.admin import (
+from lanner.protocols.admin import (
     PING_BODY, AdminParser, HttpError, HttpRequest, render_server_info_json, render_stats_json,
     response, route,
 )

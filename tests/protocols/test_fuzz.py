@@ -2,8 +2,8 @@
 fragmentation never changes the parse."""
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from protocols import memcache as mc
-from protocols import text as tx
+from lanner.protocols import memcache as mc
+from lanner.protocols import text as tx
 
 MC_TYPES = tuple(getattr(mc, n) for n in ("Get", "Set", "SetRefused", "Delete", "Flush", "FlushAll",
                                           "FlushExpired", "FlushAllExpired", "Stats", "DumpStats",

@@ -1,8 +1,8 @@
-"""Unit tests of protocols.memcache beyond the case files: numbers, memory bounds, encoders."""
+"""Unit tests of lanner.protocols.memcache beyond the case files: numbers, memory bounds, encoders."""
 import pytest
 
-from protocols import memcache as mc
-from protocols.memcache import (
+from lanner.protocols import memcache as mc
+from lanner.protocols.memcache import (
     Get, GetKey, MemcacheParser, ProtocolError, Set, SetRefused, Version, parse_get_key, parse_int,
 )
 

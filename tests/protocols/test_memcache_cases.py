@@ -3,8 +3,8 @@ import zlib
 
 import pytest
 
-from protocols import memcache
-from protocols.memcache import MemcacheParser, ProtocolError, Quit, Shutdown
+from lanner.protocols import memcache
+from lanner.protocols.memcache import MemcacheParser, ProtocolError, Quit, Shutdown
 from tests.protocols.casefiles import case_id, chunkings, load, run
 
 NAMESPACE = vars(memcache)

@@ -1,8 +1,8 @@
-"""Unit tests of protocols.text beyond the case files: the put-block quirks, bounds, encoders."""
+"""Unit tests of lanner.protocols.text beyond the case files: the put-block quirks, bounds, encoders."""
 import pytest
 
-from protocols import text as tx
-from protocols.text import Get, ProtocolError, Put, Reply, TextParser
+from lanner.protocols import text as tx
+from lanner.protocols.text import Get, ProtocolError, Put, Reply, TextParser
 
 
 def parse_all(data: bytes, **kw) -> list:

@@ -3,8 +3,8 @@ import zlib
 
 import pytest
 
-from protocols import text
-from protocols.text import ProtocolError, Quit, TextParser
+from lanner.protocols import text
+from lanner.protocols.text import ProtocolError, Quit, TextParser
 from tests.protocols.casefiles import case_id, chunkings, load, run
 
 NAMESPACE = vars(text)

@@ -1,4 +1,4 @@
-"""protocols.thrift against an independent implementation: the `thrift` package (reference §3).
+"""lanner.protocols.thrift against an independent implementation: the `thrift` package (reference §3).
 
 Requests are built with thrift's TBinaryProtocol over TFramedTransport(TMemoryBuffer) and fed to
 ThriftParser; replies from the encoders are compared byte for byte with what thrift writes for the
@@ -17,12 +17,12 @@ from thrift.protocol import TBinaryProtocol
 from thrift.Thrift import TApplicationException, TMessageType, TType
 from thrift.transport import TTransport
 
-from protocols import thrift as th
-from protocols.thrift import (
+from lanner.protocols import thrift as th
+from lanner.protocols.thrift import (
     BadCall, Call, Item, ProtocolError, QueueInfo, ThriftParser, Upgrade, encode_exception,
     encode_reply, encode_upgrade_reply, internal_error,
 )
-from perf.thrift_client import KestrelThrift, ThriftAppError, TItem, TQueueInfo
+from lanner.perf.thrift_client import KestrelThrift, ThriftAppError, TItem, TQueueInfo
 
 CALL, REPLY, EXCEPTION, ONEWAY = (TMessageType.CALL, TMessageType.REPLY, TMessageType.EXCEPTION,
                                   TMessageType.ONEWAY)

@@ -220,7 +220,7 @@ def test_port_in_use_is_an_error(tmp_path):
     port = s.getsockname()[1]
     import subprocess
     import sys
-    r = subprocess.run([sys.executable, "-m", "engine.cli", "serve", "--queue-path", str(tmp_path / "q"),
+    r = subprocess.run([sys.executable, "-m", "lanner.cli", "serve", "--queue-path", str(tmp_path / "q"),
                         "--status-file", str(tmp_path / "st"), "--memcache-port", str(port),
                         "--text-port", "off", "--thrift-port", "off", "--admin-port", "off"],
                        capture_output=True, timeout=60, cwd=tmp_path)
@@ -235,7 +235,7 @@ def test_bad_config_is_an_error(tmp_path):
     import sys
     cfg = tmp_path / "bad.toml"
     cfg.write_text("[default]\nmax_items = \"lots\"\n")
-    r = subprocess.run([sys.executable, "-m", "engine.cli", "serve", "--config", str(cfg)],
+    r = subprocess.run([sys.executable, "-m", "lanner.cli", "serve", "--config", str(cfg)],
                        capture_output=True, timeout=60, cwd=tmp_path)
     assert r.returncode != 0
     assert "max_items" in r.stderr.decode()
@@ -247,7 +247,7 @@ def test_stray_file_in_queue_path_refuses_start(tmp_path):
     qp = tmp_path / "q"
     qp.mkdir()
     (qp / "foo.txt").write_bytes(b"not a journal")
-    r = subprocess.run([sys.executable, "-m", "engine.cli", "serve", "--queue-path", str(qp),
+    r = subprocess.run([sys.executable, "-m", "lanner.cli", "serve", "--queue-path", str(qp),
                         "--status-file", str(tmp_path / "st"), "--memcache-port", str(free_port()),
                         "--text-port", "off", "--thrift-port", "off", "--admin-port", "off",
                         "--workers", "1", "--fronts", "1"],

@@ -56,7 +56,7 @@ def test_journal_bytes_match_kestrel_examples(tmp_path):
     assert len(data) == 26 + 5 + 5
     assert data[:5] == b"\x02\x15\x00\x00\x00" and data[21:26] == b"hello"
     assert data[26:] == b"\x09\x01\x00\x00\x00\x06\x01\x00\x00\x00"
-    out = subprocess.run([sys.executable, "-m", "engine.cli", "qdump", os.path.join(h.queue_path, "jq")],
+    out = subprocess.run([sys.executable, "-m", "lanner.cli", "qdump", os.path.join(h.queue_path, "jq")],
                          capture_output=True, check=True).stdout.decode()
     assert "RSV 1" in out and "ACK 1" in out
 
@@ -74,7 +74,7 @@ def test_cmdlog_storage_is_checkable_by_the_tool(tmp_path):
     root = os.path.join(h.queue_path, "cmdlog")
     parts = [os.path.join(root, p) for p in os.listdir(root)]
     assert len(parts) == 1
-    r = subprocess.run([sys.executable, "-m", "engine.cli", "cmdlog", "check", parts[0]],
+    r = subprocess.run([sys.executable, "-m", "lanner.cli", "cmdlog", "check", parts[0]],
                        capture_output=True)
     assert r.returncode == 0, r.stdout + r.stderr
     h = start_server(tmp_path, workers=2, fronts=1, config=cfg)   # restart: the item is still there

@@ -4,7 +4,7 @@ import time
 import pytest
 
 from tests.helpers import start_server
-from perf.thrift_client import KestrelThrift, ThriftAppError
+from lanner.perf.thrift_client import KestrelThrift, ThriftAppError
 
 pytestmark = pytest.mark.integration
 

@@ -55,8 +55,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, NamedTuple
 
-from .item import QItem
-from .storage import ReplayState
+from lanner.queues.item import QItem
+from lanner.storage.seam import ReplayState
 
 log = logging.getLogger(__name__)
 
@@ -1066,7 +1066,7 @@ class Journal:
         req = self.pack_due()
         if req is None:
             return
-        from .packer import pack_files
+        from lanner.storage.journal.packer import pack_files
         try:
             result = pack_files(req.files, req.out_path, req.open_xids, now_ms=self._clock.now_ms())
         except (OSError, ValueError) as e:

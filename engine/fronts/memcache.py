@@ -7,11 +7,11 @@ reason, noreply is honoured, VALUE echoes the key as sent, multi-key get).
 """
 from __future__ import annotations
 
-from protocols import memcache as mc
+from lanner.protocols import memcache as mc
 
-from . import __version__
-from .front import C_GET, C_PEEK, C_SET, BaseConn, Slot, expiry_at
-from .messages import (F_ABORT, F_CLOSE, F_NOREPLY, F_OPEN, F_PEEK, OP_ALIAS_PUT, OP_CONFIRM,
+from lanner import __version__
+from lanner.fronts.front import C_GET, C_PEEK, C_SET, BaseConn, Slot, expiry_at
+from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_NOREPLY, F_OPEN, F_PEEK, OP_ALIAS_PUT, OP_CONFIRM,
                        OP_DELETE, OP_FLUSH, OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED, OP_FLUSH_EXPIRED,
                        OP_GET, OP_MONITOR, OP_SET, R_CLIENT_ERROR, R_EMPTY, R_END, R_ERROR, R_ITEM, R_OK,
                        R_SERVER_ERROR, R_VALUE, RF_CLOSE)
@@ -345,7 +345,7 @@ class MemcacheConn(BaseConn):
         if cmd.name is None:
             self.reply_now(mc.status_line(st.reported()))
             return
-        from .status import StatusError
+        from lanner.server.status import StatusError
         try:
             st.set(cmd.name)
         except StatusError as e:

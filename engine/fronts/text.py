@@ -7,11 +7,11 @@ connection stays open.
 """
 from __future__ import annotations
 
-from protocols import text as tx
+from lanner.protocols import text as tx
 
-from . import __version__
-from .front import C_GET, C_PEEK, C_SET, BaseConn, Slot, expiry_at
-from .messages import (F_CONFIRM_ALL, F_OPEN, F_PEEK, OP_ALIAS_PUT, OP_CONFIRM, OP_DELETE,
+from lanner import __version__
+from lanner.fronts.front import C_GET, C_PEEK, C_SET, BaseConn, Slot, expiry_at
+from lanner.ipc.messages import (F_CONFIRM_ALL, F_OPEN, F_PEEK, OP_ALIAS_PUT, OP_CONFIRM, OP_DELETE,
                        OP_FLUSH, OP_GET, OP_MONITOR, OP_SET, R_ERROR, R_ITEM, R_OK, R_SERVER_ERROR)
 
 _VERSION = tx.string(__version__)
@@ -193,7 +193,7 @@ class TextConn(BaseConn):
         if cmd.name is None:
             self.reply_now(tx.string(st.reported().upper()))
             return
-        from .status import StatusError
+        from lanner.server.status import StatusError
         try:
             st.set(cmd.name)
         except StatusError as e:

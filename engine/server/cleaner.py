@@ -16,7 +16,7 @@ import selectors
 import signal
 import time
 
-from . import control
+from lanner.ipc import control
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ def run_pack(msg: dict) -> dict:
     if pid == 0:
         code = 1
         try:
-            from .packer import pack_files
+            from lanner.storage.journal.packer import pack_files
             pack_files(msg["files"], msg["out"], msg.get("open_xids"),
                        now_ms=time.time_ns() // 1_000_000)
             code = 0
@@ -52,7 +52,7 @@ def rewrite_all(queue_path: str, clock) -> None:
     root = os.path.join(queue_path, "cmdlog")
     if not os.path.isdir(root):
         return
-    from .rewrite import rewrite_segments
+    from lanner.storage.cmdlog.rewrite import rewrite_segments
     for entry in sorted(os.listdir(root)):
         d = os.path.join(root, entry)
         if entry.isdigit() and os.path.isdir(d):
@@ -64,7 +64,7 @@ def rewrite_all(queue_path: str, clock) -> None:
 
 
 def cleaner_main(config, worker_socks, control_sock) -> int:
-    from .clock import SYSTEM_CLOCK
+    from lanner.clock import SYSTEM_CLOCK
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))

@@ -34,20 +34,20 @@ from dataclasses import dataclass
 
 import msgpack
 
-from . import control
-from .clock import SYSTEM_CLOCK
-from .collection import QueueCollection
-from .messages import (F_ABORT, F_CLOSE, F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_PEEK, F_THRIFT,
+from lanner.ipc import control
+from lanner.clock import SYSTEM_CLOCK
+from lanner.queues.collection import QueueCollection
+from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_PEEK, F_THRIFT,
                        OP_ALIAS_PUT, OP_CONFIRM, OP_DELETE, OP_DISCONNECT, OP_DUMP_CONFIG, OP_FLUSH,
                        OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED, OP_FLUSH_EXPIRED, OP_FORWARD_ADD, OP_GET,
                        OP_MONITOR, OP_PUT_MANY, OP_RELOAD, OP_SET, OP_STATS, OP_TABORT, OP_TCONFIRM,
                        OP_TGET, OP_TPEEK, R_CLIENT_ERROR, R_DATA, R_EMPTY, R_END, R_ERROR,
                        R_ITEM, R_NOT_STORED, R_OK, R_SERVER_ERROR, R_VALUE, REQ_SIZE, RF_CLOSE, RF_MORE,
                        Reassembler, pack_req, pack_resp, send, unpack_req, unpack_resp)
-from .placement import worker_of
-from .sessions import Session
-from .storage_factory import ShardStorage, sync_all
-from .waiters import Waiter
+from lanner.queues.placement import worker_of
+from lanner.queues.sessions import Session
+from lanner.storage.factory import ShardStorage, sync_all
+from lanner.queues.waiters import Waiter
 
 log = logging.getLogger(__name__)
 
@@ -698,13 +698,13 @@ class Worker:
         return msgpack.packb({"global": coll.stats(), "queues": out_queues})
 
     def config_payload(self) -> bytes:
-        from .config import config_items
+        from lanner.config import config_items
         entries = [(name, config_items(self.coll.queue(name, create=False).config))
                    for name in self.coll.names()]
         return msgpack.packb(entries)
 
     def reload(self) -> None:
-        from .config import ConfigError, reload_config
+        from lanner.config import ConfigError, reload_config
         try:
             self.config = reload_config(self.config)
         except ConfigError as e:

@@ -27,12 +27,13 @@ from collections import deque
 
 import msgpack
 
-from . import control, __version__
-from .messages import (OP_DISCONNECT, OP_DUMP_CONFIG, OP_RELOAD, OP_STATS, R_DATA, R_SERVER_ERROR,
+from lanner.ipc import control
+from lanner import __version__
+from lanner.ipc.messages import (OP_DISCONNECT, OP_DUMP_CONFIG, OP_RELOAD, OP_STATS, R_DATA, R_SERVER_ERROR,
                        RF_CLOSE, RF_MORE, RESP_SIZE, Reassembler, pack_req, send, unpack_resp)
-from .config import validate_queue_name
-from .placement import worker_of
-from .ring import prepare_sleep_all
+from lanner.config import validate_queue_name
+from lanner.queues.placement import worker_of
+from lanner.ipc.ring import prepare_sleep_all
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +198,7 @@ class Front:
             self.begin_stop()
 
     def reload_local(self) -> None:
-        from .config import ConfigError, reload_config
+        from lanner.config import ConfigError, reload_config
         try:
             self.config = reload_config(self.config)
         except ConfigError as e:
@@ -572,10 +573,10 @@ def front_main(index, config, status, counters, req_rings, resp_rings, wake_fd, 
                listeners, started_at, clock) -> int:
     """Entry point in the forked child."""
     import uvloop
-    from .admin_conn import AdminConn
-    from .memcache_conn import MemcacheConn
-    from .text_conn import TextConn
-    from .thrift_conn import ThriftConn
+    from lanner.fronts.admin import AdminConn
+    from lanner.fronts.memcache import MemcacheConn
+    from lanner.fronts.text import TextConn
+    from lanner.fronts.thrift import ThriftConn
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     loop = uvloop.new_event_loop()

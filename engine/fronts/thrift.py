@@ -12,11 +12,11 @@ import struct
 
 import msgpack
 
-from protocols import thrift as th
+from lanner.protocols import thrift as th
 
-from . import __version__
-from .front import C_PEEK, C_SET, BaseConn, Slot, expiry_at
-from .messages import (F_THRIFT, OP_DELETE, OP_FLUSH, OP_FLUSH_ALL, OP_PUT_MANY,
+from lanner import __version__
+from lanner.fronts.front import C_PEEK, C_SET, BaseConn, Slot, expiry_at
+from lanner.ipc.messages import (F_THRIFT, OP_DELETE, OP_FLUSH, OP_FLUSH_ALL, OP_PUT_MANY,
                        OP_SET, OP_TABORT, OP_TCONFIRM, OP_TGET, OP_TPEEK, R_DATA, R_OK,
                        R_SERVER_ERROR, R_VALUE)
 

@@ -41,8 +41,8 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-from .cmdlog import READ_LOCK, Replayer, flock_path, replay_directory
-from .segment import (HEADER, LOCKED, CmdlogError, SegmentFile, check_header, fsync_dir, list_segments,
+from lanner.storage.cmdlog.cmdlog import READ_LOCK, Replayer, flock_path, replay_directory
+from lanner.storage.cmdlog.segment import (HEADER, LOCKED, CmdlogError, SegmentFile, check_header, fsync_dir, list_segments,
                       record_spans, segment_seq)
 
 log = logging.getLogger(__name__)

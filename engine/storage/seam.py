@@ -40,7 +40,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Protocol
 
-from .item import QItem
+from lanner.queues.item import QItem
 
 
 @dataclass

@@ -127,7 +127,7 @@ from typing import Iterable
 log = logging.getLogger(__name__)
 
 if platform.machine() not in ("x86_64", "AMD64"):
-    log.warning("engine.ring relies on x86-64 (TSO) memory ordering; on %s a published record "
+    log.warning("lanner.ipc.ring relies on x86-64 (TSO) memory ordering; on %s a published record "
                 "may be seen before its bytes", platform.machine())
 
 HEAD = 0            # u64 indexes into the header's 'Q' view

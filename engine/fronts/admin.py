@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import time
 
-from protocols import admin
+from lanner.protocols import admin
 
-from . import __version__
-from .front import BaseConn, Slot
+from lanner import __version__
+from lanner.fronts.front import BaseConn, Slot
 
 
 class AdminConn(BaseConn):

@@ -33,8 +33,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import journal as J
-from .clock import SYSTEM_CLOCK
+from lanner.storage.journal import journal as J
+from lanner.clock import SYSTEM_CLOCK
 
 log = logging.getLogger(__name__)
 

@@ -36,10 +36,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from . import control
-from .clock import SYSTEM_CLOCK
-from .ring import Ring, WakeFd
-from .status import ServerStatus
+from lanner.ipc import control
+from lanner.clock import SYSTEM_CLOCK
+from lanner.ipc.ring import Ring, WakeFd
+from lanner.server.status import ServerStatus
 
 log = logging.getLogger("lanner.supervisor")
 
@@ -109,8 +109,8 @@ class Supervisor:
         self.status_mem = mmap.mmap(-1, ServerStatus.SIZE, flags=mmap.MAP_SHARED)
         self.status = ServerStatus.create(self.status_mem, srv.status_file, srv.default_status,
                                           self.clock, srv.status_change_grace_period)
-        from .front import FRONT_COUNTERS
-        from .shm import CounterBlock
+        from lanner.fronts.front import FRONT_COUNTERS
+        from lanner.ipc.shm import CounterBlock
         self.counters = CounterBlock.create(self.nfronts, FRONT_COUNTERS)
         self.worker_wake = [WakeFd.create() for _ in range(self.nworkers)]
         self.front_wake = [WakeFd.create() for _ in range(self.nfronts)]
@@ -212,7 +212,7 @@ class Supervisor:
                 if kind != "front" or i != index:
                     s.close()
         if kind == "worker":
-            from .worker import worker_main
+            from lanner.server.worker import worker_main
             F, W = self.nfronts, self.nworkers
             inbound = [self.req[f][index] for f in range(F)] + [self.fwd[a][index] for a in range(W)]
             outbound = [self.resp[index][f] for f in range(F)] + [self.fwd[index][b] for b in range(W)]
@@ -225,7 +225,7 @@ class Supervisor:
             return worker_main(index, W, self.config, self.status_view(), inbound, outbound,
                                self.worker_wake[index].fd, sock, self.cleaner_socks[index][0], F)
         if kind == "front":
-            from .front import front_main
+            from lanner.fronts.front import front_main
             req = self.req[index]
             resp = [self.resp[w][index] for w in range(self.nworkers)]
             for r in req:
@@ -237,7 +237,7 @@ class Supervisor:
             return front_main(index, self.config, self.status_view(), self.counters, req, resp,
                               self.front_wake[index].fd, sock, mine, self.started_at,
                               self.clock)
-        from .cleaner import cleaner_main
+        from lanner.server.cleaner import cleaner_main
         return cleaner_main(self.config, [p[1] for p in self.cleaner_socks], sock)
 
     def status_view(self) -> ServerStatus:
@@ -370,7 +370,7 @@ class Supervisor:
         self.reload()
 
     def reload(self, exclude=None) -> None:
-        from .config import ConfigError, reload_config
+        from lanner.config import ConfigError, reload_config
         try:
             self.config = reload_config(self.config)
         except ConfigError as e:

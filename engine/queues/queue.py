@@ -29,8 +29,8 @@ import logging
 from collections import deque
 from typing import Callable
 
-from .item import QItem
-from .waiters import Waiter, WaitList
+from lanner.queues.item import QItem
+from lanner.queues.waiters import Waiter, WaitList
 
 log = logging.getLogger(__name__)
 

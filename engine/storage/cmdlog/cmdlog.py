@@ -112,14 +112,14 @@ from typing import Callable, Iterable
 
 from crc32c import crc32c
 
-from .item import QItem
-from .segment import (ADD, COMPLETE, CORRUPT, DELETE, EXPIRE, FAIL, HEADER, HEADER_SIZE, IO, LOCKED,
+from lanner.queues.item import QItem
+from lanner.storage.cmdlog.segment import (ADD, COMPLETE, CORRUPT, DELETE, EXPIRE, FAIL, HEADER, HEADER_SIZE, IO, LOCKED,
                       MAX_TTL_MS, NO_EXPIRY_MAX_FAILS, REPLAY, SCHEDULE, START_ATTEMPT,
                       TIMEOUT_ATTEMPT, TORN, ZERO_TIME, ZERO_TIME_NS, CmdlogError, JobCommand, SegmentFile,
                       check_header, decode_command, encode_command, encode_time,
                       fsync_dir, list_segments, put_uvarint, put_varint, record_spans, segment_name,
                       valid_record_after)
-from .storage import ReplayState
+from lanner.storage.seam import ReplayState
 
 log = logging.getLogger(__name__)
 

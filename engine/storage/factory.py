@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 import os
 
-from . import control
-from .placement import partition_of, partitions_of_worker
-from .storage import MemoryStorage
+from lanner.ipc import control
+from lanner.queues.placement import partition_of, partitions_of_worker
+from lanner.storage.seam import MemoryStorage
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class ShardStorage:
     def __call__(self, name: str, qc):
         if qc.storage == "cmdlog":
             return self.partition_log(partition_of(name)).storage_for(name)
-        from .journal import Journal
+        from lanner.storage.journal.journal import Journal
         if not qc.keep_journal:
             Journal.erase_all(self.queue_path, name)
             return MemoryStorage()
@@ -53,7 +53,7 @@ class ShardStorage:
     def partition_log(self, partition: int):
         plog = self._logs.get(partition)
         if plog is None:
-            from .cmdlog import open_partition_logs
+            from lanner.storage.cmdlog.cmdlog import open_partition_logs
             plog = open_partition_logs(self.queue_path, [partition], self.clock,
                                        self.config.cmdlog)[partition]
             self._logs[partition] = plog

@@ -16,9 +16,9 @@ import os
 import sys
 from collections import deque
 
-from .clock import SYSTEM_CLOCK
-from .journal import JournalCorrupt, read_records
-from .packer import pack_files
+from lanner.clock import SYSTEM_CLOCK
+from lanner.storage.journal.journal import JournalCorrupt, read_records
+from lanner.storage.journal.packer import pack_files
 
 PROGRESS_MIN_BYTES = 4 << 20
 

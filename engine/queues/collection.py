@@ -2,8 +2,8 @@
 
 Stand-alone use needs nothing else:
 
-    from engine.collection import QueueCollection
-    from engine.config import load_config
+    from lanner.queues.collection import QueueCollection
+    from lanner.config import load_config
     with QueueCollection(load_config("lanner.toml")) as queues:
         queues.load()                      # bring up every queue found on disk
         queues.add("jobs", b"resize 42")
@@ -51,14 +51,14 @@ import re
 from functools import partial
 from typing import Callable
 
-from .clock import SYSTEM_CLOCK
-from .config import validate_queue_name
-from .item import QItem
-from .placement import partition_of
-from .queue import PersistentQueue
-from .sessions import Session
-from .storage import MemoryStorage
-from .waiters import TimerHeap, Waiter
+from lanner.clock import SYSTEM_CLOCK
+from lanner.config import validate_queue_name
+from lanner.queues.item import QItem
+from lanner.queues.placement import partition_of
+from lanner.queues.queue import PersistentQueue
+from lanner.queues.sessions import Session
+from lanner.storage.seam import MemoryStorage
+from lanner.queues.waiters import TimerHeap, Waiter
 
 log = logging.getLogger(__name__)
 
@@ -173,19 +173,19 @@ class QueueCollection:
     def _default_storage(self, name: str, qc):
         if not qc.keep_journal:
             if qc.storage == "journal":
-                from .journal import Journal
+                from lanner.storage.journal.journal import Journal
                 Journal.erase_all(self.queue_path, name)    # §6.1: old files go
             return MemoryStorage()
         if qc.storage == "cmdlog":
             return self._partition_log(partition_of(name)).storage_for(name)
-        from .journal import Journal
+        from lanner.storage.journal.journal import Journal
         os.makedirs(self.queue_path, exist_ok=True)
         return Journal(self.queue_path, name, self.clock, qc.sync_journal)
 
     def _partition_log(self, partition: int):
         plog = self._partition_logs.get(partition)
         if plog is None:
-            from .cmdlog import open_partition_logs
+            from lanner.storage.cmdlog.cmdlog import open_partition_logs
             plog = open_partition_logs(self.queue_path, [partition], self.clock, self.config.cmdlog)[partition]
             self._partition_logs[partition] = plog
         return plog
