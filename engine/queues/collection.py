@@ -42,6 +42,15 @@ Rules kept here rather than in a queue (reference §4.3, §5):
 
 Aliases are expanded by the server's fronts (their destinations may live in
 other workers); `alias_add` is the stand-alone equivalent.
+
+Write failures (disk full, I/O errors): every recorded change is also in
+`self.undo` (queues/undo.py).  When a storage cannot write (or, under sync
+"always", fsync) its records, `rollback` undoes the changes they stood for and
+drops the records, so memory equals what is on disk again; stand-alone calls
+then raise the error (an add that raised is not in the queue, a remove that
+raised took nothing).  The worker does the same per batch and fixes its replies.
+A confirm or abort taken back leaves its item reserved with nobody holding it
+in the server: the worker `strand`s it and `abort_stranded` retries the abort.
 """
 from __future__ import annotations
 
@@ -57,6 +66,7 @@ from lanner.queues.item import QItem
 from lanner.queues.placement import partition_of
 from lanner.queues.queue import PersistentQueue
 from lanner.queues.sessions import Session
+from lanner.queues.undo import Undone, UndoLog
 from lanner.storage.seam import MemoryStorage
 from lanner.queues.waiters import TimerHeap, Waiter
 
@@ -91,6 +101,8 @@ class QueueCollection:
         self._alias_counts: dict[str, list[int]] = {}  # alias -> [put_items, put_bytes]
         self._partition_logs: dict[int, object] = {}   # default cmdlog storage only
         self._last_sync: dict[object, float] = {}
+        self.undo = UndoLog()
+        self.stranded: dict[str, list[int]] = {}       # queue -> xids whose confirm/abort was undone
         self.woken: list[Waiter] = []
         self._touched: dict[PersistentQueue, None] = {}   # queues that may hold unflushed records, in order
         self.timers = TimerHeap()
@@ -212,6 +224,8 @@ class QueueCollection:
         q = PersistentQueue(name, qc, storage, self.clock, is_fanout_child=plus >= 0,
                             on_wake=self.woken_append)
         q.touched = self._touched
+        if getattr(storage, "medium", None) is not None:
+            q.undo = self.undo
         try:
             q.replay()
         except BaseException:
@@ -248,10 +262,13 @@ class QueueCollection:
         children = self._children.get(name)
         if children:
             queues = self._queues
+            undo = self.undo
+            ctx, undo.ctx = undo.ctx, None     # the reply is the master's: a lost copy fails no reply
             for child in children:
                 cq = queues.get(child)
                 if cq is not None and cq.add(data, expiry_ms, now):
                     self.total_items += 1
+            undo.ctx = ctx
         ok = q.add(data, expiry_ms, now)
         if ok:
             self.total_items += 1
@@ -269,7 +286,12 @@ class QueueCollection:
 
     def _expire_into(self, target: str, data: bytes, now_ms: int) -> None:
         if self._owns is None or self._owns(target):
-            self.queue(target).add(data, None, now_ms)
+            undo = self.undo
+            ctx, undo.ctx = undo.ctx, None      # a move is nobody's request
+            try:
+                self.queue(target).add(data, None, now_ms)
+            finally:
+                undo.ctx = ctx
         elif self._expire_forward is not None:
             self._expire_forward(target, data, now_ms)
         else:
@@ -333,10 +355,14 @@ class QueueCollection:
     def delete(self, name: str) -> None:
         """Close the queue, erase its files, drop it and its stats (§5.5).  Its
         waiters are evicted into `woken` and answer empty."""
-        q = self._queues.pop(name, None)
+        q = self._queues.get(name)
         if q is None:
             return
-        q.destroy()
+        q.destroy()                        # raises, leaving the queue as it was, if it cannot
+        del self._queues[name]
+        if getattr(q.storage, "medium", None) is q.storage:   # its own stream: nothing left to undo
+            self.undo.forget(q.storage)
+        self.stranded.pop(name, None)
         self._last_sync.pop(q.storage, None)
         forget = getattr(self._factory, "forget", None)     # a factory that tracks its storages
         if forget is not None:
@@ -497,25 +523,101 @@ class QueueCollection:
         policy: "always" at once; a period at the first call at least that long
         after the storage's previous sync.  Without a server loop nothing fires
         between calls, so records written last stay unsynced until the next
-        call or `close`."""
+        call or `close`.  A storage that cannot write (or fsync, under "always")
+        is rolled back and the first such error raised."""
         now = self.clock.monotonic()
+        error = None
         for st in self.dirty_storages():
-            st.flush()
             policy = st.sync_policy
-            if policy == "always":
-                st.sync()
-            elif isinstance(policy, int) and not isinstance(policy, bool):
-                last = self._last_sync.get(st)
-                if last is None or (now - last) * 1000.0 >= policy:
+            try:
+                st.flush()
+            except OSError as e:
+                log.error("%s", e)
+                self.rollback(st)
+                error = error or e
+                continue
+            try:
+                if policy == "always":
                     st.sync()
-                    self._last_sync[st] = now
+                elif isinstance(policy, int) and not isinstance(policy, bool):
+                    last = self._last_sync.get(st)
+                    if last is None or (now - last) * 1000.0 >= policy:
+                        st.sync()
+                        self._last_sync[st] = now
+            except OSError as e:
+                log.error("%s", e)
+                if policy == "always":
+                    self.rollback(st, unsynced=True)
+                    error = error or e
+        self.undo.trim()
+        if error is not None:
+            raise error
+
+    def rollback(self, storage, *, unsynced: bool = False) -> list[Undone]:
+        """`storage` could not write its buffer (or, `unsynced`, fsync what it wrote): undo
+        every change whose record is lost, newest first, and drop those records.  Returns
+        the changes undone, for the owner to correct what it told its clients."""
+        medium = getattr(storage, "medium", None)
+        if medium is None:
+            return []
+        mark = medium.durable_mark if unsynced else medium.written_mark
+        undone = self.undo.rollback(medium, mark)
+        medium.rollback(mark)
+        if undone:
+            log.warning("rolled back %d changes whose records could not be %s: %s", len(undone),
+                        "made durable" if unsynced else "written",
+                        ", ".join(sorted({u.queue for u in undone})))
+        return undone
+
+    def strand(self, name: str, xid: int) -> None:
+        """An open read whose confirm or abort was undone and that no client holds any more."""
+        self.stranded.setdefault(name, []).append(xid)
+
+    def abort_stranded(self) -> int:
+        """Abort every stranded open read again (its item goes back to the head)."""
+        stranded, self.stranded = self.stranded, {}
+        undo = self.undo
+        ctx, undo.ctx = undo.ctx, None
+        n = 0
+        try:
+            for name, xids in stranded.items():
+                q = self._queues.get(name)
+                if q is None:
+                    continue
+                for xid in xids:
+                    if q.unremove(xid):
+                        n += 1
+        finally:
+            undo.ctx = ctx
+        if n and self.autoflush:
+            self.flush_storages()
+        return n
 
     def close(self) -> None:
-        """Evict every waiter, flush and sync every storage."""
+        """Evict every waiter, flush and sync every storage.  Every storage is closed even if
+        some fail; then `CloseError` lists those that could not be written or synced."""
         if self.closed:
             return
         self.closed = True
-        for q in self._queues.values():
-            q.close()
+        failures = []
+        for name, q in self._queues.items():
+            try:
+                q.close()
+            except OSError as e:
+                failures.append((name, e))
         for plog in self._partition_logs.values():
-            plog.close()
+            try:
+                plog.close()
+            except OSError as e:
+                failures.append((plog.dir, e))
+        if failures:
+            raise CloseError(failures)
+
+
+class CloseError(OSError):
+    """Storages that could not be flushed or fsynced at close: `failures` is a list of
+    (queue name or partition directory, error)."""
+
+    def __init__(self, failures: list[tuple[str, OSError]]) -> None:
+        super().__init__("; ".join(f"{name!r}: {e}" for name, e in failures))
+        self.failures = failures

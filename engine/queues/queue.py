@@ -22,6 +22,10 @@ State and invariants:
   a reload that shortens `max_age` expires old items retroactively.
 * Waking a waiter only moves it to the owner's list (`on_wake`); the owner
   retries the fetch later in the same loop iteration (§5.10).
+* Every recorded change also goes to the owner's undo log (`self.undo`, undo.py) when the
+  storage is durable, so a batch whose write fails can be taken back (`revert`).  The "primary"
+  change of an operation (the add, the item a read returns, the abort, the confirm) carries
+  the owner's context; side effects (expiry sweeps, discards of a full queue) carry None.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ from collections import deque
 from typing import Callable
 
 from lanner.queues.item import QItem
+from lanner.queues.undo import ADD, CONFIRM, OPEN, REMOVE, UNREMOVE
 from lanner.queues.waiters import Waiter, WaitList
 
 log = logging.getLogger(__name__)
@@ -55,6 +60,10 @@ class PersistentQueue:
         # point that can write a record adds the queue, so the owner's batch flush visits
         # only those instead of every queue it has.
         self.touched: dict | None = None
+        # The owner's UndoLog (undo.py), set by the collection for durable storages, and the
+        # byte stream this queue's records go into (`storage.medium`), looked up once.
+        self.undo = None
+        self.medium = getattr(storage, "medium", None)
         self.closed = False
         self.created_ms = clock.now_ms()
         self.waiters = WaitList()
@@ -118,7 +127,7 @@ class PersistentQueue:
         for xid in sorted(st.open_transactions, reverse=True):
             item = st.open_transactions[xid]
             self._push_head(item)
-            record(item, xid)
+            self._log(record(item, xid), UNREMOVE, item, xid, False)
             item.xid = 0
 
     # -- adds ----------------------------------------------------------------------------------
@@ -146,7 +155,7 @@ class PersistentQueue:
                 break
             item = self._pop_head()
             self._last_removed_add_time = item.add_time
-            self.storage.record_remove(item)
+            self._log(self.storage.record_remove(item), REMOVE, item, 0, False)
             self._refill(now)
             self.discarded += 1
         expiry = expiry_ms or 0
@@ -164,7 +173,10 @@ class PersistentQueue:
         items = self._items
         if items and (max_age is not None or items[0].expiry):    # the head may have expired
             self.discard_expired(now)
-        storage.record_add(item)
+        mark = storage.record_add(item)
+        undo = self.undo
+        if undo is not None and mark is not None:
+            undo.entries.append((self.medium, mark, self, ADD, item, 0, undo.ctx))
         n = len(data)
         self._length += 1
         self._bytes += n
@@ -217,9 +229,14 @@ class PersistentQueue:
             timeout = self.config.open_transaction_timeout
             if timeout is not None:
                 self._open_deadline[xid] = now + timeout
-            storage.record_open(item, xid)
+            mark = storage.record_open(item, xid)
+            kind = OPEN
         else:
-            storage.record_remove(item)
+            mark = storage.record_remove(item)
+            kind = REMOVE
+        undo = self.undo
+        if undo is not None and mark is not None:
+            undo.entries.append((self.medium, mark, self, kind, item, xid if transactional else 0, undo.ctx))
         self._refill(now)
         storage.after_remove(self, self.config, now)
         return item
@@ -254,7 +271,7 @@ class PersistentQueue:
             log.warning("queue %r: confirm of xid %d, which is not open", self.name, xid)
             return False
         self._open_deadline.pop(xid, None)
-        self.storage.record_confirm(item, xid)
+        self._log(self.storage.record_confirm(item, xid), CONFIRM, item, xid)
         return True
 
     def flush(self) -> None:
@@ -270,7 +287,7 @@ class PersistentQueue:
         while self._items:
             item = self._pop_head()
             self._last_removed_add_time = item.add_time
-            storage.record_remove(item)
+            self._log(storage.record_remove(item), REMOVE, item)
             self._refill(now)
             storage.after_remove(self, config, now)
         self.total_flushes += 1
@@ -305,7 +322,7 @@ class PersistentQueue:
         is_expired = self.is_expired
         while n < cap and items and is_expired(items[0], now):
             item = self._pop_head()
-            record(item)
+            self._log(record(item), REMOVE, item, 0, False)
             self._refill(now)
             n += 1
             if sink is not None:
@@ -334,9 +351,10 @@ class PersistentQueue:
         self.storage.close()
 
     def destroy(self) -> None:
-        """`delete`: close, then erase every file of the queue."""
-        self.close()
+        """`delete`: erase every record of the queue, then close.  An erase that fails (a
+        command log that cannot write its deletes) raises and leaves the queue serving."""
         self.storage.erase()
+        self.close()
 
     # -- stats ---------------------------------------------------------------------------------
     def age_ms(self, now: int) -> int:
@@ -371,6 +389,49 @@ class PersistentQueue:
             out.append(("children", ",".join(self.children)))
         return out
 
+    # -- rollback (undo.py) ------------------------------------------------------------------
+    def _log(self, mark: int | None, kind: int, item: QItem, xid: int = 0, primary: bool = True) -> None:
+        """Note a recorded change in the owner's undo log (`mark`: where its record starts)."""
+        undo = self.undo
+        if undo is not None and mark is not None:
+            undo.entries.append((self.medium, mark, self, kind, item, xid, undo.ctx if primary else None))
+
+    def revert(self, kind: int, item: QItem, xid: int) -> None:
+        """Take back one recorded change whose record was lost.  The owner calls this newest
+        change first, so the queue is exactly as that change left it: an added item is the
+        last one, a removed or aborted one is at the head."""
+        n = len(item.data)
+        if kind == ADD:
+            items = self._items
+            if items and items[-1] is item:
+                items.pop()
+                self._mem_bytes -= n
+            # else it was counted only, waiting on disk for read-behind, beyond its reader
+            self._length -= 1
+            self._bytes -= n
+            self.total_items -= 1
+        elif kind == REMOVE:
+            self._push_head(item)
+        elif kind == OPEN:
+            self._open.pop(xid, None)
+            self._open_deadline.pop(xid, None)
+            item.xid = 0
+            self._push_head(item)
+        elif kind == UNREMOVE:
+            if self._items and self._items[0] is item:
+                self._pop_head()
+            item.xid = xid
+            self._open[xid] = item
+            timeout = self.config.open_transaction_timeout
+            if timeout is not None:
+                self._open_deadline[xid] = self.clock.now_ms() + timeout
+            if self.canceled_transactions:       # (replay's rollbacks are not counted)
+                self.canceled_transactions -= 1
+        elif kind == CONFIRM:
+            item.xid = xid
+            self._open[xid] = item
+        self.storage.undo_record(kind, item, xid)
+
     # -- internals -----------------------------------------------------------------------------
     def _pop_head(self) -> QItem:
         item = self._items.popleft()
@@ -403,9 +464,9 @@ class PersistentQueue:
                 items.append(item)
                 self._mem_bytes += len(item.data)
 
-    def _abort(self, item: QItem, xid: int) -> None:
+    def _abort(self, item: QItem, xid: int, primary: bool = True) -> None:
         self._push_head(item)
-        self.storage.record_unremove(item, xid)
+        self._log(self.storage.record_unremove(item, xid), UNREMOVE, item, xid, primary)
         item.xid = 0
         self.canceled_transactions += 1
 
@@ -419,7 +480,7 @@ class PersistentQueue:
             del self._open_deadline[xid]
             item = self._open.pop(xid)
             log.info("queue %r: open transaction %d timed out; redelivering", self.name, xid)
-            self._abort(item, xid)
+            self._abort(item, xid, primary=False)
 
     def _next_xid(self) -> int:
         xid = self._xid

@@ -49,6 +49,14 @@ class Session:
             del self._open[queue]
         return out
 
+    def discard(self, queue: str, xid: int) -> None:
+        """Forget `xid` (its read was rolled back: the client never got the item)."""
+        xids = self._open.get(queue)
+        if xids is not None and xid in xids:
+            xids.remove(xid)
+            if not xids:
+                del self._open[queue]
+
     def all_open(self) -> list[tuple[str, int]]:
         """Every open read in the order a disconnect aborts them: per queue, oldest first."""
         return [(queue, xid) for queue, xids in self._open.items() for xid in xids]

@@ -19,7 +19,9 @@ Children die with the supervisor (PR_SET_PDEATHSIG, plus EOF on their control
 socket), so a `kill -9` of the supervisor leaves no orphan holding the ports.
 
 Exit codes: 0 clean shutdown; 1 start-up refused (config, port, data dir);
-3 a worker could not boot (replay found a file it refuses to guess about).
+3 a worker could not boot (replay found a file it refuses to guess about);
+otherwise the status of a worker that stopped unclean (4: some state could not
+be written, each queue logged), so a full disk at shutdown is not "exit 0".
 """
 from __future__ import annotations
 
@@ -460,19 +462,30 @@ class Supervisor:
             for pid in pids:
                 if pid in self.by_pid:
                     try:
-                        os.waitpid(pid, 0)
+                        _, status = os.waitpid(pid, 0)
                     except ChildProcessError:
-                        pass
-                    self.by_pid.pop(pid, None)
+                        status = 0
+                    self.stopped(self.by_pid.pop(pid, None), status)
             return
         while True:
             try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
+                pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
-            self.by_pid.pop(pid, None)
+            self.stopped(self.by_pid.pop(pid, None), status)
+
+    def stopped(self, child: Child | None, status: int) -> None:
+        """A child reaped while stopping: a worker that exits non-zero left something
+        unwritten (it logged what), and the server's exit status says so."""
+        if child is None or child.kind != "worker" or not os.WIFEXITED(status):
+            return
+        code = os.WEXITSTATUS(status)
+        if code:
+            log.error("worker %d stopped with status %d: not everything could be written (see above)",
+                      child.index, code)
+            self.exit_code = self.exit_code or code
 
 
 def _name_process(title: str) -> None:

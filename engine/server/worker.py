@@ -13,7 +13,10 @@ Loop, one iteration:
      write each (so an acknowledged item survives `kill -9` of this process);
   4. replies that depend on an fsync (sync "always") are held while a helper
      thread fsyncs all of them at once (group commit); other replies are
-     published now, one publish per ring;
+     published now, one publish per ring.  A write (or such an fsync) that
+     fails is rolled back (queues/undo.py): every change whose record is lost
+     is undone and the replies of the requests that made them become
+     SERVER_ERROR, so what a client is told is what the queue holds;
   5. fire due timers (waiter deadlines, the expiration timer, periodic sync),
      then sleep on the wake eventfd until a producer signals or a timer is due.
 No asyncio and no busy spinning: idle, the worker blocks in epoll.
@@ -25,6 +28,7 @@ import heapq
 import logging
 import struct
 import os
+import select
 import selectors
 import signal
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +40,7 @@ import msgpack
 
 from lanner.ipc import control
 from lanner.clock import SYSTEM_CLOCK
-from lanner.queues.collection import QueueCollection
+from lanner.queues.collection import CloseError, QueueCollection
 from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_PEEK, F_THRIFT,
                        OP_ALIAS_PUT, OP_CONFIRM, OP_DELETE, OP_DISCONNECT, OP_DUMP_CONFIG, OP_FLUSH,
                        OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED, OP_FLUSH_EXPIRED, OP_FORWARD_ADD, OP_GET,
@@ -47,6 +51,7 @@ from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_CONFIRM_ALL, F_NOREPLY, F_O
 from lanner.queues.placement import worker_of
 from lanner.queues.sessions import Session
 from lanner.storage.factory import ShardStorage, sync_all
+from lanner.queues.undo import CONFIRM, OPEN, UNREMOVE
 from lanner.queues.waiters import Waiter
 
 log = logging.getLogger(__name__)
@@ -55,6 +60,9 @@ SPIN_S = float(os.environ.get("LANNER_WORKER_SPIN_US", "0")) / 1e6
 
 EXIT_OK = 0
 EXIT_BOOT_ERROR = 3      # replay or config failure: the supervisor halts instead of looping
+EXIT_UNSAVED = 4         # stopped, but some state could not be written (logged per queue)
+
+STRAND_RETRY_MS = 1000   # how often to retry aborting open reads whose abort could not be written
 
 
 @dataclass(slots=True, eq=False)
@@ -100,7 +108,7 @@ class Worker:
         self.sync_inflight = False
         self.sync_pool = self.sync_coord = None
         self.sync_batch: list = []       # replies waiting for the fsync under way
-        self.sync_error: str | None = None
+        self.sync_failed: list = []      # (storage, error) of the fsync round under way
         self.sync_queue: list = []       # storages dirtied since, for the next fsync round
         self.sync_done_r, self.sync_done_w = os.pipe()
         os.set_blocking(self.sync_done_r, False)
@@ -108,6 +116,7 @@ class Worker:
         self.mot = config.server.max_open_transactions
         self.coll: QueueCollection | None = None
         self.next_expire_ms: int | None = None
+        self.next_strand_ms = 0
         self.next_sync_ms: dict[object, int] = {}
         # thrift open reads: server-wide ids that outlive their connection (§3.3)
         self.tids: dict[int, tuple[str, int, tuple]] = {}     # id -> (queue, xid, owner key)
@@ -193,8 +202,7 @@ class Worker:
                 elif what == "cleaner":
                     for msg in cleaner_reader.read():
                         self.on_cleaner(msg)
-        self.shutdown()
-        return EXIT_OK
+        return self.shutdown()
 
     def drain(self, rings) -> bool:
         busy = False
@@ -213,11 +221,11 @@ class Worker:
                         continue
                     try:
                         self.handle(src, msg)
-                    except OSError as e:   # a full disk, an I/O error: say which file
+                    except OSError as e:   # a full disk, an I/O error: the log says which file
                         log.error("worker %d: %s", self.index, e)
                         conn, req = unpack_req(msg, 0)[:2]
                         self.reply(src, conn, req, R_SERVER_ERROR, RF_CLOSE, 0,
-                                   str(e).encode("latin-1", "replace"))
+                                   public_reason("I/O error", e).encode("latin-1", "replace"))
                     except Exception:   # one bad request must not take the shard down
                         log.exception("worker %d: request from peer %d failed", self.index, src)
                         conn, req = unpack_req(msg, 0)[:2]
@@ -236,6 +244,8 @@ class Worker:
         if self.next_expire_ms is not None:
             deadlines.append(self.next_expire_ms)
         deadlines.extend(self.next_sync_ms.values())
+        if self.coll.stranded:
+            deadlines.append(self.next_strand_ms)
         if self.taborts:
             deadlines.append(self.taborts[0][0])
         deadlines.extend(self.storage_factory.next_deadlines())
@@ -253,22 +263,25 @@ class Worker:
             self.disconnect(dst, conn)
 
     def finish_batch(self) -> None:
-        """Flush journals, then publish replies or hold them for a group fsync."""
-        dirty = self.coll.dirty_storages()
+        """Flush journals, then publish replies or hold them for a group fsync.  A storage
+        that cannot write is rolled back, and the replies of what it undid become errors."""
+        coll = self.coll
+        coll.undo.ctx = None
+        dirty = coll.dirty_storages()
         needs_sync = []
         for st in dirty:
             try:
                 st.flush()
             except OSError as e:
-                # The records stay buffered and are retried, but nothing this batch
-                # acknowledged may claim to be written.
-                log.error("worker %d: journal write failed: %s", self.index, e)
-                self.replies = _fail_acks(self.replies, str(e))
+                log.error("worker %d: %s", self.index, e)      # the file is named here, not to clients
+                self.undo_replies(coll.rollback(st), public_reason("write failed", e))
+                continue
             policy = st.sync_policy
             if policy == "always":
                 needs_sync.append(st)
             elif isinstance(policy, int) and st not in self.next_sync_ms:
                 self.next_sync_ms[st] = self.clock.now_ms() + policy
+        coll.undo.trim()
         if needs_sync or (self.sync_inflight and self.replies):
             self.held.extend(self.replies)
             self.replies = []
@@ -293,7 +306,7 @@ class Worker:
                 st.sync()
             except OSError as e:
                 log.error("worker %d: fsync failed: %s", self.index, e)
-                self.sync_error = str(e)
+                self.sync_failed.append((st, e))
 
         def work():
             if len(storages) == 1:
@@ -317,9 +330,10 @@ class Worker:
         except BlockingIOError:
             return
         self.sync_inflight = False
-        if self.sync_error is not None:     # not durable: the acknowledgements become errors
-            self.sync_batch = _fail_acks(self.sync_batch, "fsync failed: " + self.sync_error)
-            self.sync_error = None
+        failed, self.sync_failed = self.sync_failed, []
+        for st, e in failed:                # not durable: cut it off, undo it, tell the clients
+            self.undo_replies(self.coll.rollback(st, unsynced=True), public_reason("fsync failed", e))
+        self.coll.undo.trim()
         self.publish(self.sync_batch)
         self.sync_batch = []
         more, self.sync_queue = self.sync_queue, []
@@ -339,12 +353,66 @@ class Worker:
         for dst in touched:
             self.outbound[dst].publish()
 
+    def undo_replies(self, undone, reason: str) -> None:
+        """Changes were rolled back because their records were lost (queues/undo.py): make
+        every reply that reported one an error (SERVER_ERROR, the connection closes), take
+        undone open reads out of their sessions, and strand undone confirms and aborts (the
+        item is reserved again; nobody holds it, so `run_timers` aborts it again later).
+        A thrift get keeps the items that were not undone and drops the others."""
+        coll = self.coll
+        failed = set()
+        thrift: dict[Pending, set[int]] = {}
+        for u in undone:
+            ctx = u.ctx
+            if u.kind == UNREMOVE or u.kind == CONFIRM:
+                coll.strand(u.queue, u.xid)
+            if ctx is None:
+                continue
+            if type(ctx) is Pending:
+                thrift.setdefault(ctx, set()).add(id(u.item.data))
+                continue
+            failed.add(ctx)
+            if u.kind == OPEN:
+                sess = self.sessions.get(ctx[:2])
+                if sess is not None:
+                    sess.discard(u.queue, u.xid)
+        for p, gone in thrift.items():
+            self.tget_undo(p, gone)
+        if coll.stranded and not self.next_strand_ms:
+            self.next_strand_ms = self.clock.now_ms() + STRAND_RETRY_MS
+        if not failed:
+            return
+        for key in failed:                  # a monitor whose item failed stops here
+            for p in list(self.pending_by_conn.get(key[:2], ())):
+                if p.req == key[2]:
+                    if p.waiter is not None:
+                        coll.cancel_wait(p.waiter)
+                    self.unpark(p)
+        why = reason.encode("latin-1", "replace")
+        seen: set = set()
+        self.sync_batch = _fail_requests(self.sync_batch, failed, why, seen)
+        self.held = _fail_requests(self.held, failed, why, seen)
+        self.replies = _fail_requests(self.replies, failed, why, seen)
+
+    def wait_for_sync(self) -> None:
+        """Block until no group fsync is under way and no reply waits for one (shutdown)."""
+        while self.sync_inflight or self.held:
+            if not self.sync_inflight:
+                self.finish_batch()
+                if not self.sync_inflight:
+                    self.publish(self.held)
+                    self.held = []
+                    return
+            select.select([self.sync_done_r], [], [], 1.0)
+            self.on_sync_done()
+
     # -- requests --------------------------------------------------------------------------------
     def handle(self, src: int, rec) -> None:
         conn, req, op, flags, qlen, a, b = unpack_req(rec, 0)
         queue = bytes(rec[REQ_SIZE:REQ_SIZE + qlen]).decode("latin-1")
         payload = rec[REQ_SIZE + qlen:]
         coll = self.coll
+        coll.undo.ctx = (src, conn, req)    # whose reply a rolled-back change must fail
         if op == OP_SET:
             ok = coll.add(queue, bytes(payload), a or None)
             if not flags & F_NOREPLY:
@@ -483,6 +551,7 @@ class Worker:
 
     def try_fetch(self, p: Pending) -> bool:
         """One attempt at the queue for a GET (or one monitor iteration); replies on success."""
+        self.coll.undo.ctx = (p.src, p.conn, p.req)
         if p.flags & F_PEEK:
             item = self.coll.peek(p.queue)
         else:
@@ -564,6 +633,7 @@ class Worker:
             self.retry_woken()
 
     def disconnect(self, src: int, conn: int, thrift: bool = False) -> None:
+        self.coll.undo.ctx = None           # the aborts below are nobody's reply
         for p in self.pending_by_conn.pop((src, conn), ()):
             p.done = True
             if p.waiter is not None:
@@ -583,6 +653,7 @@ class Worker:
     def tget_step(self, p: Pending) -> None:
         """Kestrel's thrift get is its monitor loop: collect until max_items, the deadline, the
         connection's open-read cap on the queue, or an empty queue with no timeout (§3.3)."""
+        self.coll.undo.ctx = p              # a rolled-back item is dropped from its reply
         key = (p.src, p.conn, p.queue)
         while True:
             if (p.budget <= 0 or self.tcounts.get(key, 0) >= self.mot
@@ -615,17 +686,44 @@ class Worker:
         if reply:
             self.reply(p.src, p.conn, p.req, R_DATA, 0, 0, msgpack.packb(p.items))
 
-    def settle_tid(self, tid: int, abort: bool) -> bool:
+    def tget_undo(self, p: Pending, gone: set[int]) -> None:
+        """Items of thrift get `p` were rolled back (their removal was not written): drop
+        them, and their ids, from what the get hands out; rebuild its reply if it is made."""
+        keep = []
+        for data, tid in p.items:
+            if id(data) in gone:
+                if tid:
+                    self.forget_tid(tid)
+            else:
+                keep.append((data, tid))
+        p.items = keep
+        if p.done:
+            packed = msgpack.packb(keep)
+            for replies in (self.sync_batch, self.held, self.replies):
+                for i, (dst, head, payload) in enumerate(replies):
+                    conn, req = unpack_resp(head, 0)[:2]
+                    if dst == p.src and conn == p.conn and req == p.req:
+                        replies[i] = (dst, head, packed)
+
+    def forget_tid(self, tid: int):
+        """Drop thrift read id `tid`; its (queue, xid, owner) or None."""
         entry = self.tids.pop(tid, None)
         if entry is None:
-            return False
-        queue, xid, owner = entry
+            return None
+        owner = entry[2]
         n = self.tcounts.get(owner)
         if n is not None:
             if n <= 1:
                 del self.tcounts[owner]
             else:
                 self.tcounts[owner] = n - 1
+        return entry
+
+    def settle_tid(self, tid: int, abort: bool) -> bool:
+        entry = self.forget_tid(tid)
+        if entry is None:
+            return False
+        queue, xid, _owner = entry
         if abort:
             self.coll.unremove(queue, xid)
         else:
@@ -635,6 +733,7 @@ class Worker:
     # -- timers ----------------------------------------------------------------------------------
     def run_timers(self) -> None:
         now = self.clock.now_ms()
+        self.coll.undo.ctx = None
         taborts = self.taborts
         while taborts and taborts[0][0] <= now:
             _, tid = heapq.heappop(taborts)
@@ -659,6 +758,12 @@ class Worker:
             if due:
                 self.fsync_pool().submit(sync_all, due)
         self.storage_factory.tick(now)
+        if self.coll.stranded and now >= self.next_strand_ms:
+            n = sum(len(x) for x in self.coll.stranded.values())
+            log.info("worker %d: aborting %d open reads whose abort could not be written before",
+                     self.index, n)
+            self.coll.abort_stranded()
+            self.next_strand_ms = now + STRAND_RETRY_MS
         if self.coll.woken:
             self.retry_woken()
 
@@ -743,25 +848,56 @@ class Worker:
     def on_cleaner(self, msg) -> None:
         self.storage_factory.on_cleaner_reply(msg)
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> int:
+        """Write and fsync what is left, retry stranded aborts once, close every storage.
+        Returns EXIT_UNSAVED, having logged each queue and what it left, if the disk could
+        not be brought to the state in memory."""
         log.info("worker %d: shutting down", self.index)
+        coll = self.coll
+        failures = []
         try:
             self.finish_batch()
-            if self.held or self.sync_inflight:
-                sync_all(self.coll.dirty_storages())
-                self.publish(self.held)
+            self.wait_for_sync()
+            if coll.stranded:
+                coll.abort_stranded()
+                self.finish_batch()
+                self.wait_for_sync()
         finally:
-            self.coll.close()
+            try:
+                coll.close()
+            except CloseError as e:
+                failures = e.failures
+        for name, e in failures:
+            log.error("worker %d: queue %r could not be flushed and synced at shutdown (%s): what "
+                      "it acknowledged last may not be on disk", self.index, name, e)
+        for name, xids in coll.stranded.items():
+            log.error("worker %d: queue %r: %d open reads could not be returned to the queue (their "
+                      "abort could not be written); the journal still holds them open, so they come "
+                      "back when the server starts again", self.index, name, len(xids))
+        if failures or coll.stranded:
+            return EXIT_UNSAVED
+        log.info("worker %d: everything written", self.index)
+        return EXIT_OK
 
 
-def _fail_acks(replies, reason: str):
-    """Turn the acknowledgements (R_OK: stored, deleted, confirmed) among `replies` into
-    SERVER_ERROR, closing the connection, as Kestrel answers an availability failure."""
+def public_reason(what: str, e: OSError) -> str:
+    """A failure as a client may see it: the system's reason, never a server path."""
+    why = os.strerror(e.errno) if isinstance(e.errno, int) and e.errno else type(e).__name__
+    return f"{what}: {why}"
+
+
+def _fail_requests(replies, failed: set, why: bytes, seen: set):
+    """Replace the reply of every request in `failed` ((dst, conn, req) keys) by SERVER_ERROR
+    with the connection closing, as Kestrel answers an availability failure; later replies
+    of the same request (a monitor's) are dropped.  `seen` carries that across lists."""
     out = []
-    why = reason.encode("latin-1", "replace")
     for dst, head, payload in replies:
-        conn, req, status, flags, _, value = unpack_resp(head, 0)
-        if status == R_OK:
+        conn, req = unpack_resp(head, 0)[:2]
+        key = (dst, conn, req)
+        if key in failed:
+            if key in seen:
+                continue
+            seen.add(key)
             head = pack_resp(conn, req, R_SERVER_ERROR, RF_CLOSE, 0, 0)
             payload = why
         out.append((dst, head, payload))

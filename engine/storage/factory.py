@@ -94,10 +94,8 @@ class ShardStorage:
             self.release_scheduled(now_ms)
         if self._next_cmdlog_sync is not None and now_ms >= self._next_cmdlog_sync:
             self._next_cmdlog_sync = now_ms + self.config.cmdlog.sync_interval
-            logs = list(self._logs.values())
-            for plog in logs:
-                plog.flush()
-            self.run_in_thread(sync_all, logs)
+            # fsync what the batches wrote; the owner's batch writes (and rolls back) the rest
+            self.run_in_thread(sync_all, list(self._logs.values()))
         if self.cleaner is not None and now_ms >= self._next_pack_check:
             self._next_pack_check = now_ms + 100
             for rid, (j, sent) in list(self._packs.items()):

@@ -27,12 +27,24 @@ Call protocol, as the queue uses it:
    prefix of its items in memory and asks `fill_read_behind(max_bytes, now)` for
    more after every removal.  Storages that cannot read behind return False from
    `can_read_behind` and the queue keeps everything in memory.
-5. Durability: record_* calls may buffer.  `flush()` hands buffered bytes to the
-   OS (one write per batch: after it returns, the data survives `kill -9` of the
-   process); `sync()` makes them durable (fsync).  `sync_policy` tells the owner
-   which of "never", "always" or a period in ms the queue asked for.  The owner
-   (a worker, or the collection in stand-alone use) decides when to call them.
-6. `close()` flushes and syncs; `erase()` deletes every file of the queue.
+5. Durability: record_* calls buffer and never raise for I/O; each returns the
+   position ("mark") in `medium` where its record starts (None for a storage that
+   keeps nothing).  `flush()` hands buffered bytes to the OS (one write per
+   batch: after it returns, the data survives `kill -9` of the process);
+   `sync()` makes them durable (fsync).  `sync_policy` tells the owner which of
+   "never", "always" or a period in ms the queue asked for.  The owner (a worker,
+   or the collection in stand-alone use) decides when to call them.
+6. When a flush or sync fails, the owner rolls back (queues/undo.py): every
+   change recorded at or after `medium.written_mark` (a failed write) or
+   `medium.durable_mark` (a failed fsync under "always") is undone in the
+   queue, `undo_record(kind, item, xid)` lets the storage fix its own
+   bookkeeping, and `medium.rollback(mark)` drops those records (buffered bytes,
+   and bytes written but not made durable).  `medium.committed_mark` is where
+   records stop being revocable: written, or fsynced when the policy is "always".
+   `medium` is the byte stream the marks count: the storage itself, or what
+   several storages share (a command-log partition).
+7. `close()` flushes and syncs (raising if it cannot); `erase()` deletes every
+   record of the queue (raising, with nothing changed, if it cannot).
 """
 from __future__ import annotations
 
@@ -75,15 +87,29 @@ class QueueView(Protocol):
     def open_items(self) -> dict[int, QItem]: ...       # xid -> reserved item
 
 
+class Medium(Protocol):
+    """A byte stream records go into; marks are positions in it and only grow."""
+
+    @property
+    def written_mark(self) -> int: ...     # end of what the OS has (start of the buffer)
+    @property
+    def durable_mark(self) -> int: ...     # end of what is fsynced
+    @property
+    def committed_mark(self) -> int: ...   # durable under sync "always", else written
+    def rollback(self, mark: int) -> None: ...
+
+
 class QueueStorage(Protocol):
     sync_policy: str | int      # "never" | "always" | period in ms
+    medium: Medium | None
 
     def replay(self, config) -> ReplayState: ...
-    def record_add(self, item: QItem) -> None: ...
-    def record_remove(self, item: QItem) -> None: ...
-    def record_open(self, item: QItem, xid: int) -> None: ...
-    def record_unremove(self, item: QItem, xid: int) -> None: ...
-    def record_confirm(self, item: QItem, xid: int) -> None: ...
+    def record_add(self, item: QItem) -> int | None: ...
+    def record_remove(self, item: QItem) -> int | None: ...
+    def record_open(self, item: QItem, xid: int) -> int | None: ...
+    def record_unremove(self, item: QItem, xid: int) -> int | None: ...
+    def record_confirm(self, item: QItem, xid: int) -> int | None: ...
+    def undo_record(self, kind: int, item: QItem, xid: int) -> None: ...
     def before_add(self, view: QueueView, config, now_ms: int) -> None: ...
     def after_remove(self, view: QueueView, config, now_ms: int) -> None: ...
 
@@ -112,6 +138,7 @@ class MemoryStorage:
     """Keeps nothing: the backend of `keep_journal = false` and of unit tests."""
 
     sync_policy = "never"
+    medium = None
     can_read_behind = False
     in_read_behind = False
     dirty = False
@@ -123,18 +150,21 @@ class MemoryStorage:
         return ReplayState()
 
     def record_add(self, item: QItem) -> None:
-        pass
+        return None
 
     def record_remove(self, item: QItem) -> None:
-        pass
+        return None
 
     def record_open(self, item: QItem, xid: int) -> None:
-        pass
+        return None
 
     def record_unremove(self, item: QItem, xid: int) -> None:
-        pass
+        return None
 
     def record_confirm(self, item: QItem, xid: int) -> None:
+        return None
+
+    def undo_record(self, kind: int, item: QItem, xid: int) -> None:
         pass
 
     def before_add(self, view, config, now_ms: int) -> None:

@@ -115,7 +115,7 @@ from crc32c import crc32c
 from lanner.queues.item import QItem
 from lanner.storage.cmdlog.segment import (ADD, COMPLETE, CORRUPT, DELETE, EXPIRE, FAIL, HEADER, HEADER_SIZE, IO, LOCKED,
                       MAX_TTL_MS, NO_EXPIRY_MAX_FAILS, REPLAY, SCHEDULE, START_ATTEMPT,
-                      TIMEOUT_ATTEMPT, TORN, ZERO_TIME, ZERO_TIME_NS, CmdlogError, JobCommand, SegmentFile,
+                      TIMEOUT_ATTEMPT, TORN, ZERO_TIME, ZERO_TIME_NS, CmdlogError, CmdlogIOError, JobCommand, SegmentFile,
                       check_header, decode_command, encode_command, encode_time,
                       fsync_dir, list_segments, put_uvarint, put_varint, record_spans, segment_name,
                       valid_record_after)
@@ -463,6 +463,7 @@ class PartitionLog:
         self._synced = 0                # ... of which known durable
         self._closed = False
         self._broken: str | None = None
+        self._rotate_failed = False     # the last rotation attempt failed; retry after a good flush
         self._write = os.write          # tests swap in failing writes
         self._time_ms = -1
         self._time_bytes = b""
@@ -478,7 +479,9 @@ class PartitionLog:
         self._scheduled: dict[bytes, tuple[str, QItem]] = {}
         self._heap: list[tuple[int, int, bytes]] = []
         self._limited: dict[bytes, Job] = {}
+        self._relogged: dict[bytes, tuple[bytes, Job]] = {}   # new id -> (old id, job): undo of a re-log
         self._handed: set[bytes] = set()
+        self._cut_gen = 0               # bumped when rollback cuts written bytes (see sync)
         os.makedirs(directory, exist_ok=True)
         self._lock_fd = flock_path(os.path.join(directory, APPEND_LOCK), fcntl.LOCK_EX | fcntl.LOCK_NB)
         try:
@@ -669,6 +672,21 @@ class PartitionLog:
         os.close(old)
         self.rotations += 1
 
+    def _prepare_append(self) -> None:
+        """Open the active segment, or rotate, before buffering a record.  A failure here is
+        not the record's: it stays buffered (the segment grows past segment_size) and the
+        owner's flush reports the problem and rolls back."""
+        try:
+            if self._fd is None:
+                self._open_active()
+            if self._size + len(self._buf) >= self.segment_size and not self._rotate_failed:
+                self._rotate()
+        except OSError as e:
+            if self._fd is not None and not self._rotate_failed:
+                log.error("%s: cannot start a new segment: %s (retried after the next good write)",
+                          self.dir, e)
+                self._rotate_failed = True
+
     def _now_time(self) -> bytes:
         """The encoded record time for now (cached per millisecond)."""
         now = self._clock.now_ms()
@@ -679,16 +697,18 @@ class PartitionLog:
 
     def _put(self, body: bytes) -> None:
         """Buffer one record: body is TIME + SIZE + payload; the CRC is added here.
-        Rotation happens first, when the active segment is already at or over the limit."""
-        if self._fd is None:
-            self._open_active()
-        if self._broken:
-            raise CmdlogError(self._active_path(), self._size, self._broken, IO)
-        if self._size + len(self._buf) >= self.segment_size:
-            self._rotate()
+        Rotation happens first, when the active segment is already at or over the limit.
+        Never raises for I/O (seam.py): problems surface at `flush`."""
+        if self._fd is None or self._size + len(self._buf) >= self.segment_size:
+            self._prepare_append()
         buf = self._buf
         buf += body
         buf += crc32c(body).to_bytes(4, "big")
+
+    @property
+    def mark(self) -> int:
+        """Where the next record starts (seam.py): bytes ever flushed + bytes buffered."""
+        return self._flushed + len(self._buf)
 
     def _append(self, payload: bytes) -> None:
         self._put(b"".join((self._now_time(), put_uvarint(len(payload)), payload)))
@@ -734,7 +754,13 @@ class PartitionLog:
         if not buf:
             return
         if self._broken:
-            raise CmdlogError(self._active_path(), self._size, self._broken, IO)
+            raise CmdlogIOError(self._active_path(), self._size, self._broken)
+        if self._fd is None:
+            try:
+                self._open_active()
+            except OSError as e:
+                raise CmdlogIOError(self._active_path(), self._size, f"cannot open a segment: {e}",
+                                    e.errno) from e
         fd = self._fd
         n = len(buf)
         done = 0
@@ -749,10 +775,13 @@ class PartitionLog:
                 except OSError as e2:
                     self._broken = f"partial write could not be undone: {e2}"
             self._buf = bytearray(buf)      # the failed write's traceback may still export `buf`
-            raise CmdlogError(self._active_path(), self._size, f"write failed: {e}", IO) from e
+            raise CmdlogIOError(self._active_path(), self._size, f"write failed: {e.strerror or e}",
+                                e.errno) from e
         self._size += n
-        self._flushed += n
+        with self._fd_lock:
+            self._flushed += n
         buf.clear()
+        self._rotate_failed = False
 
     def sync(self) -> None:
         """flush + fsync.  From a thread other than the owner's it fsyncs what
@@ -762,6 +791,7 @@ class PartitionLog:
         with self._fd_lock:
             fd = self._fd
             upto = self._flushed
+            gen = self._cut_gen
             if fd is None or upto <= self._synced:
                 return
             fd = os.dup(fd)
@@ -769,8 +799,45 @@ class PartitionLog:
             os.fsync(fd)
         finally:
             os.close(fd)
-        if upto > self._synced:
-            self._synced = upto
+        with self._fd_lock:
+            if gen == self._cut_gen and upto > self._synced:   # not if rollback cut those bytes meanwhile
+                self._synced = upto
+
+    # -- the medium (seam.py, undo.py) -------------------------------------------------------
+    @property
+    def written_mark(self) -> int:
+        return self._flushed
+
+    @property
+    def durable_mark(self) -> int:
+        return self._synced
+
+    @property
+    def committed_mark(self) -> int:
+        return self._synced if self.sync_mode == "always" else self._flushed
+
+    def rollback(self, mark: int) -> None:
+        """Drop every record from `mark` on: buffered ones, and ones written but not fsynced
+        (the active segment is cut back).  Owner's thread, with no fsync under way."""
+        start = self._flushed
+        if mark >= start:
+            del self._buf[mark - start:]
+            return
+        del self._buf[:]
+        off = self._size - (start - mark)
+        if off < HEADER_SIZE:    # cannot happen: rotation fsyncs the segment it leaves
+            log.error("%s: cannot roll back into a closed segment (mark %d)", self.dir, mark)
+            return
+        with self._fd_lock:
+            try:
+                os.ftruncate(self._fd, off)
+            except OSError as e:
+                self._broken = f"a failed write could not be cut back: {e}"
+            self._cut_gen += 1
+            self._size = off
+            self._flushed = mark
+            if self._synced > mark:
+                self._synced = mark
 
     def begin_sync(self) -> SyncTicket | None:
         """Flush, then return the fsync a helper thread should run (None when
@@ -853,14 +920,20 @@ class CmdlogStorage:
         self._state = None
         return st if st is not None else ReplayState()
 
-    # -- records ----------------------------------------------------------------------------
-    def record_add(self, item: QItem) -> None:
+    # -- the medium: the partition's log, shared by its queues (seam.py, undo.py) ------------
+    @property
+    def medium(self) -> PartitionLog:
+        return self._log
+
+    # -- records (each returns the mark where its record starts, or None if none is written) --
+    def record_add(self, item: QItem) -> int | None:
         plog = self._log
         jid = item.job_id
         if plog._handed and jid in plog._handed:
             plog._handed.discard(jid)
             self._live.add(jid)
-            return
+            return None
+        mark = plog._flushed + len(plog._buf)
         jid = plog._new_job_id()
         item.job_id = jid
         expiry = item.expiry
@@ -880,21 +953,25 @@ class CmdlogStorage:
         plog._put(b"".join((plog._now_time(), put_uvarint(size), b"\x01", jid, name_field, _TTR, mid, dlen, data,
                             ZERO_TIME, plog._created_time(item.add_time))))
         self._live.add(jid)
+        return mark
 
-    def record_remove(self, item: QItem) -> None:
+    def record_remove(self, item: QItem) -> int | None:
         jid = item.job_id
         if jid is None:
-            return
+            return None
         plog = self._log
+        mark = plog._flushed + len(plog._buf)
         expiry = item.expiry
         plog._append_id(EXPIRE if expiry and expiry < plog._clock.now_ms() else DELETE, jid)
         self._discard(jid)
+        return mark
 
-    def record_open(self, item: QItem, xid: int) -> None:
+    def record_open(self, item: QItem, xid: int) -> int | None:
         jid = item.job_id
         if jid is None:
-            return
+            return None
         plog = self._log
+        mark = plog._flushed + len(plog._buf)
         plog._append_id(START_ATTEMPT, jid)
         if plog._limited:
             job = plog._limited.get(jid)
@@ -902,25 +979,56 @@ class CmdlogStorage:
                 job.attempts += 1
         if plog._handed:
             plog._handed.discard(jid)
+        return mark
 
-    def record_unremove(self, item: QItem, xid: int) -> None:
+    def record_unremove(self, item: QItem, xid: int) -> int | None:
         jid = item.job_id
         if jid is None:
-            return
+            return None
         plog = self._log
+        mark = plog._flushed + len(plog._buf)
         job = plog._limited.get(jid) if plog._limited else None
         if job is not None and job.attempts >= job.cmd.max_attempts:
             self._relog(item, job)
         else:
             plog._append_id(TIMEOUT_ATTEMPT, jid)
+        return mark
 
-    def record_confirm(self, item: QItem, xid: int) -> None:
+    def record_confirm(self, item: QItem, xid: int) -> int | None:
+        jid = item.job_id
+        if jid is None:
+            return None
+        plog = self._log
+        mark = plog._flushed + len(plog._buf)
+        plog._put(b"".join((plog._now_time(), _CONFIRM, jid, b"\x00")))
+        self._discard(jid)
+        return mark
+
+    def undo_record(self, kind: int, item: QItem, xid: int) -> None:
+        """A record of this queue was rolled back (queues/undo.py): put the partition's
+        bookkeeping back as it was before it.  (Kinds as in undo.py: 0 add, 1 remove,
+        2 open, 3 abort, 4 confirm.)"""
         jid = item.job_id
         if jid is None:
             return
         plog = self._log
-        plog._put(b"".join((plog._now_time(), _CONFIRM, jid, b"\x00")))
-        self._discard(jid)
+        if kind == 0:
+            self._live.discard(jid)
+        elif kind == 1 or kind == 4:
+            self._live.add(jid)
+        elif kind == 2:
+            job = plog._limited.get(jid) if plog._limited else None
+            if job is not None and job.attempts:
+                job.attempts -= 1
+        elif kind == 3:
+            old = plog._relogged.pop(jid, None)
+            if old is not None:             # the abort had re-logged the job under a new id
+                old_id, job = old
+                self._live.discard(jid)
+                self._live.add(old_id)
+                plog._limited.pop(jid, None)
+                plog._limited[old_id] = job
+                item.job_id = old_id
 
     def _discard(self, jid: bytes) -> None:
         self._live.discard(jid)
@@ -941,6 +1049,10 @@ class CmdlogStorage:
         plog.append_command(cmd)
         plog._limited.pop(old, None)
         plog._limited[new] = Job(cmd, job.expire_ns, job.seq)
+        relogged = plog._relogged
+        if len(relogged) >= 1024:             # long committed: only the newest can roll back
+            del relogged[next(iter(relogged))]
+        relogged[new] = (old, job)
         self._live.discard(old)
         self._live.add(new)
         item.job_id = new
@@ -975,16 +1087,24 @@ class CmdlogStorage:
 
     def erase(self) -> None:
         """Delete every live job of the queue (ready, open, scheduled), make
-        that durable, then forget the queue name."""
+        that durable, then forget the queue name.  If the deletes cannot be made
+        durable they are taken back and the error raised: nothing changed."""
         plog = self._log
-        for jid in sorted(self._live):
+        mark = plog.mark
+        live = sorted(self._live)
+        for jid in live:
             plog._append_id(DELETE, jid)
+        try:
+            plog.sync()
+        except OSError:
+            plog.rollback(mark)
+            raise
+        for jid in live:
             plog._scheduled.pop(jid, None)
             plog._limited.pop(jid, None)
             plog._handed.discard(jid)
         self._live.clear()
         self._state = None
-        plog.sync()
         plog._forget(self.name)
 
     @property

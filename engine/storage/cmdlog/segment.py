@@ -91,6 +91,19 @@ class CmdlogError(Exception):
         self.kind = kind
 
 
+class CmdlogIOError(CmdlogError, OSError):
+    """A write, fsync or open of a segment failed: an OSError too, so the owner's batch
+    (which catches OSError from every storage) rolls back; `errno` is the system's."""
+
+    def __init__(self, path: str, offset: int, reason: str, err: int | None = None) -> None:
+        CmdlogError.__init__(self, path, offset, reason, IO)
+        self.errno = err
+        self.strerror = None
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
 # ------------------------------------------------------------------ commands
 
 @dataclass(slots=True)

@@ -17,9 +17,13 @@ Files of queue `q` in the queue directory (§6.1):
 Invariants this module keeps:
 
 1. The records on disk are always a prefix of the records the queue issued, in
-   order.  A failed write is truncated away and its records stay buffered for
-   the next flush (see `Journal.flush`); nothing is ever dropped from the middle,
-   because a lost ADD would make every later REMOVE consume the wrong item.
+   order.  A failed write is truncated away and its records stay buffered until
+   the owner either retries the flush or rolls back (`rollback`: the records are
+   dropped and the queue undoes their changes, queues/undo.py); nothing is ever
+   dropped from the middle, because a lost ADD would make every later REMOVE
+   consume the wrong item.  Marks (positions for the undo log) count every byte
+   this object ever appended, across rotations and rewrites: `_base` is the mark
+   of byte 0 of the current file.
 2. Archive timestamps only grow: a new name is max(now, last + 1), created
    exclusively, bumped by 1 ms while taken.  A clock that steps back cannot
    reorder replay.
@@ -386,15 +390,17 @@ _WFLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT
 
 
 class Journal:
-    """The storage seam (storage.py) over Kestrel journal files.
+    """The storage seam (seam.py) over Kestrel journal files; it is its own `medium`.
 
     Writes are buffered in a bytearray; `flush()` hands them to the OS in one
     write.  Write-failure policy: a failed flush truncates the file back to its
-    last good size, keeps every pending record buffered and raises JournalError
-    (the owner answers SERVER_ERROR); the next flush retries.  `logsize` counts
-    buffered bytes (as Kestrel's size did), `flushed_size` only what the OS has.
-    Maintenance (rotate, rewrite) that fails is logged and skipped: it never
-    fails the client's operation.
+    last good size, keeps every pending record buffered and raises JournalError;
+    the owner then rolls back (`rollback`, queues/undo.py) and answers
+    SERVER_ERROR.  Flushes the journal starts itself (a big buffer, read-behind
+    catching up) never raise: a failure there leaves the records buffered for
+    the owner's flush.  `logsize` counts buffered bytes (as Kestrel's size did),
+    `flushed_size` only what the OS has.  Maintenance (rotate, rewrite) that
+    fails is logged and skipped: it never fails the client's operation.
 
     Threads: every method runs on the owner's thread except `sync()`, which the
     worker may call from its group-commit thread; there it only fsyncs what
@@ -420,6 +426,7 @@ class Journal:
         self._fd = -1
         self._gen = 0                    # bumped whenever _fd changes
         self._pending = bytearray()
+        self._base = 0                   # mark of byte 0 of the current file (module invariant 1)
         self._disk_size = 0              # bytes of the current file the OS has
         self._synced_size = 0
         self._torn = False               # a failed write may have left bytes past _disk_size
@@ -448,6 +455,53 @@ class Journal:
     @property
     def in_read_behind(self) -> bool:
         return self._rb is not None
+
+    # -------------------------------------------------------- the medium (seam.py, undo.py)
+    @property
+    def medium(self) -> "Journal":
+        return self
+
+    @property
+    def written_mark(self) -> int:
+        return self._base + self._disk_size
+
+    @property
+    def durable_mark(self) -> int:
+        return self._base + self._synced_size
+
+    @property
+    def committed_mark(self) -> int:
+        return self._base + (self._synced_size if self.sync_policy == "always" else self._disk_size)
+
+    def rollback(self, mark: int) -> None:
+        """Drop every record from `mark` on: buffered ones, and ones written but not fsynced
+        (the file is cut back).  Owner's thread, with no fsync of this journal under way."""
+        start = self._base + self._disk_size
+        if mark >= start:
+            del self._pending[mark - start:]
+            return
+        del self._pending[:]
+        off = mark - self._base
+        if off < 0:     # cannot happen: rotation and rewrite leave everything before them durable
+            log.error("queue %r: cannot roll back into an archived journal (mark %d, file starts at %d)",
+                      self.name, mark, self._base)
+            off = 0
+        self._disk_size = off
+        if self._synced_size > off:
+            self._synced_size = off
+        self._gen += 1               # an fsync under way in a thread must not count these bytes
+        self._torn = True
+        try:
+            self._untear()
+        except JournalError as e:
+            log.error("queue %r: %s (retried before the next write)", self.name, e)
+        rb = self._rb
+        if rb is not None and rb.name == self.name and rb.pos > off:
+            rb.pos = off
+            rb.drop_buffer()
+
+    def undo_record(self, kind: int, item: QItem, xid: int) -> None:
+        """Nothing: a journal keeps no state per record besides the bytes."""
 
     @property
     def dirty(self) -> bool:
@@ -606,37 +660,66 @@ class Journal:
 
     # -------------------------------------------------------- writer
     def _open_writer(self) -> None:
+        """Open `<queue>` for appending; marks continue from where the old file ended."""
+        end = self._base + self._disk_size
         self._fd = os.open(self._path, _WFLAGS, 0o644)
         self._gen += 1
         self._disk_size = self._synced_size = os.fstat(self._fd).st_size
+        self._base = end - self._disk_size
         self._torn = False
 
-    def record_add(self, item: QItem) -> None:
+    # Each record_* returns the mark where its record starts (seam.py).
+    def record_add(self, item: QItem) -> int:
         p = self._pending
+        mark = self._base + self._disk_size + len(p)
         p += _ADDX_pack(2, len(item.data) + 16, item.add_time, item.expiry)
         p += item.data
         if len(p) > AUTOFLUSH:
-            self.flush()
+            self._flush_quietly()
+        return mark
 
-    def record_remove(self, item: QItem) -> None:
-        self._pending.append(1)
+    def record_remove(self, item: QItem) -> int:
+        p = self._pending
+        mark = self._base + self._disk_size + len(p)
+        p.append(1)
+        return mark
 
-    def record_open(self, item: QItem, xid: int) -> None:
-        self._pending += _XID_pack(9, xid)
+    def record_open(self, item: QItem, xid: int) -> int:
+        p = self._pending
+        mark = self._base + self._disk_size + len(p)
+        p += _XID_pack(9, xid)
+        return mark
 
-    def record_unremove(self, item: QItem, xid: int) -> None:
-        self._pending += _XID_pack(5, xid)
+    def record_unremove(self, item: QItem, xid: int) -> int:
+        p = self._pending
+        mark = self._base + self._disk_size + len(p)
+        p += _XID_pack(5, xid)
+        return mark
 
-    def record_confirm(self, item: QItem, xid: int) -> None:
-        self._pending += _XID_pack(6, xid)
+    def record_confirm(self, item: QItem, xid: int) -> int:
+        p = self._pending
+        mark = self._base + self._disk_size + len(p)
+        p += _XID_pack(6, xid)
+        return mark
 
-    def record_continue(self, xid: int, item: QItem) -> None:
+    def record_continue(self, xid: int, item: QItem) -> int:
         """CONTINUE: confirm `xid` and append `item` (Kestrel's library `continue`)."""
         p = self._pending
+        mark = self._base + self._disk_size + len(p)
         p += _XADDX_pack(8, xid, len(item.data) + 16, item.add_time, item.expiry)
         p += item.data
         if len(p) > AUTOFLUSH:
+            self._flush_quietly()
+        return mark
+
+    def _flush_quietly(self) -> bool:
+        """A flush the journal starts on its own: on failure the records stay buffered for
+        the owner's flush, which fails too and rolls back."""
+        try:
             self.flush()
+        except JournalError:
+            return False
+        return True
 
     def flush(self) -> None:
         """One write of everything pending.  On failure the file is cut back to
@@ -745,10 +828,10 @@ class Journal:
 
     # -------------------------------------------------------- read-behind
     def start_read_behind(self) -> None:
-        """Read-behind starts where the next record will be written."""
-        if self._rb is not None:
+        """Read-behind starts where the next record will be written, so the buffer must be
+        written first; if it cannot be, the queue stays in memory for now."""
+        if self._rb is not None or not self._flush_quietly():
             return
-        self.flush()
         self._rb = Cursor(self._path, self.name, self._disk_size)
         log.info("queue %r: dropping to read-behind at %s:%d", self.name, self.name, self._disk_size)
 
@@ -764,8 +847,9 @@ class Journal:
             if rb.name == self.name:
                 if rb.pos >= self._disk_size:
                     if self._pending:
-                        self.flush()
-                        continue
+                        if self._flush_quietly():
+                            continue
+                        break                 # the owner's flush fails too and rolls back
                     self._leave_read_behind()
                     break
                 limit = self._disk_size
@@ -890,15 +974,15 @@ class Journal:
         old = self._fd
         self._open_writer()
         if old >= 0:
-            try:
-                if self.sync_policy != "never":
-                    _fsync(old)
-            finally:
-                os.close(old)
+            os.close(old)
 
     def _rotate(self, view, set_checkpoint: bool) -> None:
         try:
             self.flush()
+            if self.sync_policy != "never" and self._synced_size < self._disk_size:
+                # An archive is never rolled back (see `rollback`): make it durable first.
+                _fsync(self._fd)
+                self._synced_size = self._disk_size
             rotated = self._unique_name(".")
         except OSError as e:
             log.error("queue %r: rotation skipped: %s", self.name, e)

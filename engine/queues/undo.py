@@ -1,0 +1,101 @@
+"""Undoing state changes whose records never became durable (issue 11, defect 4: disk full).
+
+A queue changes its memory first and records the change in its storage's buffer; the owner
+writes (and, for `sync = always`, fsyncs) the buffers once per batch and only then sends the
+batch's replies.  When that write or fsync fails, the records after the last good byte are
+lost, so the memory changes they stood for must be undone too: otherwise a refused `set`
+stays in the queue (and is written once space returns, a duplicate of the client's retry),
+and a read the client never received is forgotten on restart.
+
+Every recorded change leaves an entry here:
+
+    (medium, mark, queue, kind, item, xid, ctx)
+
+* `medium` is the byte stream the record went into (a `Journal`, or the `PartitionLog` that
+  every cmdlog queue of a partition shares) and `mark` the stream position where the record
+  starts.  Positions only grow, across rotations and rewrites, so "every record at or after
+  position P" is always well defined.
+* `ctx` is whatever the owner said it was serving (`UndoLog.ctx`): the worker puts the
+  request there, so a rolled-back change tells it which reply must turn into an error.  A
+  change made on nobody's behalf (expiry sweep, discard of a full queue, an abort after a
+  disconnect) has ctx None.
+
+`rollback(medium, P)` undoes, newest first, every entry of `medium` at or after P, so each
+undo sees exactly the state its change produced; `trim()` forgets entries whose records are
+safe (`medium.committed_mark`: written, or fsynced when the storage's policy is "always").
+Entries of other media are untouched: queues do not share records, only cmdlog queues share a
+stream, and they are undone together.
+
+What an undo means for the client (the worker applies it, server/worker.py):
+* ADD: the item leaves the queue; the `set` is answered SERVER_ERROR.
+* REMOVE / OPEN: the item goes back to the head; the reader is answered SERVER_ERROR instead
+  of the item (the reply had not left the worker: replies wait for the batch's write), and an
+  open read leaves the connection's session.
+* UNREMOVE / CONFIRM: the item is reserved again under its xid.  The client that asked is
+  answered SERVER_ERROR; nobody owns the read any more, so the worker "strands" it and aborts
+  it again once writes succeed (or replay rolls it back at the next start).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ADD, REMOVE, OPEN, UNREMOVE, CONFIRM = range(5)
+KIND_NAMES = ("add", "remove", "open", "abort", "confirm")
+
+
+@dataclass(slots=True)
+class Undone:
+    """One change taken back: for the owner to fix up what it told the client."""
+    ctx: object
+    kind: int
+    queue: str
+    item: object
+    xid: int
+
+
+class UndoLog:
+    __slots__ = ("entries", "ctx")
+
+    def __init__(self) -> None:
+        self.entries: list[tuple] = []
+        self.ctx: object = None
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def trim(self) -> None:
+        """Forget the entries whose records are committed (once per batch: usually all)."""
+        entries = self.entries
+        if not entries:
+            return
+        medium = None
+        committed = 0
+        keep = None
+        for e in entries:
+            if e[0] is not medium:
+                medium = e[0]
+                committed = medium.committed_mark
+            if e[1] >= committed:
+                if keep is None:
+                    keep = []
+                keep.append(e)
+        self.entries = keep if keep is not None else []
+
+    def rollback(self, medium, mark: int) -> list[Undone]:
+        """Undo, newest first, every change recorded in `medium` at or after `mark`."""
+        out: list[Undone] = []
+        keep = []
+        for e in reversed(self.entries):
+            if e[0] is medium and e[1] >= mark:
+                queue, kind, item, xid = e[2], e[3], e[4], e[5]
+                queue.revert(kind, item, xid)
+                out.append(Undone(e[6], kind, queue.name, item, xid))
+            else:
+                keep.append(e)
+        keep.reverse()
+        self.entries = keep
+        return out
+
+    def forget(self, medium) -> None:
+        """`medium` is gone (its queue was deleted): nothing of it can be rolled back any more."""
+        self.entries = [e for e in self.entries if e[0] is not medium]

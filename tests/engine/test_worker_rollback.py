@@ -1,0 +1,173 @@
+"""The worker's batch when its write or fsync fails (issue 11, defect 4), in-process: requests
+go straight to `Worker.handle`, replies are captured instead of published."""
+from __future__ import annotations
+
+import errno
+import os
+import socket
+
+import msgpack
+import pytest
+
+from lanner.config import Config, QueueConfig, ServerConfig
+from lanner.ipc.messages import (F_OPEN, OP_DISCONNECT, OP_GET, OP_SET, OP_TGET, R_DATA, R_ITEM, R_OK,
+                                 R_SERVER_ERROR, RF_CLOSE, pack_req, unpack_resp)
+from lanner.server.worker import Worker
+from lanner.storage.journal import journal as J
+
+
+class Status:
+    def blocks_reads(self) -> bool:
+        return False
+
+    def blocks_writes(self) -> bool:
+        return False
+
+
+@pytest.fixture
+def worker(tmp_path, clock):
+    made = []
+
+    def make(**default):
+        cfg = Config(server=ServerConfig(queue_path=str(tmp_path / "queues")), default=QueueConfig(**default))
+        a, b = socket.socketpair()
+        w = Worker(0, 1, cfg, Status(), [None], [None], -1, a, None, clock=clock, nfronts=1)
+        w.boot()
+        w.published = []
+        w.publish = w.published.extend
+        made.append((w, a, b))
+        return w
+    yield make
+    for w, a, b in made:
+        if not w.coll.closed:
+            w.coll.close()
+        a.close()
+        b.close()
+
+
+def req(conn, op, queue, flags=0, a=0, b=0, payload=b"", n=1):
+    q = queue.encode()
+    return pack_req(conn, n, op, flags, len(q), a, b) + q + payload
+
+
+def replies(w):
+    out = {}
+    for dst, head, payload in w.published:
+        conn, r, status, flags, _, value = unpack_resp(head, 0)
+        out.setdefault(conn, []).append((status, flags, bytes(payload)))
+    w.published.clear()
+    return out
+
+
+def enospc(fd, data):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def queue_datas(w, name):
+    return [i.data for i in w.coll.queue(name).memory_items()]
+
+
+def test_a_failed_write_fails_exactly_the_requests_it_undid(worker, monkeypatch):
+    w = worker()
+    w.handle(0, req(1, OP_SET, "q", payload=b"old"))
+    w.handle(0, req(1, OP_SET, "other", payload=b"kept"))
+    w.finish_batch()
+    assert replies(w) == {1: [(R_OK, 0, b""), (R_OK, 0, b"")]}
+    w.handle(0, req(2, OP_SET, "q", payload=b"new"))
+    w.handle(0, req(3, OP_GET, "q", F_OPEN))
+    w.handle(0, req(4, OP_GET, "q"))                         # takes the item set in this batch
+    w.handle(0, req(5, OP_GET, "other"))                     # another journal, written fine
+    real_write = J._write
+    monkeypatch.setattr(J, "_write", lambda fd, data: enospc(fd, data) if len(data) != 1 else
+                        real_write(fd, data))                # only the 1-byte REMOVE of `other` fits
+    w.finish_batch()
+    got = replies(w)
+    for conn in (2, 3, 4):
+        (status, flags, why), = got[conn]
+        assert (status, flags, why) == (R_SERVER_ERROR, RF_CLOSE, b"write failed: No space left on device")
+    assert got[5] == [(R_ITEM, 0, b"kept")]
+    assert queue_datas(w, "q") == [b"old"] and not w.coll.queue("q").open_items()
+    assert not w.sessions.get((0, 3)) or not w.sessions[(0, 3)].open_count("q")
+
+
+def test_a_failed_fsync_under_always_cuts_back_and_fails_the_batch(worker, monkeypatch, tmp_path):
+    w = worker(sync_journal="always")
+    w.handle(0, req(1, OP_SET, "q", payload=b"a"))
+    w.finish_batch()
+    w.wait_for_sync()
+    assert replies(w) == {1: [(R_OK, 0, b"")]}
+    size = os.path.getsize(tmp_path / "queues" / "q")
+
+    def eio(fd):
+        raise OSError(errno.EIO, "Input/output error")
+    monkeypatch.setattr(J, "_fsync", eio)
+    w.handle(0, req(2, OP_SET, "q", payload=b"b"))
+    w.handle(0, req(3, OP_GET, "q"))
+    w.finish_batch()
+    assert w.published == []                                 # held for the fsync
+    w.wait_for_sync()
+    got = replies(w)
+    assert got[2] == [(R_SERVER_ERROR, RF_CLOSE, b"fsync failed: Input/output error")]
+    assert got[3] == [(R_SERVER_ERROR, RF_CLOSE, b"fsync failed: Input/output error")]
+    assert os.path.getsize(tmp_path / "queues" / "q") == size
+    assert queue_datas(w, "q") == [b"a"]
+    monkeypatch.setattr(J, "_fsync", os.fsync)
+    w.handle(0, req(4, OP_GET, "q"))
+    w.finish_batch()
+    w.wait_for_sync()
+    assert replies(w) == {4: [(R_ITEM, 0, b"a")]}
+
+
+def test_an_abort_that_cannot_be_written_is_retried_until_it_is(worker, monkeypatch, clock):
+    w = worker()
+    w.handle(0, req(1, OP_SET, "q", payload=b"a"))
+    w.handle(0, req(2, OP_GET, "q", F_OPEN))
+    w.finish_batch()
+    assert replies(w)[2] == [(R_ITEM, 0, b"a")]
+    monkeypatch.setattr(J, "_write", enospc)
+    w.handle(0, req(2, OP_DISCONNECT, ""))                   # the client goes: abort its read
+    w.finish_batch()
+    q = w.coll.queue("q")
+    assert q.length == 0 and len(q.open_items()) == 1 and w.coll.stranded == {"q": [1]}
+    clock.advance(2000)
+    w.run_timers()
+    w.finish_batch()                                        # still full: stranded again
+    assert w.coll.stranded == {"q": [1]}
+    monkeypatch.setattr(J, "_write", os.write)
+    clock.advance(2000)
+    w.run_timers()
+    w.finish_batch()
+    assert w.coll.stranded == {} and queue_datas(w, "q") == [b"a"] and not q.open_items()
+    assert w.shutdown() == 0
+
+
+def test_shutdown_with_stranded_reads_says_so_and_exits_nonzero(worker, monkeypatch, caplog):
+    w = worker()
+    w.handle(0, req(1, OP_SET, "q", payload=b"a"))
+    w.handle(0, req(2, OP_GET, "q", F_OPEN))
+    w.finish_batch()
+    monkeypatch.setattr(J, "_write", enospc)
+    w.handle(0, req(2, OP_DISCONNECT, ""))
+    w.finish_batch()
+    assert w.shutdown() == 4
+    assert "queue 'q': 1 open reads could not be returned" in caplog.text
+
+
+def test_a_thrift_get_keeps_the_items_that_were_written(worker, monkeypatch, clock):
+    w = worker()
+    w.handle(0, req(1, OP_SET, "q", payload=b"first"))
+    w.finish_batch()
+    replies(w)
+    # max 2 items, wait up to 1 s, plain reads: takes "first" now, then waits
+    w.handle(0, req(7, OP_TGET, "q", a=1000, b=2, payload=(0).to_bytes(8, "little")))
+    w.finish_batch()
+    assert replies(w) == {}
+    w.handle(0, req(1, OP_SET, "q", payload=b"second", n=2))
+    w.drain([])                                             # (retries the woken thrift get)
+    monkeypatch.setattr(J, "_write", enospc)
+    w.finish_batch()
+    got = replies(w)
+    assert got[1] == [(R_SERVER_ERROR, RF_CLOSE, b"write failed: No space left on device")]
+    (status, _, payload), = got[7]
+    assert status == R_DATA and msgpack.unpackb(payload) == [[b"first", 0]]
+    assert queue_datas(w, "q") == []

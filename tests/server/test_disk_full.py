@@ -1,0 +1,142 @@
+"""A full disk, on a real small filesystem (tmpfs, else a loop image): what the client is told
+is what the queue holds, now and after a restart (issue 11, defect 4).
+
+The journal of queue `q` is kept at an exact multiple of 4 KiB (every record below is sized
+for it), so once the filesystem is full every further journal write needs a new block and
+fails with ENOSPC, reads included."""
+import os
+import re
+import signal
+
+import pytest
+
+from tests.helpers import start_server
+from tests.server.conftest import Client
+from tests.smallfs import small_fs
+
+pytestmark = pytest.mark.integration
+
+ADDX = 21                      # bytes of an ADDX record besides the data
+BLOCK = 4096
+
+
+@pytest.fixture
+def fs(tmp_path, record_property):
+    with small_fs(tmp_path, 1024) as f:
+        if f is None:
+            pytest.skip("cannot mount a tmpfs or a loop image here (needs root / CAP_SYS_ADMIN)")
+        print(f"disk-full test on a {f.kind} at {f.path}")
+        record_property("small_fs", f.kind)
+        yield f
+
+
+def item(i: int, size: int = BLOCK - ADDX) -> bytes:
+    head = b"item-%03d-" % i
+    return head + b"." * (size - len(head))
+
+
+def setq(c: Client, q: bytes, data: bytes) -> bytes:
+    return c.ask(b"set %s 0 0 %d\r\n%s\r\n" % (q, len(data), data))
+
+
+def value_of(reply: bytes) -> bytes | None:
+    if reply.startswith(b"VALUE"):
+        return reply.split(b"\r\n")[1]
+    return None
+
+
+def queue_items(c: Client, q: str) -> int:
+    out = c.ask(b"stats\r\n", b"END\r\n").decode()
+    m = re.search(rf"STAT queue_{q}_items (\d+)", out)
+    return int(m.group(1)) if m else 0
+
+
+def drain(h, q: bytes) -> list[bytes]:
+    c = Client(h.connect())
+    out = []
+    while True:
+        r = c.ask(b"get %s\r\n" % q, b"END\r\n")
+        v = value_of(r)
+        if v is None:
+            assert r == b"END\r\n", r
+            c.close()
+            return out
+        out.append(v)
+
+
+def test_refused_items_never_reach_readers_and_reads_fail_truthfully(tmp_path, fs):
+    qp = os.path.join(fs.path, "queues")
+    h = start_server(tmp_path, queue_path=qp)
+    try:
+        c = Client(h.connect())
+        for i in range(10):
+            assert setq(c, b"q", item(i)) == b"STORED\r\n"
+        assert os.path.getsize(os.path.join(qp, "q")) == 10 * BLOCK
+        filler = fs.fill()
+
+        refused = b"refused-" + b"x" * 100
+        r = setq(c, b"q", refused)
+        assert r.startswith(b"SERVER_ERROR"), r
+        assert b"No space left on device" in r
+        assert qp.encode() not in r, "a reply must not name a server path"
+        c = Client(h.connect())
+        assert queue_items(c, "q") == 10, "a refused item must not be in the queue"
+
+        # a read cannot be journaled either: the client is told so and the item stays
+        for cmd in (b"get q\r\n", b"get q/open\r\n"):
+            c = Client(h.connect())
+            r = c.ask(cmd, b"\r\n")
+            assert r.startswith(b"SERVER_ERROR"), (cmd, r)
+            c = Client(h.connect())
+            assert queue_items(c, "q") == 10
+        assert c.ask(b"get q/peek\r\n", b"END\r\n") == b"VALUE q/peek 0 %d\r\n%s\r\nEND\r\n" % (
+            len(item(0)), item(0))
+
+        os.unlink(filler)                       # space comes back
+        assert setq(c, b"q", b"after") == b"STORED\r\n"
+        got = drain(h, b"q")
+        assert got == [item(i) for i in range(10)] + [b"after"]
+    finally:
+        code = h.stop()
+    assert code == 0, h.log()[-3000:]
+    h = start_server(tmp_path, queue_path=qp)
+    try:
+        assert drain(h, b"q") == []             # every read above was journaled: nothing comes back
+    finally:
+        h.stop()
+
+
+def test_sigterm_while_full_exits_nonzero_and_restart_serves_the_truth(tmp_path, fs):
+    qp = os.path.join(fs.path, "queues")
+    h = start_server(tmp_path, queue_path=qp)
+    try:
+        c = Client(h.connect())
+        for i in range(9):
+            assert setq(c, b"q", item(i)) == b"STORED\r\n"
+        # the open read's 5-byte record brings the journal to an exact 40 KiB
+        assert setq(c, b"q", item(9, BLOCK - ADDX - 5)) == b"STORED\r\n"
+        holder = Client(h.connect())
+        assert value_of(holder.ask(b"get q/open\r\n", b"END\r\n")) == item(0)
+        assert os.path.getsize(os.path.join(qp, "q")) == 10 * BLOCK
+        fs.fill()
+
+        holder.close()                          # its abort cannot be journaled
+        c = Client(h.connect())
+        r = c.ask(b"get q\r\n", b"\r\n")
+        assert r.startswith(b"SERVER_ERROR"), r
+        c = Client(h.connect())
+        assert setq(c, b"q", b"refused").startswith(b"SERVER_ERROR")
+    finally:
+        code = h.stop()
+    log = h.log()
+    assert code != 0, "shutdown with an unwritable journal must not exit 0"
+    assert "Traceback" not in log, log[-3000:]
+    assert re.search(r"queue 'q'.*could not", log), log[-3000:]
+
+    os.unlink(os.path.join(fs.path, "filler"))
+    h = start_server(tmp_path, queue_path=qp)
+    try:
+        # the open read was never confirmed: it comes back first; nothing refused is there
+        assert drain(h, b"q") == [item(0)] + [item(i) for i in range(1, 9)] + [item(9, BLOCK - ADDX - 5)]
+    finally:
+        assert h.stop() == 0
