@@ -8,12 +8,13 @@ import struct
 from collections import deque
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from lanner.clock import FakeClock
 from lanner.queues.item import QItem
-from lanner.storage.journal.journal import Journal, archived_files, encode_add, encode_confirm, encode_open, encode_unremove, \
+from lanner.storage.journal.journal import Journal, JournalReplayError, archived_files, encode_add, encode_confirm, encode_open, encode_unremove, \
     read_records
 from lanner.storage.journal.packer import pack_files
 
@@ -168,15 +169,23 @@ def replay_files(tmp_path, clock, cfg=None):
 
 def test_torn_tail_of_current_file_is_truncated(tmp_path, clock, caplog):
     write(tmp_path / "q", addx(b"hello"), addx(b"world"), b"\x02\x15\x00")
-    with caplog.at_level(logging.ERROR, logger="lanner.storage.journal.journal"):
+    with caplog.at_level(logging.WARNING, logger="lanner.storage.journal.journal"):
         st = replay_files(tmp_path, clock)
     assert [i.data for i in st.items] == [b"hello", b"world"] and st.total_items == 2
     assert (tmp_path / "q").stat().st_size == 52
-    assert "DATA MAY HAVE BEEN LOST" in caplog.text and "offset 52" in caplog.text and str(tmp_path / "q") in caplog.text
+    assert "torn record" in caplog.text and "offset 52" in caplog.text and "truncating 3 bytes" in caplog.text
+    assert str(tmp_path / "q") in caplog.text
+
+
+def test_zero_filled_tail_is_a_torn_tail(tmp_path, clock):
+    """What a filesystem that extended the file before the data landed leaves after a crash."""
+    write(tmp_path / "q", addx(b"hello"), bytes(4096))
+    st = replay_files(tmp_path, clock)
+    assert [i.data for i in st.items] == [b"hello"] and (tmp_path / "q").stat().st_size == 26
 
 
 def test_writer_appends_after_truncation(tmp_path, clock):
-    write(tmp_path / "q", addx(b"a"), b"\x63garbage")
+    write(tmp_path / "q", addx(b"a"), b"\x02\x15\x00\x00")
     q = FakeQueue(journal(tmp_path, clock), Cfg(), clock)
     q.replay()
     assert q.storage.logsize == 22
@@ -186,20 +195,52 @@ def test_writer_appends_after_truncation(tmp_path, clock):
     assert q.drain() == [b"a", b"b"]
 
 
-def test_torn_record_in_rotated_file_skips_only_that_file(tmp_path, clock, caplog):
-    """Deviation 7: the archive is left alone, replay goes on with the next file."""
-    write(tmp_path / "q.100", addx(b"a"), addx(b"b"), b"\x63\x01\x02", addx(b"lost"))
+def records(n):
+    return [addx(b"item%04d" % i) for i in range(n)]
+
+
+@pytest.mark.parametrize("bad", [b"\x63", b"\x02\xff\xff\xff\xff", b"\x02\x05\x00\x00\x00"],
+                         ids=["invalid opcode", "negative size", "size below 16"])
+def test_corruption_before_the_end_refuses_replay_and_keeps_the_file(tmp_path, clock, bad):
+    """Issue 11, defect 6: a broken record at record 500 of 1,000 used to truncate the file
+    there.  Now replay stops, naming the file and the offset, and changes nothing."""
+    recs = records(1000)
+    recs[500] = bad + recs[500][len(bad):]
+    write(tmp_path / "q", *recs)
+    before = (tmp_path / "q").read_bytes()
+    j = journal(tmp_path, clock)
+    with pytest.raises(JournalReplayError) as ei:
+        j.replay(Cfg())
+    j.close()
+    offset = 500 * len(recs[0])
+    msg = str(ei.value)
+    assert f"journal {tmp_path / 'q'} is corrupt at offset {offset} of {len(before)}" in msg
+    assert "queue 'q'" in msg and f"truncate -s {offset}" in msg
+    assert (tmp_path / "q").read_bytes() == before
+
+
+def test_broken_record_in_an_archive_refuses_replay(tmp_path, clock):
+    write(tmp_path / "q.100", addx(b"a"), addx(b"b"), b"\x63\x01\x02", addx(b"not lost"))
     write(tmp_path / "q.200", b"\x01", addx(b"c"))
     write(tmp_path / "q", addx(b"d"))
-    with caplog.at_level(logging.ERROR, logger="lanner.storage.journal.journal"):
-        st = replay_files(tmp_path, clock)
-    assert [i.data for i in st.items] == [b"b", b"c", b"d"]
-    assert (tmp_path / "q.100").stat().st_size == 44 + 3 + 25
-    assert (tmp_path / "q").stat().st_size == 22
-    assert "DATA MAY HAVE BEEN LOST" in caplog.text and "q.100 at offset 44" in caplog.text
+    j = journal(tmp_path, clock)
+    with pytest.raises(JournalReplayError, match=r"archived journal .*q\.100 is corrupt at offset 44"):
+        j.replay(Cfg())
+    j.close()
+    assert (tmp_path / "q.100").stat().st_size == 44 + 3 + 29
 
 
-def test_unreadable_archive_is_logged_and_skipped(tmp_path, clock, monkeypatch, caplog):
+def test_torn_archive_refuses_replay(tmp_path, clock):
+    """Archives were complete when rotated: one that ends inside a record is damage, not a crash."""
+    write(tmp_path / "q.100", addx(b"a"), b"\x02\x15")
+    write(tmp_path / "q", addx(b"d"))
+    j = journal(tmp_path, clock)
+    with pytest.raises(JournalReplayError, match="q.100 is corrupt at offset 22"):
+        j.replay(Cfg())
+    j.close()
+
+
+def test_unreadable_archive_refuses_replay(tmp_path, clock, monkeypatch):
     import lanner.storage.journal.journal as J
     write(tmp_path / "q.100", addx(b"a"))
     write(tmp_path / "q", addx(b"b"))
@@ -210,10 +251,10 @@ def test_unreadable_archive_is_logged_and_skipped(tmp_path, clock, monkeypatch, 
             raise PermissionError(13, "Permission denied")
         return real(path, *a, **kw)
     monkeypatch.setattr(J, "Cursor", cursor)
-    with caplog.at_level(logging.ERROR, logger="lanner.storage.journal.journal"):
-        st = replay_files(tmp_path, clock)
-    assert [i.data for i in st.items] == [b"b"]
-    assert "cannot read" in caplog.text and "q.100" in caplog.text and "DATA MAY HAVE BEEN LOST" in caplog.text
+    j = journal(tmp_path, clock)
+    with pytest.raises(JournalReplayError, match=r"cannot read journal .*q\.100 \(Permission denied\)"):
+        j.replay(Cfg())
+    j.close()
 
 
 def test_legacy_opcodes(tmp_path, clock):

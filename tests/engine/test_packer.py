@@ -18,6 +18,7 @@ from lanner.clock import FakeClock
 from lanner.queues.item import QItem
 from lanner.storage.journal.journal import Journal, encode_add, encode_confirm, encode_continue, encode_open, encode_remove, \
     encode_unremove
+from lanner.storage.journal.journal import JournalCorrupt
 from lanner.storage.journal.packer import pack_files
 
 T = 1_700_000_000_000
@@ -102,16 +103,29 @@ def test_legacy_add_takes_the_pack_time(tmp_path):
     assert (tmp_path / "out").read_bytes() == addx(b"z", add=T + 5)
 
 
-def test_broken_record_skips_the_rest_of_that_file(tmp_path, caplog):
-    write(tmp_path / "a", addx(b"a"), b"\x63", addx(b"lost"))
+def test_broken_record_raises_and_writes_nothing(tmp_path):
+    """A pack replaces its inputs: skipping what it cannot read would delete it for good."""
+    write(tmp_path / "a", addx(b"a"), b"\x63", addx(b"not lost"))
+    write(tmp_path / "b", addx(b"b"))
+    with pytest.raises(JournalCorrupt, match="invalid opcode 99") as ei:
+        pack_files([str(tmp_path / "a"), str(tmp_path / "b")], str(tmp_path / "out"), now_ms=T)
+    assert (ei.value.file, ei.value.offset) == (str(tmp_path / "a"), 22)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.tmp").exists()
+    assert (tmp_path / "a").stat().st_size == 22 + 1 + 29      # inputs untouched
+
+
+def test_torn_tail_of_the_last_file_is_left_out_only_when_allowed(tmp_path, caplog):
+    write(tmp_path / "a", addx(b"a"))
     write(tmp_path / "b", addx(b"b"), b"\x02\x15")
-    with caplog.at_level(logging.ERROR, logger="lanner.storage.journal.packer"):
-        r = pack_files([str(tmp_path / "a"), str(tmp_path / "b")], str(tmp_path / "out"), now_ms=T)
+    files = [str(tmp_path / "a"), str(tmp_path / "b")]
+    with pytest.raises(JournalCorrupt):
+        pack_files(files, str(tmp_path / "out"), now_ms=T)
+    r = pack_files(files, str(tmp_path / "out"), now_ms=T, allow_torn_tail=True)
     assert (tmp_path / "out").read_bytes() == addx(b"a") + addx(b"b")
-    assert r.broken == [(str(tmp_path / "a"), 22, "invalid opcode 99"),
-                        (str(tmp_path / "b"), 22, "end of file inside a record")]
-    assert "DATA MAY HAVE BEEN LOST" in caplog.text
-    assert (tmp_path / "a").stat().st_size == 22 + 1 + 25      # inputs untouched
+    assert r.broken == [(str(tmp_path / "b"), 22, "end of file inside a record")]
+    write(tmp_path / "a", addx(b"a"), b"\x02\x15")           # torn, but not the last file
+    with pytest.raises(JournalCorrupt):
+        pack_files(files, str(tmp_path / "out"), now_ms=T, allow_torn_tail=True)
 
 
 def test_checkpoint_snapshot_mismatch_is_logged_and_the_files_win(tmp_path, caplog):

@@ -162,12 +162,20 @@ def test_qpack_usage(tmp_path, journal_file):
     assert not (tmp_path / "p").exists()
 
 
-def test_qpack_reports_broken_input(tmp_path):
+def test_qpack_leaves_out_a_torn_tail_with_a_warning(tmp_path):
     (tmp_path / "q").write_bytes(addx(b"a") + b"\x02\x15")
     rc, out, err = run_qpack("-f", str(tmp_path / "p"), str(tmp_path / "q"))
-    assert rc == 1 and out.endswith("Done. New journal size: 22\n")
+    assert rc == 0 and out.endswith("Done. New journal size: 22\n")
+    assert err == (f"warning: {tmp_path / 'q'} at offset 22: end of file inside a record (a torn write): "
+                   "that record is left out\n")
+
+
+def test_qpack_refuses_a_broken_record_and_writes_nothing(tmp_path):
+    (tmp_path / "q").write_bytes(addx(b"a") + b"\x63" + addx(b"b"))
+    rc, out, err = run_qpack("-f", str(tmp_path / "p"), str(tmp_path / "q"))
+    assert rc == 1 and not (tmp_path / "p").exists()
     assert err == (f"Exception reading journal file: {tmp_path / 'q'}\n"
-                   f"{tmp_path / 'q'} at offset 22: end of file inside a record\n")
+                   f"{tmp_path / 'q'} at offset 22: invalid opcode 99\nNothing written.\n")
 
 
 def test_qpack_missing_input(tmp_path):

@@ -116,3 +116,48 @@ def test_read_behind_with_cleaner_packs_keeps_order(tmp_path):
         h.stop()
     assert "cleaner: packed" in h.log()
     assert [f for f in os.listdir(h.queue_path) if "~~" in f] == []
+
+
+def serve_until_exit(tmp_path, qp, *extra):
+    """Run `lanner serve` that is expected to refuse start-up: (exit status, stderr).  A
+    server that becomes ready instead is stopped at once: (None, its stderr)."""
+    from tests.helpers import free_port
+    with open(tmp_path / "serve.err", "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "lanner.cli", "serve", "--queue-path", str(qp),
+                                 "--status-file", str(tmp_path / "st"), "--memcache-port", str(free_port()),
+                                 "--text-port", "off", "--thrift-port", "off", "--admin-port", "off",
+                                 "--workers", "1", "--fronts", "1", *extra],
+                                stdout=subprocess.PIPE, stderr=err, cwd=tmp_path)
+    ready = proc.stdout.readline().startswith(b"lanner ready")
+    if ready:
+        proc.terminate()
+    code = proc.wait(60)
+    proc.stdout.close()
+    return (None if ready else code), (tmp_path / "serve.err").read_text()
+
+
+def test_corrupt_record_mid_journal_stops_start_up_and_deletes_nothing(tmp_path):
+    """Issue 11, defect 6: an invalid opcode at record 500 of 1,000 used to truncate the
+    current journal there, deleting 500 good records.  Start-up must stop instead (exit 3),
+    naming the file and the offset, and leave the file as it was."""
+    qp = tmp_path / "queues"
+    qp.mkdir()
+    recs = [addx(b"item%04d" % i) for i in range(1000)]
+    recs[500] = b"\xff" + recs[500][1:]
+    (qp / "jobs").write_bytes(b"".join(recs))
+    before = (qp / "jobs").read_bytes()
+    code, err = serve_until_exit(tmp_path, qp)
+    offset = 500 * len(recs[0])
+    assert code == 3, err
+    assert f"{qp / 'jobs'} is corrupt at offset {offset}" in err and "invalid opcode 255" in err
+    assert (qp / "jobs").read_bytes() == before
+    # the operator accepts the loss as the message says; the 500 records before the break serve
+    os.truncate(qp / "jobs", offset)
+    h = start_server(tmp_path, queue_path=str(qp))
+    try:
+        c = Client(h.connect())
+        assert c.ask(b"get jobs/peek\r\n", b"END\r\n").endswith(b"item0000\r\nEND\r\n")
+        stats = c.ask(b"stats\r\n", b"END\r\n")
+        assert b"STAT queue_jobs_items 500\r\n" in stats
+    finally:
+        h.stop()

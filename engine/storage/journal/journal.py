@@ -36,9 +36,16 @@ Invariants this module keeps:
    `/`, `.`, `~` or NUL before any path is built.
 
 Replay follows Kestrel (§6.3, §5.8): one stream over archives then `q`,
-read-behind entered once the queue's bytes reach max_memory_size, and a broken
-record handled per Lanner's deviation 7 (truncate only the current file; in an
-archive, skip the rest of that file).
+read-behind entered once the queue's bytes reach max_memory_size.  A broken
+record is handled by one rule (issue 11, defect 6): only a torn tail is
+repaired, that is the current file ending inside its last record (a crash
+during a write) or in zero bytes (a filesystem that grew the file before the
+data reached it); it is truncated, logged with file, offset and bytes cut.  A
+broken record anywhere else (an invalid opcode, a bad size, a torn archive)
+stops replay with `JournalReplayError` naming the queue, file and offset, and
+start-up fails (exit 3): the files are left exactly as they are, because with
+no checksum in Kestrel's format nothing after the break can be trusted or
+skipped to.  A flipped byte inside item data is not detectable at all.
 
 Checkpoint packs (§6.5) differ from Kestrel's in one deliberate way: the pack is
 computed from the archived files alone (`packer.pack_files`), not from the
@@ -111,13 +118,20 @@ class JournalError(OSError):
 
 
 class JournalCorrupt(ValueError):
-    """A record that cannot be decoded: `file`, byte `offset` of the record, `reason`."""
+    """A record that cannot be decoded: `file`, byte `offset` of the record, `reason`;
+    `torn` when the file simply ends inside the record (what a crash mid-write leaves)."""
 
-    def __init__(self, file: str, offset: int, reason: str) -> None:
+    def __init__(self, file: str, offset: int, reason: str, torn: bool = False) -> None:
         super().__init__(f"{file} at offset {offset}: {reason}")
         self.file = file
         self.offset = offset
         self.reason = reason
+        self.torn = torn
+
+
+class JournalReplayError(ValueError):
+    """Replay refuses a journal it cannot read to the end (module docstring): one line
+    naming the queue, the file, the offset and what to do."""
 
 
 class Record(NamedTuple):
@@ -254,7 +268,7 @@ class Cursor:
             if not more:
                 if i >= n:
                     return None
-                raise JournalCorrupt(self.path, self.pos, "end of file inside a record")
+                raise JournalCorrupt(self.path, self.pos, "end of file inside a record", torn=True)
             buf = self.buf = buf[i:] + more if i < n else more
             self.base = self.pos
             i = 0
@@ -355,6 +369,18 @@ def queue_names_in(queue_path: str) -> list[str]:
                                                    "<timestamp> or <timestamp>.pack") from None
             names.add(name)
     return sorted(names)
+
+
+def _zeros_from(path: str, offset: int) -> bool:
+    """True if every byte of `path` from `offset` on is zero."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while True:
+            chunk = f.read(CHUNK)
+            if not chunk:
+                return True
+            if chunk.count(0) != len(chunk):
+                return False
 
 
 def _fsync_dir(path: str) -> None:
@@ -546,10 +572,8 @@ class Journal:
             try:
                 cur = Cursor(path, fname)
             except OSError as e:
-                log.error("queue %r: cannot read %s (%s); DATA MAY HAVE BEEN LOST! Skipping it.",
-                          self.name, path, e.strerror)
-                done_before += sizes[idx]
-                continue
+                raise JournalReplayError(f"queue {self.name!r}: cannot read journal {path} "
+                                         f"({e.strerror}); refusing to start without it") from None
             read = cur.read
             try:
                 while True:
@@ -627,13 +651,20 @@ class Journal:
         return st
 
     def _broken(self, e: JournalCorrupt, is_current: bool) -> None:
-        if is_current:
-            log.error("queue %r: broken record in %s at offset %d (%s); DATA MAY HAVE BEEN LOST! "
-                      "Truncating the journal there.", self.name, e.file, e.offset, e.reason)
+        """Truncate a torn tail of the current file; refuse anything else (module docstring)."""
+        size = os.path.getsize(e.file)
+        if is_current and (e.torn or _zeros_from(e.file, e.offset)):
+            log.warning("queue %r: torn record at the end of %s: offset %d (%s); truncating %d bytes "
+                        "(a write that never completed)", self.name, e.file, e.offset, e.reason,
+                        size - e.offset)
             os.truncate(self._path, e.offset)
-        else:
-            log.error("queue %r: broken record in %s at offset %d (%s); DATA MAY HAVE BEEN LOST! "
-                      "Skipping the rest of that file.", self.name, e.file, e.offset, e.reason)
+            return
+        where = "" if is_current else "archived "
+        raise JournalReplayError(
+            f"queue {self.name!r}: {where}journal {e.file} is corrupt at offset {e.offset} of {size} "
+            f"({e.reason}); refusing to start rather than drop the {size - e.offset} bytes after it. "
+            f"Keep a copy of the file, then either cut it there to accept that loss "
+            f"(truncate -s {e.offset} {e.file}) or move the queue's files out of the queue path")
 
     def _replay_fill(self, rb: Cursor, files: list[str], lim_name: str, lim_pos: int, want: int,
                      mem: deque, now: int) -> tuple[Cursor | None, int]:

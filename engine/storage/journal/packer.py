@@ -19,9 +19,13 @@ Memory does not grow with the journal:
 * pass 2 reads each surviving record again by its location (mostly forward,
   in big chunks) and appends it to the output as ADDX.
 
-Broken records are handled as at replay for an archived file: the rest of that
-file is skipped (logged), the inputs are never modified.  The output is written
-to `<out_path>.tmp`, fsynced, then renamed to `out_path`.
+A broken record raises `JournalCorrupt` and nothing is written: a pack replaces
+its inputs, so skipping what cannot be read would delete it for good.  The one
+exception, for `lanner qpack` (`allow_torn_tail`), is a torn tail of the LAST
+file (it ends inside its last record, as after a crash mid-write): that record
+is left out and reported in `PackResult.broken`, as replay would truncate it.
+The inputs are never modified.  The output is written to `<out_path>.tmp`,
+fsynced, then renamed to `out_path`.
 """
 from __future__ import annotations
 
@@ -52,7 +56,7 @@ class PackResult:
     xid_counter: int = 0       # the counter replaying the inputs ends with
     in_bytes: int = 0
     out_bytes: int = 0
-    broken: list[tuple[str, int, str]] = field(default_factory=list)   # (file, offset, reason) skipped
+    broken: list[tuple[str, int, str]] = field(default_factory=list)   # (file, offset, reason): a torn tail left out
 
 
 class _LocFifo:
@@ -147,7 +151,7 @@ class _ItemReader:
 
 def pack_files(files: list[str], out_path: str, open_xids_at_checkpoint=None,
                progress: Callable[[int, int], None] | None = None, *, now_ms: int | None = None,
-               legacy_xids: bool = False) -> PackResult:
+               legacy_xids: bool = False, allow_torn_tail: bool = False) -> PackResult:
     """Replay `files` in order and write their state as one journal at `out_path`.
 
     `open_xids_at_checkpoint` (the journal's snapshot at the checkpoint) is
@@ -191,8 +195,10 @@ def pack_files(files: list[str], out_path: str, open_xids_at_checkpoint=None,
                     try:
                         r = cur.read(now_ms)
                     except J.JournalCorrupt as e:
-                        log.error("pack: broken record in %s at offset %d (%s); DATA MAY HAVE BEEN LOST! "
-                                  "Skipping the rest of that file.", e.file, e.offset, e.reason)
+                        if not (allow_torn_tail and e.torn and fi == len(files) - 1):
+                            raise
+                        log.warning("pack: %s ends inside its last record (offset %d): a torn write, "
+                                    "left out", e.file, e.offset)
                         result.broken.append((e.file, e.offset, e.reason))
                         break
                     if r is None:
