@@ -67,6 +67,7 @@ from lanner.queues.placement import partition_of
 from lanner.queues.queue import PersistentQueue
 from lanner.queues.sessions import Session
 from lanner.queues.undo import Undone, UndoLog
+from lanner.storage.factory import StorageMismatch, check_home
 from lanner.storage.seam import MemoryStorage
 from lanner.queues.waiters import TimerHeap, Waiter
 
@@ -128,15 +129,26 @@ class QueueCollection:
     def load(self, progress: Callable[[str, int, int], None] | None = None) -> None:
         """Create and replay every queue found under queue_path that this
         collection owns: journal files (§5.1 "Startup") and command-log queues."""
-        names = self._journal_names()
-        names.extend(self._cmdlog_names())
+        journal = self._journal_names()
+        names = journal + self._cmdlog_names()
         names = [n for n in dict.fromkeys(names) if self._owns is None or self._owns(n)]
         total = len(names)
         for i, name in enumerate(names, 1):
             if progress is not None:
                 progress(name, i, total)
-            if name not in self._queues:
+            if name in self._queues:
+                continue
+            try:
                 self._create(name)
+            except StorageMismatch:
+                raise
+            except ValueError as e:
+                if name not in journal:
+                    # an empty command-log queue (check_home dropped it) that its new
+                    # setting cannot name: nothing is stored, nothing to serve
+                    log.warning("queue %r: not loaded: %s", name, e)
+                    continue
+                raise ValueError(f"queue {name!r}: {e}") from None
 
     def _journal_names(self) -> list[str]:
         """Regular files in queue_path, `~~` temporaries dropped, the part
@@ -182,6 +194,15 @@ class QueueCollection:
         return names
 
     # -- storage -------------------------------------------------------------------------------
+    def _check_home(self, name: str, qc) -> None:
+        check = getattr(self._factory, "check_home", None)
+        if check is not None:
+            check(name, qc)
+        elif self._default_factory:
+            p = partition_of(name)
+            has_log = os.path.isdir(os.path.join(self.queue_path, CMDLOG_DIR, str(p)))
+            check_home(name, qc, self.queue_path, self._partition_log(p) if has_log else None)
+
     def _default_storage(self, name: str, qc):
         if not qc.keep_journal:
             if qc.storage == "journal":
@@ -213,6 +234,8 @@ class QueueCollection:
 
     def _create(self, name: str) -> PersistentQueue:
         qc = self.config.queue_config(name)
+        validate_queue_name(name, allow_dots=True)      # no path in it: safe to look for its files
+        self._check_home(name, qc)                      # its items are not stored elsewhere
         validate_queue_name(name, allow_dots=qc.storage == "cmdlog")
         if name == CMDLOG_DIR and qc.storage == "journal" and qc.keep_journal:
             raise ValueError(f"Queue name {name!r} is reserved: {self.queue_path}/{CMDLOG_DIR} "

@@ -14,9 +14,60 @@ import os
 
 from lanner.ipc import control
 from lanner.queues.placement import partition_of, partitions_of_worker
+from lanner.storage.journal.journal import Journal, stored_items
 from lanner.storage.seam import MemoryStorage
 
 log = logging.getLogger(__name__)
+
+
+class StorageMismatch(ValueError):
+    """A queue's items are stored where its configuration does not look (issue 11, defect 9):
+    serving it would show an empty queue over stored items, so start-up (or the creation)
+    stops with this one line naming the queue, where its items are and the setting."""
+
+
+def storage_home(qc) -> str:
+    """Where a queue with config `qc` keeps its items: "memory" (keep_journal = false, for
+    either storage kind: etc/lanner.toml's "false: items live in memory only"), "journal"
+    or "cmdlog"."""
+    return "memory" if not qc.keep_journal else qc.storage
+
+
+def _setting(qc) -> str:
+    return "keep_journal = false" if not qc.keep_journal else f'storage = "{qc.storage}"'
+
+
+def check_home(name: str, qc, queue_path: str, plog) -> None:
+    """Data on disk wins.  Before `name` is served from its configured home, look in the
+    other one (`plog`: the command log of its partition, None if that has no directory):
+    stored items there raise StorageMismatch; an empty queue left there is dropped (logged),
+    so the name does not come back from it.  Journal files under keep_journal = false are
+    erased by the factory as Kestrel does (reference §6.1).  `name` must already be free of
+    path separators (config.validate_queue_name with dots allowed)."""
+    home = storage_home(qc)
+    if home != "cmdlog" and plog is not None and plog.has_queue(name):
+        n = plog.live_count(name)
+        if n:
+            raise StorageMismatch(
+                f"queue {name!r}: {n} items are stored in the command log {plog.dir}, but its "
+                f"configuration says {_setting(qc)}, which would serve it empty; set storage = "
+                f'"cmdlog" (and keep_journal = true) for [queues."{name}"] again, or empty the '
+                f"queue under that setting first")
+        plog.storage_for(name).erase()
+        log.info("queue %r: dropped from the command log %s, where it held no items (%s now)",
+                 name, plog.dir, _setting(qc))
+    if home == "cmdlog" and "." not in name and os.path.isfile(os.path.join(queue_path, name)):
+        n = stored_items(queue_path, name)
+        if n != 0:
+            held = f"{n} items are" if n is not None else "unreadable records are"
+            raise StorageMismatch(
+                f"queue {name!r}: {held} stored in its journal {os.path.join(queue_path, name)}, but "
+                f'its configuration says storage = "cmdlog", which would serve it empty; set '
+                f'storage = "journal" for [queues."{name}"] again, or empty the queue under that '
+                f"setting first")
+        Journal.erase_all(queue_path, name)
+        log.info("queue %r: removed its journal files, which held no items (storage = \"cmdlog\" now)",
+                 name)
 
 PACK_PATIENCE_MS = 600_000     # packing 1 GiB takes seconds; ten minutes means the cleaner is gone
 
@@ -38,10 +89,14 @@ class ShardStorage:
         self.run_in_thread = _run_inline           # the worker hands in its fsync pool
 
     # -- the factory the QueueCollection calls -------------------------------------------------
+    def check_home(self, name: str, qc) -> None:
+        p = partition_of(name)
+        plog = self.partition_log(p) if os.path.isdir(os.path.join(self.queue_path, "cmdlog", str(p))) else None
+        check_home(name, qc, self.queue_path, plog)
+
     def __call__(self, name: str, qc):
         if qc.storage == "cmdlog":
             return self.partition_log(partition_of(name)).storage_for(name)
-        from lanner.storage.journal.journal import Journal
         if not qc.keep_journal:
             Journal.erase_all(self.queue_path, name)
             return MemoryStorage()

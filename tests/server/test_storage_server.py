@@ -1,5 +1,6 @@
 """What the server leaves on disk, and what it makes of files it finds there."""
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -161,3 +162,50 @@ def test_corrupt_record_mid_journal_stops_start_up_and_deletes_nothing(tmp_path)
         assert b"STAT queue_jobs_items 500\r\n" in stats
     finally:
         h.stop()
+
+
+def test_queue_stored_in_the_command_log_is_never_served_empty_under_journal_config(tmp_path):
+    """Issue 11, defect 9: once `storage = "cmdlog"`, served with the default config it was
+    silently empty, and a name with a `.` stopped start-up without naming the queue."""
+    qp = tmp_path / "queues"
+    cfg = '[queues."jobs"]\nstorage = "cmdlog"\n[queues."email.send"]\nstorage = "cmdlog"\n'
+    h = start_server(tmp_path, queue_path=str(qp), config=cfg)
+    try:
+        c = Client(h.connect())
+        assert c.ask(b"set jobs 0 0 3\r\nabc\r\n") == b"STORED\r\n"
+        assert c.ask(b"set email.send 0 0 3\r\ndef\r\n") == b"STORED\r\n"
+    finally:
+        assert h.stop() == 0
+    code, err = serve_until_exit(tmp_path, qp)               # the default config: storage = "journal"
+    assert code == 3, err
+    assert re.search(r"queue '(jobs|email\.send)': 1 items are stored in the command log", err), err
+    assert 'storage = "journal"' in err
+    h = start_server(tmp_path, queue_path=str(qp), config=cfg)   # the setting back: all there
+    try:
+        c = Client(h.connect())
+        assert c.ask(b"get jobs\r\n", b"END\r\n").endswith(b"abc\r\nEND\r\n")
+        assert c.ask(b"get email.send\r\n", b"END\r\n").endswith(b"def\r\nEND\r\n")
+    finally:
+        h.stop()
+    # both empty now: the default config serves `jobs` from a journal; `email.send` is gone
+    code, err = serve_until_exit(tmp_path, qp)
+    assert code is None, err
+
+
+def test_journal_queue_is_never_served_empty_under_cmdlog_config(tmp_path):
+    qp = tmp_path / "queues"
+    h = start_server(tmp_path, queue_path=str(qp))
+    try:
+        c = Client(h.connect())
+        assert c.ask(b"set jobs 0 0 3\r\nabc\r\n") == b"STORED\r\n"
+    finally:
+        assert h.stop() == 0
+    code, err = serve_until_exit(tmp_path, qp, "--config", str(write_config(tmp_path, '[default]\nstorage = "cmdlog"\n')))
+    assert code == 3 and "queue 'jobs': 1 items are stored in its journal" in err, err
+    assert (qp / "jobs").stat().st_size > 0
+
+
+def write_config(tmp_path, text):
+    path = tmp_path / "switch.toml"
+    path.write_text(text)
+    return path

@@ -577,6 +577,17 @@ class PartitionLog:
         """Queues that exist in this partition: recreate them at start-up."""
         return sorted(self._names)
 
+    def has_queue(self, queue_name: str) -> bool:
+        return queue_name in self._names
+
+    def live_count(self, queue_name: str) -> int:
+        """Jobs of `queue_name` alive in this log (queued, open or scheduled)."""
+        st = self._storages.get(queue_name)
+        if st is not None:
+            return len(st._live)
+        pending = self._pending.get(queue_name)
+        return len(pending[1]) if pending is not None else 0
+
     def storage_for(self, queue_name: str) -> "CmdlogStorage":
         st = self._storages.get(queue_name)
         if st is not None:

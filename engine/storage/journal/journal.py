@@ -348,6 +348,51 @@ def journal_files(queue_path: str, name: str) -> list[str]:
     return files
 
 
+def stored_items(queue_path: str, name: str) -> int | None:
+    """Items (queued or open) the journal files of `name` hold, read without changing them
+    (no replay, no truncation); None if a file cannot be read to its end."""
+    queued = 0
+    opened: set[int] = set()
+    try:
+        files = journal_files(queue_path, name)
+    except OSError:
+        return None
+    for fname in files:
+        try:
+            cur = Cursor(os.path.join(queue_path, fname), fname, items=False)
+        except OSError:
+            return None
+        try:
+            while True:
+                try:
+                    r = cur.read(0)
+                except JournalCorrupt as e:
+                    if e.torn and fname == files[-1]:
+                        break
+                    return None
+                if r is None:
+                    break
+                op = r[0]
+                if op in ADD_OPS:
+                    if op == OP_CONTINUE:
+                        opened.discard(r[2])
+                    queued += 1
+                elif op == OP_REMOVE or op == OP_REMOVE_TENTATIVE or op == OP_REMOVE_TENTATIVE_XID:
+                    if queued:
+                        queued -= 1
+                        if op != OP_REMOVE:
+                            opened.add(r[2])
+                elif op == OP_UNREMOVE:
+                    if r[2] in opened:
+                        opened.discard(r[2])
+                        queued += 1
+                elif op == OP_CONFIRM_REMOVE:
+                    opened.discard(r[2])
+        finally:
+            cur.close()
+    return queued + len(opened)
+
+
 def queue_names_in(queue_path: str) -> list[str]:
     """Names of the queues whose journals are in `queue_path` (start-up listing):
     regular files only, temp `~~` files ignored, name = the part before the
