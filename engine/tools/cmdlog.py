@@ -16,6 +16,9 @@ dump   one line per record; with --json one JSON object per line whose keys
        item that never expires also carries "lanner_no_expiry": true.
        A problem stops the dump: exit 1 with the one-line error on stderr.
 
+A directory with no segment at all is not a log: both exit 1 saying so, and
+point at the partition directories when DIR is a queue path or its `cmdlog/`.
+
 Progress goes to stderr (tqdm) when stderr is a terminal.
 """
 from __future__ import annotations
@@ -168,6 +171,19 @@ def _dump(directory: str, as_json: bool, out) -> int:
     return 0
 
 
+def _partitions_hint(directory: str) -> str:
+    """Where the segments are, if `directory` is a queue path or a `cmdlog/` directory."""
+    root = os.path.join(directory, "cmdlog")
+    if not os.path.isdir(root):
+        root = directory
+    parts = sorted((int(n) for n in os.listdir(root) if n.isdigit() and os.path.isdir(os.path.join(root, n))))
+    parts = [p for p in parts if list_segments(os.path.join(root, str(p)))]
+    if not parts:
+        return ""
+    return (f"; the logs are one per partition: {', '.join(os.path.join(root, str(p)) for p in parts[:3])}"
+            + (f" and {len(parts) - 3} more" if len(parts) > 3 else ""))
+
+
 def _parse_now(text: str) -> int:
     t = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     if t.tzinfo is None:
@@ -195,8 +211,20 @@ def cmdlog_main(argv: list[str], out=None, err=None) -> int:
         print(f"{args.dir}: not a directory", file=err)
         return 2
     try:
+        now_ns = _parse_now(args.now) if getattr(args, "now", None) else SystemClock().now_ms() * 1_000_000
+    except ValueError as e:
+        print(f"--now {args.now}: {e}", file=err)
+        return 2
+    try:
+        if not list_segments(args.dir):
+            print(f"{args.dir}: no command-log segments (NNNNNNNNN.log) here{_partitions_hint(args.dir)}",
+                  file=err)
+            return 1
+    except OSError as e:
+        print(f"{args.dir}: {e.strerror or e}", file=err)
+        return 1
+    try:
         if args.what == "check":
-            now_ns = _parse_now(args.now) if args.now else SystemClock().now_ms() * 1_000_000
             return _check(args.dir, now_ns, out)
         return _dump(args.dir, args.json, out)
     except CmdlogError as e:

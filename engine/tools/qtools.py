@@ -9,14 +9,25 @@ corrupt record is reported as `Exception reading journal file: <file>` plus
 the reason and offset (no stack trace), with a non-zero exit status.  Replay
 quirks are Kestrel's: each file given to qdump is described on its own, and
 a legacy REMOVE_TENTATIVE is shown under the next free xid.
+
+Telling the truth (issue 11, defect 10): anything that is not a readable
+journal exits 1 (a missing file, a directory, a record that does not decode; a
+workq segment is recognised and pointed at `lanner cmdlog dump`), and a file
+not named like a journal, or empty, gets a warning on stderr.  With several
+files, `-q` still heads each summary with its `Queue: <file>` line.  Usage
+errors exit 2.  qpack refuses to overwrite an existing NEWFILE unless given
+`--force`, and never writes over one of its inputs.
 """
 from __future__ import annotations
 
 import os
+import re
+import stat
 import sys
 from collections import deque
 
 from lanner.clock import SYSTEM_CLOCK
+from lanner.storage.cmdlog.segment import HEADER as SEGMENT_HEADER
 from lanner.storage.journal.journal import JournalCorrupt, read_records
 from lanner.storage.journal.packer import pack_files
 
@@ -35,13 +46,17 @@ options:
 """
 
 QPACK_USAGE = """
-usage: lanner qpack <journal-files...>
+usage: lanner qpack -f <new-file> <journal-files...>
     pack one or more kestrel journal file into a single new one
 
 options:
     -f filename     new packed journal file
+    --force         overwrite the new file if it exists
 
 """
+
+# `<queue>`, `<queue>.<ms>`, `<queue>.<ms>.pack`, `<queue>~~<ms>` (reference §6.1)
+_JOURNAL_NAME = re.compile(r"[^.~]+(\.[0-9]+(\.pack)?|~~[0-9]+)?")
 
 _UNITS = ((86_400_000, "days"), (3_600_000, "hours"), (60_000, "minutes"), (1000, "seconds"),
           (1, "milliseconds"))
@@ -74,11 +89,37 @@ def _expiry_text(expiry: int, now: int) -> str:
     return " expired" if left < 0 else f" exp={duration_str(left)}"
 
 
-def _dump_file(path: str, quiet: bool, dump: bool, raw: bool, dump_queue: bool, now: int, out, err) -> bool:
+def _check_file(path: str, err) -> int | None:
+    """The size of `path` if it can be a journal (warnings for what looks wrong), else None
+    after saying why."""
     try:
-        size = os.path.getsize(path)
+        st = os.stat(path)
     except OSError:
         err.write(f"Can't open journal file: {path}\n")
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        err.write(f"Can't open journal file: {path} (not a regular file)\n")
+        return None
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(SEGMENT_HEADER))
+    except OSError as e:
+        err.write(f"Can't open journal file: {path} ({e.strerror or e})\n")
+        return None
+    if head == SEGMENT_HEADER:
+        err.write(f"Not a journal file: {path} is a workq command-log segment; "
+                  "use `lanner cmdlog dump <its directory>`\n")
+        return None
+    if not _JOURNAL_NAME.fullmatch(os.path.basename(path)):
+        err.write(f"warning: {path}: not named like a journal (<queue>, <queue>.<ms>, <queue>.<ms>.pack)\n")
+    if st.st_size == 0:
+        err.write(f"warning: {path} is empty\n")
+    return st.st_size
+
+
+def _dump_file(path: str, quiet: bool, dump: bool, raw: bool, dump_queue: bool, now: int, out, err) -> bool:
+    size = _check_file(path, err)
+    if size is None:
         return False
     queue: deque[tuple[int, bytes | None]] = deque()   # (size, data when -Q needs it)
     opened: dict[int, tuple[int, bytes | None]] = {}
@@ -163,7 +204,8 @@ def _dump_file(path: str, quiet: bool, dump: bool, raw: bool, dump_queue: bool, 
 
 
 def qdump_main(argv: list[str], *, clock=None, stdout=None, stderr=None) -> int:
-    """`lanner qdump [-q] [-d] [-A] [-Q] FILE...`; stdout is a binary stream."""
+    """`lanner qdump [-q] [-d] [-A] [-Q] FILE...`; stdout is a binary stream.  Exit 0 when
+    every file was read to its end, 1 otherwise, 2 for a usage error."""
     out = stdout if stdout is not None else sys.stdout.buffer
     err = stderr if stderr is not None else sys.stderr
     quiet = dump = raw = dump_queue = False
@@ -180,15 +222,18 @@ def qdump_main(argv: list[str], *, clock=None, stdout=None, stderr=None) -> int:
             raw = quiet = True
         elif arg == "-Q":
             dump_queue = quiet = True
+        elif arg.startswith("-") and arg != "-":
+            err.write(f"lanner qdump: unknown option {arg}\n{QDUMP_USAGE}")
+            return 2
         else:
             files.append(arg)
     if not files:
-        out.write(QDUMP_USAGE.encode())
-        return 0
+        err.write(QDUMP_USAGE)
+        return 2
     now = (clock or SYSTEM_CLOCK).now_ms()
     status = 0
     for path in files:
-        if not quiet:
+        if not quiet or (len(files) > 1 and not raw):      # several summaries: say whose each is
             out.write(f"Queue: {path}\n".encode())
         if not _dump_file(path, quiet, dump, raw, dump_queue, now, out, err):
             status = 1
@@ -197,12 +242,13 @@ def qdump_main(argv: list[str], *, clock=None, stdout=None, stderr=None) -> int:
 
 
 def qpack_main(argv: list[str], *, clock=None, stdout=None, stderr=None) -> int:
-    """`lanner qpack -f NEWFILE FILE...`: replay the files in the order given into one journal."""
+    """`lanner qpack -f NEWFILE [--force] FILE...`: replay the files in the order given into
+    one journal.  Exit 0 when it is written, 1 when it is not, 2 for a usage error."""
     out = stdout if stdout is not None else sys.stdout
     err = stderr if stderr is not None else sys.stderr
     files: list[str] = []
     new_file = None
-    quiet = False
+    quiet = force = False
     args = list(argv)
     while args:
         arg = args.pop(0)
@@ -211,17 +257,32 @@ def qpack_main(argv: list[str], *, clock=None, stdout=None, stderr=None) -> int:
             return 0
         if arg == "-q":
             quiet = True
-        elif arg == "-f" and args:
+        elif arg == "--force":
+            force = True
+        elif arg == "-f":
+            if not args:
+                err.write(f"lanner qpack: -f needs a file name\n{QPACK_USAGE}")
+                return 2
             new_file = args.pop(0)
+        elif arg.startswith("-") and arg != "-":
+            err.write(f"lanner qpack: unknown option {arg}\n{QPACK_USAGE}")
+            return 2
         else:
             files.append(arg)
-    if not files or new_file is None:
-        out.write(QPACK_USAGE)
-        return 0
+    if new_file is None or not files:
+        err.write(("lanner qpack: no new file (-f NEWFILE)\n" if new_file is None else
+                   "lanner qpack: no journal files to pack\n") + QPACK_USAGE)
+        return 2
     for path in files:
         if not os.path.isfile(path):
             err.write(f"Can't open journal file: {path}\n")
             return 1
+        if os.path.exists(new_file) and os.path.samefile(path, new_file):
+            err.write(f"lanner qpack: {new_file} is one of the journals to pack; write the pack elsewhere\n")
+            return 1
+    if os.path.lexists(new_file) and not force:
+        err.write(f"lanner qpack: {new_file} exists; use --force to overwrite it\n")
+        return 1
     out.write("Packing journals...\n")
     out.flush()
     total = sum(os.path.getsize(p) for p in files)

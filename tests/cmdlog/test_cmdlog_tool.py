@@ -107,9 +107,23 @@ def test_check_reports_a_duplicate_live_job(tmp_path):
 def test_usage_errors(tmp_path):
     assert run("check", str(tmp_path / "missing"))[0] == 2
     assert run("frobnicate", str(tmp_path))[0] == 2
-    rc, out, err = run("check", str(tmp_path))              # an empty directory is an empty log
-    assert rc == 0 and "0 segments, 0 records" in out
+    for what in ("check", "dump"):                           # an empty directory is no log at all
+        rc, out, err = run(what, str(tmp_path))
+        assert (rc, out) == (1, "") and err == f"{tmp_path}: no command-log segments (NNNNNNNNN.log) here\n"
     assert run("check", str(tmp_path), "--now", "yesterday")[0] == 2
+
+
+def test_a_queue_path_points_at_its_partitions(tmp_path, clock):
+    for p in (3, 17):
+        plog = PartitionLog(str(tmp_path / "cmdlog" / str(p)), clock)
+        plog.close()
+        plog = PartitionLog(str(tmp_path / "cmdlog" / str(p)), clock)
+        plog.append_command(sg.IdCommand(sg.DELETE, bytes(16)))
+        plog.close()
+    for d in (tmp_path, tmp_path / "cmdlog"):
+        rc, _, err = run("check", str(d))
+        assert rc == 1 and err == (f"{d}: no command-log segments (NNNNNNNNN.log) here; the logs are one per "
+                                   f"partition: {tmp_path / 'cmdlog' / '3'}, {tmp_path / 'cmdlog' / '17'}\n")
 
 
 def test_format_time():

@@ -94,17 +94,46 @@ def test_qdump_counts_open_transactions_in_the_summary(tmp_path):
     assert run_qdump("-q", str(tmp_path / "q"))[1].endswith(b"2 items totalling 5 bytes.\n")
 
 
-def test_qdump_each_file_on_its_own(tmp_path, journal_file):
+def test_qdump_each_file_on_its_own_and_says_which_summary_is_whose(tmp_path, journal_file):
     (tmp_path / "empty").write_bytes(b"")
-    rc, out, _ = run_qdump("-q", journal_file, str(tmp_path / "empty"))
-    assert out == SUMMARY + b"\r" + b" " * 30 + b"\nJournal size: 0 bytes, with 0 operations.\n" \
-                            b"0 items totalling 0 bytes.\n"
+    empty = str(tmp_path / "empty")
+    rc, out, err = run_qdump("-q", journal_file, empty)
+    assert rc == 0
+    assert out == (f"Queue: {journal_file}\n".encode() + SUMMARY + f"Queue: {empty}\n".encode() +
+                   b"\r" + b" " * 30 + b"\nJournal size: 0 bytes, with 0 operations.\n0 items totalling 0 bytes.\n")
+    assert err == f"warning: {empty} is empty\n"
+    assert run_qdump("-q", journal_file)[1] == SUMMARY        # one file: Kestrel's output exactly
 
 
 def test_qdump_usage(journal_file):
-    assert run_qdump() == (0, QDUMP_USAGE.encode(), "")
+    assert run_qdump() == (2, b"", QDUMP_USAGE)
     assert run_qdump("--help", journal_file) == (0, QDUMP_USAGE.encode(), "")
+    assert run_qdump("-x", journal_file)[0] == 2
     assert b"usage: lanner qdump" in QDUMP_USAGE.encode()
+
+
+def test_qdump_of_what_is_not_a_journal_exits_1(tmp_path):
+    from lanner.storage.cmdlog.segment import HEADER
+    (tmp_path / "000000001.log").write_bytes(HEADER)
+    (tmp_path / "notes.txt").write_bytes(b"hello\n")
+    rc, out, err = run_qdump("-q", str(tmp_path), str(tmp_path / "000000001.log"), str(tmp_path / "notes.txt"))
+    assert rc == 1
+    assert err.splitlines() == [
+        f"Can't open journal file: {tmp_path} (not a regular file)",
+        f"Not a journal file: {tmp_path / '000000001.log'} is a workq command-log segment; "
+        "use `lanner cmdlog dump <its directory>`",
+        f"warning: {tmp_path / 'notes.txt'}: not named like a journal (<queue>, <queue>.<ms>, <queue>.<ms>.pack)",
+        f"Exception reading journal file: {tmp_path / 'notes.txt'}",
+        f"{tmp_path / 'notes.txt'} at offset 0: invalid opcode 104"]
+
+
+def test_qdump_warns_about_a_file_not_named_like_a_journal(tmp_path):
+    (tmp_path / "append.lock").write_bytes(b"")
+    rc, _, err = run_qdump("-q", str(tmp_path / "append.lock"))
+    assert rc == 0 and "not named like a journal" in err and "is empty" in err
+    for name in ("jobs", "jobs.1700000000000", "jobs.1700000000000.pack", "jobs~~1700000000000"):
+        (tmp_path / name).write_bytes(addx(b"x"))
+        assert run_qdump("-q", str(tmp_path / name))[2] == ""
 
 
 def test_qdump_corrupt_record(tmp_path):
@@ -118,7 +147,8 @@ def test_qdump_corrupt_record(tmp_path):
 
 def test_qdump_missing_file_goes_on_with_the_next(tmp_path, journal_file):
     rc, out, err = run_qdump("-q", str(tmp_path / "nope"), journal_file)
-    assert rc == 1 and out == SUMMARY and err == f"Can't open journal file: {tmp_path / 'nope'}\n"
+    assert rc == 1 and err == f"Can't open journal file: {tmp_path / 'nope'}\n"
+    assert out == f"Queue: {tmp_path / 'nope'}\nQueue: {journal_file}\n".encode() + SUMMARY
 
 
 @pytest.mark.parametrize("ms, text", [
@@ -155,11 +185,24 @@ def test_qpack_quiet_flag_is_accepted(tmp_path, journal_file):
 
 
 def test_qpack_usage(tmp_path, journal_file):
-    assert run_qpack() == (0, QPACK_USAGE, "")
-    assert run_qpack(journal_file) == (0, QPACK_USAGE, "")
-    assert run_qpack("-f", str(tmp_path / "p")) == (0, QPACK_USAGE, "")
+    assert run_qpack() == (2, "", "lanner qpack: no new file (-f NEWFILE)\n" + QPACK_USAGE)
+    assert run_qpack(journal_file) == (2, "", "lanner qpack: no new file (-f NEWFILE)\n" + QPACK_USAGE)
+    assert run_qpack("-f", str(tmp_path / "p")) == (2, "", "lanner qpack: no journal files to pack\n" + QPACK_USAGE)
+    assert run_qpack(journal_file, "-f")[0] == 2
     assert run_qpack("--help") == (0, QPACK_USAGE, "")
     assert not (tmp_path / "p").exists()
+
+
+def test_qpack_does_not_overwrite_without_force(tmp_path, journal_file):
+    new = tmp_path / "p"
+    new.write_bytes(b"precious")
+    rc, out, err = run_qpack("-f", str(new), journal_file)
+    assert rc == 1 and out == "" and err == f"lanner qpack: {new} exists; use --force to overwrite it\n"
+    assert new.read_bytes() == b"precious"
+    rc, out, err = run_qpack("--force", "-f", str(new), journal_file)
+    assert rc == 0 and out.endswith("Done. New journal size: 70\n") and new.stat().st_size == 70
+    rc, _, err = run_qpack("--force", "-f", journal_file, journal_file)
+    assert rc == 1 and "is one of the journals to pack" in err
 
 
 def test_qpack_leaves_out_a_torn_tail_with_a_warning(tmp_path):
