@@ -406,7 +406,7 @@ def test_flush_is_one_write_and_failures_are_cut_back(plog, clock):
     plog.close()
 
 
-def test_sync_dirty_and_tickets(tmp_path, clock):
+def test_sync_dirty_and_helper_threads(tmp_path, clock):
     plog = PartitionLog(str(tmp_path / "p"), clock, sync_policy="always")
     st = plog.storage_for("q")
     assert st.sync_policy == "always" and not st.dirty
@@ -416,12 +416,10 @@ def test_sync_dirty_and_tickets(tmp_path, clock):
     assert plog.dirty and plog.pending_fsync
     st.sync()
     assert not plog.dirty
-    assert plog.begin_sync() is None
     add(st, clock, b"y")
-    ticket = plog.begin_sync()
-    assert ticket is not None and not plog._buf and plog.pending_fsync
+    plog.flush()
     add(st, clock, b"z")                                  # the owner keeps appending meanwhile
-    t = threading.Thread(target=ticket.run)
+    t = threading.Thread(target=plog.sync)                # a helper thread: fsyncs what was flushed
     t.start()
     t.join()
     assert not plog.pending_fsync and plog.dirty          # z is still buffered

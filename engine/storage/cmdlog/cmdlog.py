@@ -90,8 +90,7 @@ append that finds the active segment at or over segment_size, fsyncs the old
 segment, and the directory is fsynced whenever a segment is created.  The owner
 (worker) applies the sync policy: `always` | `interval` | `os`.  `sync()` may
 also run in another thread while the owner keeps appending (then it fsyncs what
-was flushed already), and `begin_sync()` hands out a ticket whose `run()` does
-the fsync in a thread for group commit.
+was flushed already): that is how the worker's group commit uses it.
 """
 from __future__ import annotations
 
@@ -411,34 +410,9 @@ def open_partition_logs(queue_path: str, partitions: Iterable[int], clock, cmdlo
 
 # ------------------------------------------------------------------ the partition log
 
-class SyncTicket:
-    """An fsync to run in a helper thread (group commit): `run()` makes every
-    record flushed before `begin_sync()` durable.  It owns a dup of the fd, so
-    the owner may rotate (and close its fd) meanwhile."""
-
-    __slots__ = ("fd", "upto", "_log")
-
-    def __init__(self, fd: int, upto: int, plog: "PartitionLog") -> None:
-        self.fd = fd
-        self.upto = upto
-        self._log = plog
-
-    def run(self) -> None:
-        try:
-            os.fsync(self.fd)
-        finally:
-            os.close(self.fd)
-        plog = self._log
-        if self.upto > plog._synced:
-            plog._synced = self.upto
-
-    __call__ = run
-
-
 class PartitionLog:
     """One partition's command log: replayed once at open, then appended to.
-    Owned by one thread (the worker's loop); only sync() and SyncTicket.run()
-    may run elsewhere."""
+    Owned by one thread (the worker's loop); only sync() may run elsewhere."""
 
     def __init__(self, directory: str, clock, segment_size: int = DEFAULT_SEGMENT_SIZE,
                  sync_policy: str = "interval", sync_interval_ms: int = 1000) -> None:
@@ -849,15 +823,6 @@ class PartitionLog:
             self._flushed = mark
             if self._synced > mark:
                 self._synced = mark
-
-    def begin_sync(self) -> SyncTicket | None:
-        """Flush, then return the fsync a helper thread should run (None when
-        everything flushed is already durable)."""
-        self.flush()
-        with self._fd_lock:
-            if self._fd is None or self._flushed <= self._synced:
-                return None
-            return SyncTicket(os.dup(self._fd), self._flushed, self)
 
     def close(self) -> None:
         if self._closed:
