@@ -711,3 +711,15 @@ class JournalMachine(RuleBasedStateMachine):
 TestJournalMachine = JournalMachine.TestCase
 TestJournalMachine.settings = settings(max_examples=80, stateful_step_count=60, deadline=None,
                                        suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_a_new_queue_says_it_is_new(tmp_path, clock, caplog):
+    """Issue 12: creating a queue at runtime used to log `replayed 1 files, 0 bytes`."""
+    with caplog.at_level(logging.INFO, logger="lanner.storage.journal.journal"):
+        replay_files(tmp_path, clock)
+    assert f"queue 'q': new queue, journal {tmp_path / 'q'} created" in caplog.text
+    assert "replayed" not in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="lanner.storage.journal.journal"):
+        replay_files(tmp_path, clock)
+    assert "queue 'q': replayed 1 files, 0 bytes: 0 items" in caplog.text

@@ -596,6 +596,7 @@ class Journal:
         archives = archived_files(self._dir, self.name)
         if archives:
             self._last_ts = max(parse_archive(self.name, a)[0] for a in archives)
+        new = not archives and not os.path.exists(self._path)
         if not os.path.exists(self._path):
             os.close(os.open(self._path, _WFLAGS, 0o644))
         files = archives + [self.name]
@@ -691,8 +692,11 @@ class Journal:
         st.xid_counter = xid_counter
         st.read_behind = rb is not None
         st.replayed_adds = adds
-        log.info("queue %r: replayed %d files, %d bytes: %d items (%d in memory), %d open, xid=%d",
-                 self.name, len(files), total, length, len(mem), len(open_tx), xid_counter)
+        if new:
+            log.info("queue %r: new queue, journal %s created", self.name, self._path)
+        else:
+            log.info("queue %r: replayed %d files, %d bytes: %d items (%d in memory), %d open, xid=%d",
+                     self.name, len(files), total, length, len(mem), len(open_tx), xid_counter)
         return st
 
     def _broken(self, e: JournalCorrupt, is_current: bool) -> None:
