@@ -1,4 +1,4 @@
-"""The real workq-server segments in /work/shared/fixtures/workq: exact decode,
+"""The real workq-server segments in ../shared/fixtures/workq (next to the checkout): exact decode,
 replay to the states the fixture README lists (clock injected before and after
 the cut-offs), the tool's JSON against expected/*.json, appending after them."""
 from __future__ import annotations
@@ -18,11 +18,14 @@ from lanner.tools.cmdlog import _parse_now, cmdlog_main
 
 from . import indep
 
-FIXTURES = "/work/shared/fixtures/workq"
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FIXTURES = os.path.normpath(os.path.join(REPO, "..", "shared", "fixtures", "workq"))
 A = os.path.join(FIXTURES, "a-all-commands")
 B = os.path.join(FIXTURES, "b-rotation")
 
-pytestmark = pytest.mark.skipif(not os.path.isdir(FIXTURES), reason="workq fixtures not present")
+pytestmark = pytest.mark.skipif(
+    not os.path.isdir(FIXTURES),
+    reason=f"workq fixtures not found at {FIXTURES}: they live in ../shared/fixtures/workq beside the checkout")
 
 
 def jid(n: int) -> bytes:

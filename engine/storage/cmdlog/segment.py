@@ -1,6 +1,6 @@
 """workq command-log codec: segment names and header, record framing, Go times,
 CRC-32C and the eight command payloads.  Byte-compatible with workq-server as it
-is implemented (/work/shared/spec/workq-cmdlog.md §1-§2), not as its doc says.
+is implemented (the workq command-log specification, §1-§2), not as its doc says.
 
 On-disk invariants (a reader may rely on every one of them):
 
