@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from functools import partial
 from typing import Callable
 
@@ -68,12 +67,12 @@ from lanner.queues.queue import PersistentQueue
 from lanner.queues.sessions import Session
 from lanner.queues.undo import Undone, UndoLog
 from lanner.storage.factory import StorageMismatch, check_home
+from lanner.storage.journal.journal import queue_names_in
 from lanner.storage.seam import MemoryStorage
 from lanner.queues.waiters import TimerHeap, Waiter
 
 log = logging.getLogger(__name__)
 
-_ARCHIVE_SUFFIX = re.compile(r"\d+(\.pack)?")
 CMDLOG_DIR = "cmdlog"
 
 
@@ -151,31 +150,13 @@ class QueueCollection:
                 raise ValueError(f"queue {name!r}: {e}") from None
 
     def _journal_names(self) -> list[str]:
-        """Regular files in queue_path, `~~` temporaries dropped, the part
-        before the first `.` kept.  Anything after that dot must be an archive
-        timestamp (`<ms>` or `<ms>.pack`): Kestrel refuses to start on a stray
-        file, and so do we, naming it."""
-        path = self.queue_path
+        """Queues with journal files in queue_path (made if missing); a stray file stops
+        start-up naming it, as Kestrel's does (journal.queue_names_in)."""
         try:
-            entries = sorted(os.listdir(path))
+            return queue_names_in(self.queue_path)
         except FileNotFoundError:
-            os.makedirs(path, exist_ok=True)
+            os.makedirs(self.queue_path, exist_ok=True)
             return []
-        names = []
-        for fname in entries:
-            full = os.path.join(path, fname)
-            if "~~" in fname or not os.path.isfile(full):
-                continue
-            name, dot, rest = fname.partition(".")
-            if dot and not _ARCHIVE_SUFFIX.fullmatch(rest):
-                raise ValueError(f"{full}: not a journal file (expected <queue>, <queue>.<epoch-ms> "
-                                 f"or <queue>.<epoch-ms>.pack); move it out of the queue path")
-            try:
-                validate_queue_name(name)
-            except ValueError as e:
-                raise ValueError(f"{full}: {e}") from None
-            names.append(name)
-        return names
 
     def _cmdlog_names(self) -> list[str]:
         names_of = getattr(self._factory, "queue_names", None)

@@ -14,7 +14,7 @@ from lanner.storage.journal import journal as J
 from lanner.queues.item import QItem
 from lanner.storage.journal.journal import (Journal, JournalCorrupt, JournalError, Record, archived_files, encode_add,
                             encode_confirm, encode_continue, encode_open, encode_remove, encode_unremove,
-                            queue_names_in, read_records)
+                            queue_names_in, read_records, StrayFile)
 
 T = 1_700_000_000_000
 
@@ -174,7 +174,7 @@ def test_pack_with_same_timestamp_as_an_archive_wins(tmp_path):
 
 def test_stray_archive_suffix_is_an_error_naming_the_file(tmp_path):
     write(tmp_path / "q.12x")
-    with pytest.raises(JournalError, match=r"q\.12x"):
+    with pytest.raises(StrayFile, match=r"q\.12x"):
         archived_files(str(tmp_path), "q")
 
 
@@ -190,7 +190,7 @@ def test_queue_names_in(tmp_path):
 def test_queue_names_in_rejects_stray_files(tmp_path, stray):
     write(tmp_path / "a")
     write(tmp_path / stray)
-    with pytest.raises(JournalError) as ei:
+    with pytest.raises(StrayFile) as ei:
         queue_names_in(str(tmp_path))
     assert stray in str(ei.value)
 

@@ -66,6 +66,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, NamedTuple
 
+from lanner.config import validate_queue_name
 from lanner.queues.item import QItem
 from lanner.storage.seam import ReplayState
 
@@ -127,6 +128,11 @@ class JournalCorrupt(ValueError):
         self.offset = offset
         self.reason = reason
         self.torn = torn
+
+
+class StrayFile(ValueError):
+    """A file in the queue directory that is not a journal: Kestrel refuses to start on
+    one, and so do we, naming it."""
 
 
 class JournalReplayError(ValueError):
@@ -306,15 +312,18 @@ def _check_name(name: str) -> None:
     assert name and not any(c in name for c in "/.~\0"), f"unsafe journal queue name {name!r}"
 
 
+_STRAY = ("not a journal file (expected <queue>, <queue>.<epoch-ms> or <queue>.<epoch-ms>.pack); "
+          "move it out of the queue path")
+
+
 def parse_archive(name: str, fname: str) -> tuple[int, bool] | None:
     """(timestamp, is_pack) for `<name>.<ts>` / `<name>.<ts>.pack`; None if fname is
-    not an archive of `name`.  Raises JournalError for `<name>.<junk>`."""
+    not an archive of `name`.  Raises StrayFile for `<name>.<junk>`."""
     if not fname.startswith(name + "."):
         return None
     m = _ARCHIVE_RE.fullmatch(fname, len(name) + 1)
     if m is None:
-        raise JournalError(fname, f"stray file in the journal directory of queue {name!r}: "
-                                  "suffix is not <timestamp> or <timestamp>.pack")
+        raise StrayFile(f"{fname}: {_STRAY}")
     return int(m.group(1)), m.group(2) is not None
 
 
@@ -394,24 +403,23 @@ def stored_items(queue_path: str, name: str) -> int | None:
 
 
 def queue_names_in(queue_path: str) -> list[str]:
-    """Names of the queues whose journals are in `queue_path` (start-up listing):
-    regular files only, temp `~~` files ignored, name = the part before the
-    first dot.  A file whose suffix is not a timestamp or `<ts>.pack` raises
-    JournalError naming it."""
+    """Names of the queues whose journals are in `queue_path` (start-up listing, §5.1),
+    sorted: regular files only (directories such as `cmdlog/` are not journals), `~~`
+    temporaries ignored, name = the part before the first `.`, after which only an
+    archive suffix (`<ms>` or `<ms>.pack`) may follow.  Any other file, or a name that is
+    not a legal journal queue name, raises StrayFile naming it."""
     names = set()
     with os.scandir(queue_path) as it:
         for entry in it:
-            if not entry.is_file() or "~~" in entry.name:
+            if "~~" in entry.name or not entry.is_file():
                 continue
-            name = entry.name.split(".", 1)[0]
-            if not name:
-                raise JournalError(entry.path, "stray file in the queue directory: not a journal name")
-            if name != entry.name:
-                try:
-                    parse_archive(name, entry.name)
-                except JournalError:
-                    raise JournalError(entry.path, "stray file in the queue directory: suffix is not "
-                                                   "<timestamp> or <timestamp>.pack") from None
+            name, dot, rest = entry.name.partition(".")
+            if dot and not _ARCHIVE_RE.fullmatch(rest):
+                raise StrayFile(f"{entry.path}: {_STRAY}")
+            try:
+                validate_queue_name(name)
+            except ValueError as e:
+                raise StrayFile(f"{entry.path}: {e}") from None
             names.add(name)
     return sorted(names)
 
