@@ -62,13 +62,11 @@ from typing import Callable
 from lanner.clock import SYSTEM_CLOCK
 from lanner.config import validate_queue_name
 from lanner.queues.item import QItem
-from lanner.queues.placement import partition_of
 from lanner.queues.queue import PersistentQueue
 from lanner.queues.sessions import Session
 from lanner.queues.undo import Undone, UndoLog
-from lanner.storage.factory import StorageMismatch, check_home
+from lanner.storage.factory import StorageFactory, StorageMismatch
 from lanner.storage.journal.journal import queue_names_in
-from lanner.storage.seam import MemoryStorage
 from lanner.queues.waiters import TimerHeap, Waiter
 
 log = logging.getLogger(__name__)
@@ -82,24 +80,23 @@ class QueueCollection:
                  owns: Callable[[str], bool] | None = None,
                  expire_forward: Callable[[str, bytes, int], None] | None = None,
                  autoflush: bool = True) -> None:
-        """`storage_factory(name, queue_config)` makes a queue's storage (default:
-        a Journal, MemoryStorage when keep_journal is false, the partition's
-        command log when storage is "cmdlog").  A factory that also has a
-        `queue_names()` method reports the queues its storages hold, so `load`
-        brings them up, and one with `forget(name)` hears of every delete.  `owns(name)`: the queues this collection serves
-        (default all).  `autoflush`: hand records to the OS (and fsync per the
-        queue's sync policy) at the end of every public call."""
+        """`storage_factory(name, queue_config)` makes a queue's storage (default: a
+        storage.factory.StorageFactory over every partition, the one that decides
+        between journal, command log and memory).  A factory that also has
+        `queue_names()` reports the queues its storages hold, so `load` brings them up;
+        `check_home(name, qc)` vets a queue before it is made, `forget(name)` hears of
+        every delete and `close()` is called by `close`.  `owns(name)`: the queues this
+        collection serves (default all).  `autoflush`: hand records to the OS (and fsync
+        per the queue's sync policy) at the end of every public call."""
         self.config = config
         self.clock = clock
         self.autoflush = autoflush
-        self._factory = storage_factory or self._default_storage
-        self._default_factory = storage_factory is None
+        self._factory = storage_factory if storage_factory is not None else StorageFactory(config, clock)
         self._owns = owns
         self._expire_forward = expire_forward
         self._queues: dict[str, PersistentQueue] = {}
         self._children: dict[str, list[str]] = {}      # master name -> registered child names
         self._alias_counts: dict[str, list[int]] = {}  # alias -> [put_items, put_bytes]
-        self._partition_logs: dict[int, object] = {}   # default cmdlog storage only
         self._last_sync: dict[object, float] = {}
         self.undo = UndoLog()
         self.stranded: dict[str, list[int]] = {}       # queue -> xids whose confirm/abort was undone
@@ -160,49 +157,13 @@ class QueueCollection:
 
     def _cmdlog_names(self) -> list[str]:
         names_of = getattr(self._factory, "queue_names", None)
-        if names_of is not None:
-            return list(names_of())
-        if not self._default_factory or self._owns is not None:
-            return []
-        # Stand-alone with the default factory: this collection owns every partition.
-        root = os.path.join(self.queue_path, CMDLOG_DIR)
-        if not os.path.isdir(root):
-            return []
-        names = []
-        for entry in sorted(os.listdir(root)):
-            if entry.isdigit() and os.path.isdir(os.path.join(root, entry)):
-                names.extend(self._partition_log(int(entry)).queue_names())
-        return names
+        return list(names_of()) if names_of is not None else []
 
     # -- storage -------------------------------------------------------------------------------
     def _check_home(self, name: str, qc) -> None:
         check = getattr(self._factory, "check_home", None)
         if check is not None:
             check(name, qc)
-        elif self._default_factory:
-            p = partition_of(name)
-            has_log = os.path.isdir(os.path.join(self.queue_path, CMDLOG_DIR, str(p)))
-            check_home(name, qc, self.queue_path, self._partition_log(p) if has_log else None)
-
-    def _default_storage(self, name: str, qc):
-        if not qc.keep_journal:
-            if qc.storage == "journal":
-                from lanner.storage.journal.journal import Journal
-                Journal.erase_all(self.queue_path, name)    # §6.1: old files go
-            return MemoryStorage()
-        if qc.storage == "cmdlog":
-            return self._partition_log(partition_of(name)).storage_for(name)
-        from lanner.storage.journal.journal import Journal
-        os.makedirs(self.queue_path, exist_ok=True)
-        return Journal(self.queue_path, name, self.clock, qc.sync_journal)
-
-    def _partition_log(self, partition: int):
-        plog = self._partition_logs.get(partition)
-        if plog is None:
-            from lanner.storage.cmdlog.cmdlog import open_partition_logs
-            plog = open_partition_logs(self.queue_path, [partition], self.clock, self.config.cmdlog)[partition]
-            self._partition_logs[partition] = plog
-        return plog
 
     # -- queues --------------------------------------------------------------------------------
     def queue(self, name: str, create: bool = True) -> PersistentQueue | None:
@@ -609,11 +570,12 @@ class QueueCollection:
                 q.close()
             except OSError as e:
                 failures.append((name, e))
-        for plog in self._partition_logs.values():
+        close = getattr(self._factory, "close", None)
+        if close is not None:
             try:
-                plog.close()
+                close()
             except OSError as e:
-                failures.append((plog.dir, e))
+                failures.append(("command logs", e))
         if failures:
             raise CloseError(failures)
 

@@ -50,7 +50,7 @@ from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_CONFIRM_ALL, F_NOREPLY, F_O
                        Reassembler, pack_req, pack_resp, send, unpack_req, unpack_resp)
 from lanner.queues.placement import worker_of
 from lanner.queues.sessions import Session
-from lanner.storage.factory import ShardStorage, sync_all
+from lanner.storage.factory import StorageFactory, sync_all
 from lanner.queues.undo import CONFIRM, OPEN, UNREMOVE
 from lanner.queues.waiters import Waiter
 
@@ -129,7 +129,7 @@ class Worker:
         return worker_of(name, self.nworkers) == self.index
 
     def boot(self) -> None:
-        factory = ShardStorage(self.config, self.clock, self.index, self.nworkers, self.cleaner)
+        factory = StorageFactory(self.config, self.clock, self.index, self.nworkers, self.cleaner)
         self.coll = QueueCollection(self.config, self.clock, storage_factory=factory, owns=self.owns,
                                     expire_forward=self.forward_add, autoflush=False)
         self.storage_factory = factory

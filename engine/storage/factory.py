@@ -1,11 +1,19 @@
-"""A worker's storages: Kestrel journals for its queues, workq command logs for its partitions.
+"""The storage factory: the one place that decides where a queue's items live and makes
+its storage (a `QueueCollection` calls it for every queue it creates, in the server and in
+stand-alone use alike).
 
-Packing never runs in the worker: when a journal in read-behind finishes its
-checkpoint file (reference §6.5) the worker hands the pack request to the
-cleaner process and carries on; the cleaner writes the `.pack` file and the
-journal adopts it when the reply comes back.  Command-log partitions with the
-`interval` sync policy are fsynced from a helper thread on a timer, and the
-cleaner rewrites their closed segments on its own schedule.
+* `storage_home(qc)`: keep_journal = false means memory, whatever `storage` says (the
+  config's "false: items live in memory only"); otherwise `storage`: a Kestrel journal
+  per queue, or the workq command log of the queue's partition.
+* `check_home`: data on disk wins; items stored in the other home refuse the queue.
+
+A `StorageFactory` serves the partitions of one worker (all 64 stand-alone).  Packing
+never runs in the worker: when a journal in read-behind finishes its checkpoint file
+(reference §6.5) the worker hands the pack request to the cleaner process and carries on;
+the cleaner writes the `.pack` file and the journal adopts it when the reply comes back.
+Without a cleaner (stand-alone) journals pack inline.  Command-log partitions with the
+`interval` sync policy are fsynced from a helper thread on a timer, and the cleaner
+rewrites their closed segments on its own schedule.
 """
 from __future__ import annotations
 
@@ -14,6 +22,7 @@ import os
 
 from lanner.ipc import control
 from lanner.queues.placement import partition_of, partitions_of_worker
+from lanner.storage.cmdlog.cmdlog import open_partition_logs, partition_dir
 from lanner.storage.journal.journal import Journal, stored_items
 from lanner.storage.seam import MemoryStorage
 
@@ -72,8 +81,11 @@ def check_home(name: str, qc, queue_path: str, plog) -> None:
 PACK_PATIENCE_MS = 600_000     # packing 1 GiB takes seconds; ten minutes means the cleaner is gone
 
 
-class ShardStorage:
-    def __init__(self, config, clock, worker: int, nworkers: int, cleaner_sock=None):
+class StorageFactory:
+    """`factory(name, queue_config)` makes a queue's storage; `queue_names()` lists the
+    command-log queues of its partitions (journal queues are found as files)."""
+
+    def __init__(self, config, clock, worker: int = 0, nworkers: int = 1, cleaner_sock=None):
         self.config = config
         self.clock = clock
         self.queue_path = config.server.queue_path
@@ -91,15 +103,18 @@ class ShardStorage:
     # -- the factory the QueueCollection calls -------------------------------------------------
     def check_home(self, name: str, qc) -> None:
         p = partition_of(name)
-        plog = self.partition_log(p) if os.path.isdir(os.path.join(self.queue_path, "cmdlog", str(p))) else None
+        plog = self.partition_log(p) if os.path.isdir(partition_dir(self.queue_path, p)) else None
         check_home(name, qc, self.queue_path, plog)
 
     def __call__(self, name: str, qc):
-        if qc.storage == "cmdlog":
-            return self.partition_log(partition_of(name)).storage_for(name)
-        if not qc.keep_journal:
-            Journal.erase_all(self.queue_path, name)
+        home = storage_home(qc)
+        if home == "memory":
+            if qc.storage == "journal":
+                Journal.erase_all(self.queue_path, name)     # Kestrel drops old journals (§6.1)
             return MemoryStorage()
+        if home == "cmdlog":
+            return self.partition_log(partition_of(name)).storage_for(name)
+        os.makedirs(self.queue_path, exist_ok=True)
         j = Journal(self.queue_path, name, self.clock, qc.sync_journal,
                     inline_pack=self.cleaner is None)
         self._journals[name] = j
@@ -108,7 +123,6 @@ class ShardStorage:
     def partition_log(self, partition: int):
         plog = self._logs.get(partition)
         if plog is None:
-            from lanner.storage.cmdlog.cmdlog import open_partition_logs
             plog = open_partition_logs(self.queue_path, [partition], self.clock,
                                        self.config.cmdlog)[partition]
             self._logs[partition] = plog
@@ -117,13 +131,23 @@ class ShardStorage:
         return plog
 
     def queue_names(self) -> list[str]:
-        """Queues held in this shard's command-log partitions (journal queues are files)."""
-        root = os.path.join(self.queue_path, "cmdlog")
+        """Queues held in this factory's command-log partitions (journal queues are files)."""
         names = []
         for p in self.partitions:
-            if os.path.isdir(os.path.join(root, str(p))):
+            if os.path.isdir(partition_dir(self.queue_path, p)):
                 names.extend(self.partition_log(p).queue_names())
         return names
+
+    def close(self) -> None:
+        """Close every partition log (flush, fsync, release its lock), even if one fails."""
+        error = None
+        for plog in self._logs.values():
+            try:
+                plog.close()
+            except OSError as e:
+                error = error or e
+        if error is not None:
+            raise error
 
     # -- timers the worker drives --------------------------------------------------------------
     def next_deadlines(self) -> list[int]:

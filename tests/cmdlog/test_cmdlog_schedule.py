@@ -8,7 +8,7 @@ from lanner.queues.collection import QueueCollection
 from lanner.config import load_config
 from lanner.queues.placement import partition_of
 from lanner.storage.cmdlog.segment import JobCommand
-from lanner.storage.factory import ShardStorage
+from lanner.storage.factory import StorageFactory
 
 NOW = 1_795_000_000_000
 
@@ -30,7 +30,7 @@ def test_scheduled_job_is_served_at_its_time(tmp_path):
     cfg = type(cfg)(server=cfg.server, default=cfg.default, queue_overrides={"report": {"storage": "cmdlog"}},
                     aliases=cfg.aliases, cmdlog=cfg.cmdlog, path=None)
     write_schedule(qp, "report", b"monthly", NOW + 5000, clock)
-    factory = ShardStorage(cfg, clock, 0, 1)
+    factory = StorageFactory(cfg, clock, 0, 1)
     coll = QueueCollection(cfg, clock, storage_factory=factory, autoflush=False)
     factory.collection = coll
     coll.load()

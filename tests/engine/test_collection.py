@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-import types
 
 import pytest
 
 from lanner.queues.collection import QueueCollection
 from lanner.config import Config, QueueConfig, ServerConfig
 from lanner.queues.sessions import Session
+from lanner.storage import factory as storage_factory
 from lanner.storage.seam import MemoryStorage
 from lanner.queues.waiters import Waiter
 
@@ -682,11 +682,12 @@ def test_delete_tells_the_factory(make, factory):
 # -- the default storage factory -----------------------------------------------------------------
 @pytest.fixture
 def fake_backends(monkeypatch):
-    """Stand-ins for lanner.storage.journal.journal and lanner.storage.cmdlog.cmdlog that log how they are called."""
+    """Stand-ins for the journal and command-log backends of the storage factory that log how
+    they are called."""
     calls = []
 
     class Journal(RecordingStorage):
-        def __init__(self, queue_path, name, clock, sync_policy="never"):
+        def __init__(self, queue_path, name, clock, sync_policy="never", inline_pack=True):
             super().__init__(sync_policy=sync_policy)
             calls.append(("Journal", queue_path, name, sync_policy))
 
@@ -712,9 +713,8 @@ def fake_backends(monkeypatch):
         calls.append(("open", queue_path, list(partitions)))
         return {p: PartitionLog(p) for p in partitions}
 
-    monkeypatch.setitem(sys.modules, "lanner.storage.journal.journal", types.SimpleNamespace(Journal=Journal))
-    monkeypatch.setitem(sys.modules, "lanner.storage.cmdlog.cmdlog",
-                        types.SimpleNamespace(open_partition_logs=open_partition_logs))
+    monkeypatch.setattr(storage_factory, "Journal", Journal)
+    monkeypatch.setattr(storage_factory, "open_partition_logs", open_partition_logs)
     return calls
 
 
@@ -731,6 +731,18 @@ def test_default_factory_without_keep_journal_erases_old_files(tmp_path, clock, 
     c.add("q", b"x")
     assert isinstance(c.queue("q").storage, MemoryStorage)
     assert fake_backends == [("erase_all", str(tmp_path / "queues"), "q")]
+
+
+@pytest.mark.parametrize("server", [False, True], ids=["library", "worker"])
+def test_keep_journal_false_means_memory_for_cmdlog_queues_too(tmp_path, clock, fake_backends, server):
+    """Issue 12: the two factories disagreed (the library used memory, the server a command
+    log).  There is one now, and keep_journal = false means memory for both."""
+    cfg = config(tmp_path, default=QueueConfig(keep_journal=False, storage="cmdlog"))
+    factory = storage_factory.StorageFactory(cfg, clock, 0, 2) if server else None
+    c = QueueCollection(cfg, clock, storage_factory=factory)
+    c.add("email.send", b"x")
+    assert isinstance(c.queue("email.send").storage, MemoryStorage)
+    assert fake_backends == []                     # no journal erased, no command log opened
 
 
 def test_default_factory_opens_cmdlog_partitions_lazily(tmp_path, clock, fake_backends):

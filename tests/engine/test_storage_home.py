@@ -27,6 +27,8 @@ def test_cmdlog_items_refuse_another_home(tmp_path, clock, then):
             coll.queue("jobs")
         with pytest.raises(StorageMismatch, match=r"queue 'mail.send': 1 items .*"
                                                   + ("keep_journal = false" if then else 'storage = "journal"')):
+            coll.queue("mail.send")
+        with pytest.raises(StorageMismatch, match=r"queue '(jobs|mail\.send)': 1 items are stored"):
             coll.load()
     with make(tmp_path, clock, storage="cmdlog") as coll:     # untouched: all still there
         coll.load()
