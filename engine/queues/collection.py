@@ -66,6 +66,7 @@ from lanner.queues.queue import PersistentQueue
 from lanner.queues.sessions import Session
 from lanner.queues.undo import Undone, UndoLog
 from lanner.storage.factory import StorageFactory, StorageMismatch
+from lanner.storage.sync import SyncSchedule, sync_all
 from lanner.storage.journal.journal import queue_names_in
 from lanner.queues.waiters import TimerHeap, Waiter
 
@@ -97,7 +98,7 @@ class QueueCollection:
         self._queues: dict[str, PersistentQueue] = {}
         self._children: dict[str, list[str]] = {}      # master name -> registered child names
         self._alias_counts: dict[str, list[int]] = {}  # alias -> [put_items, put_bytes]
-        self._last_sync: dict[object, float] = {}
+        self.sync_schedule = SyncSchedule()           # periodic fsyncs (storage/sync.py)
         self.undo = UndoLog()
         self.stranded: dict[str, list[int]] = {}       # queue -> xids whose confirm/abort was undone
         self.woken: list[Waiter] = []
@@ -328,7 +329,7 @@ class QueueCollection:
         if getattr(q.storage, "medium", None) is q.storage:   # its own stream: nothing left to undo
             self.undo.forget(q.storage)
         self.stranded.pop(name, None)
-        self._last_sync.pop(q.storage, None)
+        self.sync_schedule.forget(getattr(q.storage, "medium", None))
         forget = getattr(self._factory, "forget", None)     # a factory that tracks its storages
         if forget is not None:
             forget(name)
@@ -470,30 +471,32 @@ class QueueCollection:
             q.reload(new)
 
     def dirty_storages(self) -> list:
-        """Storages holding buffered or unsynced records, each once.  Only queues touched
-        since the last call are visited; those still dirty (unsynced) stay on the list."""
+        """The byte streams (each storage's `medium`: a journal, a command-log partition
+        that many queues share) holding buffered or unsynced records, each once.  Only
+        queues touched since the last call are visited; those still dirty (unsynced) stay
+        on the list."""
         touched = self._touched
         if not touched:
             return []
         seen = {}
         still = [q for q in touched if not q.closed and q.storage.dirty]
         for q in still:
-            seen[id(q.storage)] = q.storage
+            m = q.medium or q.storage
+            seen[id(m)] = m
         touched.clear()
         touched.update(dict.fromkeys(still))
         return list(seen.values())
 
     def flush_storages(self) -> None:
-        """Hand buffered records to the OS and fsync per each storage's sync
-        policy: "always" at once; a period at the first call at least that long
-        after the storage's previous sync.  Without a server loop nothing fires
-        between calls, so records written last stay unsynced until the next
-        call or `close`.  A storage that cannot write (or fsync, under "always")
+        """Hand buffered records to the OS and fsync per the sync policy (storage/sync.py):
+        "always" at once; a period at the first call after it has passed since the write
+        that left the records unsynced (with no server loop nothing fires between calls;
+        `close` syncs everything).  A storage that cannot write (or fsync, under "always")
         is rolled back and the first such error raised."""
-        now = self.clock.monotonic()
+        now = self.clock.now_ms()
+        schedule = self.sync_schedule
         error = None
         for st in self.dirty_storages():
-            policy = st.sync_policy
             try:
                 st.flush()
             except OSError as e:
@@ -501,19 +504,14 @@ class QueueCollection:
                 self.rollback(st)
                 error = error or e
                 continue
-            try:
-                if policy == "always":
+            if schedule.written(st, now):
+                try:
                     st.sync()
-                elif isinstance(policy, int) and not isinstance(policy, bool):
-                    last = self._last_sync.get(st)
-                    if last is None or (now - last) * 1000.0 >= policy:
-                        st.sync()
-                        self._last_sync[st] = now
-            except OSError as e:
-                log.error("%s", e)
-                if policy == "always":
+                except OSError as e:
+                    log.error("%s", e)
                     self.rollback(st, unsynced=True)
                     error = error or e
+        sync_all(schedule.due(now))
         self.undo.trim()
         if error is not None:
             raise error

@@ -50,7 +50,8 @@ from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_CONFIRM_ALL, F_NOREPLY, F_O
                        Reassembler, pack_req, pack_resp, send, unpack_req, unpack_resp)
 from lanner.queues.placement import worker_of
 from lanner.queues.sessions import Session
-from lanner.storage.factory import StorageFactory, sync_all
+from lanner.storage.factory import StorageFactory
+from lanner.storage.sync import sync_all
 from lanner.queues.undo import CONFIRM, OPEN, UNREMOVE
 from lanner.queues.waiters import Waiter
 
@@ -117,7 +118,6 @@ class Worker:
         self.coll: QueueCollection | None = None
         self.next_expire_ms: int | None = None
         self.next_strand_ms = 0
-        self.next_sync_ms: dict[object, int] = {}
         # thrift open reads: server-wide ids that outlive their connection (§3.3)
         self.tids: dict[int, tuple[str, int, tuple]] = {}     # id -> (queue, xid, owner key)
         self.tcounts: dict[tuple, int] = {}                   # (src, conn, queue) -> open reads
@@ -134,7 +134,6 @@ class Worker:
                                     expire_forward=self.forward_add, autoflush=False)
         self.storage_factory = factory
         factory.collection = self.coll
-        factory.run_in_thread = lambda fn, *args: self.fsync_pool().submit(fn, *args)
 
         def progress(name, i, n):
             log.info("worker %d: replaying queue %r (%d/%d)", self.index, name, i, n)
@@ -243,7 +242,9 @@ class Worker:
             deadlines.append(d)
         if self.next_expire_ms is not None:
             deadlines.append(self.next_expire_ms)
-        deadlines.extend(self.next_sync_ms.values())
+        d = self.coll.sync_schedule.next_deadline()
+        if d is not None:
+            deadlines.append(d)
         if self.coll.stranded:
             deadlines.append(self.next_strand_ms)
         if self.taborts:
@@ -269,6 +270,7 @@ class Worker:
         coll.undo.ctx = None
         dirty = coll.dirty_storages()
         needs_sync = []
+        now = self.clock.now_ms()
         for st in dirty:
             try:
                 st.flush()
@@ -276,11 +278,8 @@ class Worker:
                 log.error("worker %d: %s", self.index, e)      # the file is named here, not to clients
                 self.undo_replies(coll.rollback(st), public_reason("write failed", e))
                 continue
-            policy = st.sync_policy
-            if policy == "always":
+            if coll.sync_schedule.written(st, now):      # sync "always": replies wait for it
                 needs_sync.append(st)
-            elif isinstance(policy, int) and st not in self.next_sync_ms:
-                self.next_sync_ms[st] = self.clock.now_ms() + policy
         coll.undo.trim()
         if needs_sync or (self.sync_inflight and self.replies):
             self.held.extend(self.replies)
@@ -751,12 +750,9 @@ class Worker:
         if self.next_expire_ms is not None and now >= self.next_expire_ms:
             self.coll.expire_queues()
             self.next_expire_ms = now + self.config.server.expiration_timer_frequency
-        if self.next_sync_ms:
-            due = [st for st, t in self.next_sync_ms.items() if t <= now]
-            for st in due:
-                del self.next_sync_ms[st]
-            if due:
-                self.fsync_pool().submit(sync_all, due)
+        due = self.coll.sync_schedule.due(now)
+        if due:
+            self.fsync_pool().submit(sync_all, due)
         self.storage_factory.tick(now)
         if self.coll.stranded and now >= self.next_strand_ms:
             n = sum(len(x) for x in self.coll.stranded.values())

@@ -11,9 +11,8 @@ A `StorageFactory` serves the partitions of one worker (all 64 stand-alone).  Pa
 never runs in the worker: when a journal in read-behind finishes its checkpoint file
 (reference §6.5) the worker hands the pack request to the cleaner process and carries on;
 the cleaner writes the `.pack` file and the journal adopts it when the reply comes back.
-Without a cleaner (stand-alone) journals pack inline.  Command-log partitions with the
-`interval` sync policy are fsynced from a helper thread on a timer, and the cleaner
-rewrites their closed segments on its own schedule.
+Without a cleaner (stand-alone) journals pack inline.  The cleaner also rewrites
+command-log segments on its own schedule; when records are fsynced is storage/sync.py's.
 """
 from __future__ import annotations
 
@@ -95,10 +94,8 @@ class StorageFactory:
         self._journals: dict[str, object] = {}
         self._packs: dict[int, tuple] = {}        # request id -> (journal, sent at ms)
         self._next_pack = 1
-        self._next_cmdlog_sync: int | None = None
         self._next_pack_check = 0
         self.collection = None                     # set by the worker once it exists
-        self.run_in_thread = _run_inline           # the worker hands in its fsync pool
 
     # -- the factory the QueueCollection calls -------------------------------------------------
     def check_home(self, name: str, qc) -> None:
@@ -126,8 +123,6 @@ class StorageFactory:
             plog = open_partition_logs(self.queue_path, [partition], self.clock,
                                        self.config.cmdlog)[partition]
             self._logs[partition] = plog
-            if self.config.cmdlog.sync == "interval" and self._next_cmdlog_sync is None:
-                self._next_cmdlog_sync = self.clock.now_ms() + self.config.cmdlog.sync_interval
         return plog
 
     def queue_names(self) -> list[str]:
@@ -151,7 +146,7 @@ class StorageFactory:
 
     # -- timers the worker drives --------------------------------------------------------------
     def next_deadlines(self) -> list[int]:
-        out = [self._next_cmdlog_sync] if self._next_cmdlog_sync is not None else []
+        out = []
         for plog in self._logs.values():
             due = plog.next_due()
             if due is not None:
@@ -171,10 +166,6 @@ class StorageFactory:
     def tick(self, now_ms: int) -> None:
         if self.collection is not None:
             self.release_scheduled(now_ms)
-        if self._next_cmdlog_sync is not None and now_ms >= self._next_cmdlog_sync:
-            self._next_cmdlog_sync = now_ms + self.config.cmdlog.sync_interval
-            # fsync what the batches wrote; the owner's batch writes (and rolls back) the rest
-            self.run_in_thread(sync_all, list(self._logs.values()))
         if self.cleaner is not None and now_ms >= self._next_pack_check:
             self._next_pack_check = now_ms + 100
             for rid, (j, sent) in list(self._packs.items()):
@@ -225,15 +216,3 @@ class PackedFile:
     def __init__(self, out_path: str):
         self.out_path = out_path
 
-
-def sync_all(storages) -> None:
-    """fsync each of `storages` (journals or partition logs), logging failures."""
-    for st in storages:
-        try:
-            st.sync()
-        except OSError as e:
-            log.error("fsync failed: %s", e)
-
-
-def _run_inline(fn, *args) -> None:
-    fn(*args)

@@ -632,12 +632,15 @@ def test_autoflush_flushes_and_syncs_per_policy(make, factory, clock):
     never, always, period = (factory.made[n] for n in ("never", "always", "period"))
     assert (never.flushes, never.syncs) == (1, 0)
     assert (always.flushes, always.syncs) == (1, 1)
-    assert period.syncs == 1                       # first sync at once
+    assert period.syncs == 0                       # due a period after the first unsynced write
+    clock.advance(999)
     c.add("period", b"y")
-    assert period.syncs == 1                       # within the period
-    clock.advance(1000)
+    assert period.syncs == 0
+    clock.advance(1)
     c.add("period", b"z")
-    assert period.syncs == 2
+    assert period.syncs == 1
+    c.add("period", b"w")                          # the next one is due a period later
+    assert period.syncs == 1
 
 
 def test_no_autoflush_leaves_batching_to_the_owner(make, factory):

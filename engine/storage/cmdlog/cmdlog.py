@@ -788,7 +788,17 @@ class PartitionLog:
             if gen == self._cut_gen and upto > self._synced:   # not if rollback cut those bytes meanwhile
                 self._synced = upto
 
-    # -- the medium (seam.py, undo.py) -------------------------------------------------------
+    # -- the medium (seam.py, undo.py, storage/sync.py) ----------------------------------------
+    @property
+    def medium(self) -> "PartitionLog":
+        return self
+
+    @property
+    def sync_policy(self) -> str | int:
+        """[cmdlog] sync as storage/sync.py reads it: interval -> its period in ms, os -> never."""
+        mode = self.sync_mode
+        return "always" if mode == "always" else self.sync_interval_ms if mode == "interval" else "never"
+
     @property
     def written_mark(self) -> int:
         return self._flushed
@@ -886,9 +896,10 @@ class CmdlogStorage:
         self._live = live
         nb = name_bytes(name)
         self._name_field = put_uvarint(len(nb)) + nb
-        mode = plog.sync_mode
-        self.sync_policy: str | int = ("always" if mode == "always" else
-                                       plog.sync_interval_ms if mode == "interval" else "never")
+
+    @property
+    def sync_policy(self) -> str | int:
+        return self._log.sync_policy
 
     def replay(self, config=None) -> ReplayState:
         """The state the partition replay rebuilt for this queue (once)."""
