@@ -41,7 +41,8 @@ Rules kept here rather than in a queue (reference §4.3, §5):
   `self.timers`.
 
 Aliases are expanded by the server's fronts (their destinations may live in
-other workers); `alias_add` is the stand-alone equivalent.
+other workers); `alias_add` is the stand-alone equivalent.  Their accounting
+(`put_items`, `put_bytes`) is kept here for both: `count_alias_put`, `alias_stats`.
 
 Write failures (disk full, I/O errors): every recorded change is also in
 `self.undo` (queues/undo.py).  When a storage cannot write (or, under sync
@@ -377,23 +378,30 @@ class QueueCollection:
             self.flush_storages()
         return n
 
-    # -- aliases (stand-alone use) -------------------------------------------------------------
+    # -- aliases --------------------------------------------------------------------------------
     def alias_add(self, alias: str, data: bytes, expiry_ms: int | None = None) -> bool:
         """Write to every destination of `alias`, in order (§5.7): True only if
         all accepted; no destinations accepts everything."""
         dests = self.config.aliases.get(alias)
         if dests is None:
             raise ValueError(f"{alias!r} is not an alias")
-        counts = self._alias_counts.setdefault(alias, [0, 0])
-        counts[0] += 1
-        counts[1] += len(data)
+        self.count_alias_put(alias, 1, len(data))
         ok = True
         for dest in dests:
             if not self.add(dest, data, expiry_ms):
                 ok = False
         return ok
 
+    def count_alias_put(self, alias: str, items: int, nbytes: int) -> None:
+        """A write to `alias` (the server's fronts report theirs to the alias's worker)."""
+        counts = self._alias_counts.get(alias)
+        if counts is None:
+            counts = self._alias_counts[alias] = [0, 0]
+        counts[0] += items
+        counts[1] += nbytes
+
     def alias_stats(self, alias: str) -> list[tuple[str, str]] | None:
+        """The stats of an alias (§4.1), None if `alias` is not one."""
         dests = self.config.aliases.get(alias)
         if dests is None:
             return None

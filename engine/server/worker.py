@@ -102,7 +102,6 @@ class Worker:
         self.clock = clock
         self.sessions: dict[tuple[int, int], Session] = {}
         self.pending_by_conn: dict[tuple[int, int], set[Pending]] = defaultdict(set)
-        self.alias_counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         self.down_peers: set[int] = set()
         self.replies: list[tuple[int, bytes, bytes]] = []
         self.held: list[tuple[int, bytes, bytes]] = []
@@ -459,9 +458,7 @@ class Worker:
         elif op == OP_DUMP_CONFIG:
             self.reply(src, conn, req, R_DATA, 0, 0, self.config_payload())
         elif op == OP_ALIAS_PUT:
-            c = self.alias_counts[queue]
-            c[0] += a
-            c[1] += b
+            coll.count_alias_put(queue, a, b)
         elif op == OP_FORWARD_ADD:
             coll.add_forwarded(queue, bytes(payload), self.clock.now_ms())
         elif op == OP_RELOAD:
@@ -784,18 +781,14 @@ class Worker:
         wanted = names if names is not None else coll.names()
         for name in wanted:
             if name in aliases and self.owns(name):
-                c = self.alias_counts.get(name, (0, 0))
-                out_queues.append((name, [("put_items", str(c[0])), ("put_bytes", str(c[1])),
-                                          ("children", ",".join(aliases[name]))]))
+                out_queues.append((name, coll.alias_stats(name)))
                 continue
             st = coll.queue_stats(name)
             out_queues.append((name, st))
         if names is None:
-            for name, dests in aliases.items():
+            for name in aliases:
                 if self.owns(name):
-                    c = self.alias_counts.get(name, (0, 0))
-                    out_queues.append((name, [("put_items", str(c[0])), ("put_bytes", str(c[1])),
-                                              ("children", ",".join(dests))]))
+                    out_queues.append((name, coll.alias_stats(name)))
         return msgpack.packb({"global": coll.stats(), "queues": out_queues})
 
     def config_payload(self) -> bytes:
