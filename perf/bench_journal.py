@@ -23,7 +23,8 @@ import pytest
 
 from lanner.clock import FakeClock
 from lanner.queues.item import QItem
-from lanner.storage.journal.journal import Journal, encode_add, encode_remove
+from lanner.storage.journal.codec import encode_add, encode_remove
+from lanner.storage.journal.journal import Journal
 from lanner.storage.journal.packer import pack_files
 
 RECORD = 1024                  # item bytes per record

@@ -68,7 +68,7 @@ from lanner.queues.sessions import Session
 from lanner.queues.undo import Undone, UndoLog
 from lanner.storage.factory import StorageFactory, StorageMismatch
 from lanner.storage.sync import SyncSchedule, sync_all
-from lanner.storage.journal.journal import queue_names_in
+from lanner.storage.journal.files import queue_names_in
 from lanner.queues.waiters import TimerHeap, Waiter
 
 log = logging.getLogger(__name__)

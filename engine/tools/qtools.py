@@ -28,7 +28,7 @@ from collections import deque
 
 from lanner.clock import SYSTEM_CLOCK
 from lanner.storage.cmdlog.segment import HEADER as SEGMENT_HEADER
-from lanner.storage.journal.journal import JournalCorrupt, read_records
+from lanner.storage.journal.codec import JournalCorrupt, read_records
 from lanner.storage.journal.packer import pack_files
 
 PROGRESS_MIN_BYTES = 4 << 20

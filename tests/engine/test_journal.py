@@ -10,11 +10,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from lanner.storage.journal import journal as J
+from lanner.storage.journal import codec, journal as J
 from lanner.queues.item import QItem
-from lanner.storage.journal.journal import (Journal, JournalCorrupt, JournalError, Record, archived_files, encode_add,
-                            encode_confirm, encode_continue, encode_open, encode_remove, encode_unremove,
-                            queue_names_in, read_records, StrayFile)
+from lanner.storage.journal.codec import (JournalCorrupt, Record, encode_add, encode_confirm, encode_continue,
+                                          encode_open, encode_remove, encode_unremove, read_records)
+from lanner.storage.journal.files import JournalError, StrayFile, archived_files, queue_names_in
+from lanner.storage.journal.journal import Journal
 
 T = 1_700_000_000_000
 
@@ -112,7 +113,7 @@ def test_reader_decodes_every_opcode(tmp_path):
 
 
 def test_reader_handles_items_bigger_than_a_chunk(tmp_path, monkeypatch):
-    monkeypatch.setattr(J, "CHUNK", 64)
+    monkeypatch.setattr(codec, "CHUNK", 64)
     big = bytes(range(256)) * 10
     write(tmp_path / "f", addx(b"a"), addx(big), b"\x01", addx(b"z" * 63))
     recs = [r for _, r in read_records(str(tmp_path / "f"))]

@@ -14,8 +14,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from lanner.clock import FakeClock
 from lanner.queues.item import QItem
-from lanner.storage.journal.journal import Journal, JournalReplayError, archived_files, encode_add, encode_confirm, encode_open, encode_unremove, \
-    read_records
+from lanner.storage.journal.codec import encode_add, encode_confirm, encode_open, encode_unremove, read_records
+from lanner.storage.journal.files import archived_files
+from lanner.storage.journal.journal import Journal
+from lanner.storage.journal.replay import JournalReplayError
 from lanner.storage.journal.packer import pack_files
 
 T = 1_700_000_000_000
@@ -241,16 +243,16 @@ def test_torn_archive_refuses_replay(tmp_path, clock):
 
 
 def test_unreadable_archive_refuses_replay(tmp_path, clock, monkeypatch):
-    import lanner.storage.journal.journal as J
+    import lanner.storage.journal.replay as R
     write(tmp_path / "q.100", addx(b"a"))
     write(tmp_path / "q", addx(b"b"))
-    real = J.Cursor
+    real = R.Cursor
 
     def cursor(path, *a, **kw):
         if path.endswith("q.100"):
             raise PermissionError(13, "Permission denied")
         return real(path, *a, **kw)
-    monkeypatch.setattr(J, "Cursor", cursor)
+    monkeypatch.setattr(R, "Cursor", cursor)
     j = journal(tmp_path, clock)
     with pytest.raises(JournalReplayError, match=r"cannot read journal .*q\.100 \(Permission denied\)"):
         j.replay(Cfg())
@@ -316,8 +318,8 @@ def test_pack_file_beside_archives_is_installed_at_replay(tmp_path, clock):
 
 
 def test_progress_callback(tmp_path, clock, monkeypatch):
-    import lanner.storage.journal.journal as J
-    monkeypatch.setattr(J, "PROGRESS_STEP", 100)
+    import lanner.storage.journal.replay as R
+    monkeypatch.setattr(R, "PROGRESS_STEP", 100)
     write(tmp_path / "q.1", *[addx(b"x" * 50)] * 4)
     write(tmp_path / "q", *[addx(b"y" * 50)] * 4)
     j = journal(tmp_path, clock)

@@ -16,9 +16,9 @@ from hypothesis import given, settings, strategies as st
 from lanner.storage.journal import packer as P
 from lanner.clock import FakeClock
 from lanner.queues.item import QItem
-from lanner.storage.journal.journal import Journal, encode_add, encode_confirm, encode_continue, encode_open, encode_remove, \
-    encode_unremove
-from lanner.storage.journal.journal import JournalCorrupt
+from lanner.storage.journal.codec import (JournalCorrupt, encode_add, encode_confirm, encode_continue, encode_open,
+                                          encode_remove, encode_unremove)
+from lanner.storage.journal.journal import Journal
 from lanner.storage.journal.packer import pack_files
 
 T = 1_700_000_000_000
@@ -145,7 +145,7 @@ def test_empty_input_packs_to_an_empty_file(tmp_path):
 
 
 def test_progress_is_monotonic_and_complete(tmp_path, monkeypatch):
-    monkeypatch.setattr(P.J, "CHUNK", 1000)
+    monkeypatch.setattr(P, "CHUNK", 1000)
     write(tmp_path / "a", *[addx(b"x" * 100)] * 200)
     seen = []
     pack_files([str(tmp_path / "a")], str(tmp_path / "out"), progress=lambda d, t: seen.append((d, t)), now_ms=T)
@@ -247,7 +247,7 @@ def test_pack_of_a_prefix_then_the_rest_replays_to_the_same_state(tmp_path_facto
 GEN = """
 import os, struct, sys
 sys.path.insert(0, {root!r})
-from lanner.storage.journal.journal import encode_add, encode_remove, encode_open, encode_confirm
+from lanner.storage.journal.codec import encode_add, encode_remove, encode_open, encode_confirm
 from lanner.queues.item import QItem
 path, target = sys.argv[1], int(sys.argv[2])
 block = bytearray()

@@ -8,8 +8,8 @@ import pytest
 
 from lanner.clock import FakeClock
 from lanner.queues.item import QItem
-from lanner.storage.journal.journal import encode_add, encode_confirm, encode_continue, encode_open, encode_remove, \
-    encode_unremove
+from lanner.storage.journal.codec import (encode_add, encode_confirm, encode_continue, encode_open, encode_remove,
+                                          encode_unremove)
 from lanner.tools.qtools import QDUMP_USAGE, QPACK_USAGE, duration_str, qdump_main, qpack_main
 
 NOW = 1_700_000_000_000

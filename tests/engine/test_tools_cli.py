@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 from lanner.queues.item import QItem
-from lanner.storage.journal.journal import encode_add
+from lanner.storage.journal.codec import encode_add
 
 
 def lanner(*args, cwd):

@@ -3,7 +3,7 @@ import errno
 
 from lanner.ipc.messages import R_ITEM, R_OK, R_SERVER_ERROR, RF_CLOSE, RF_MORE, pack_resp, unpack_resp
 from lanner.server.worker import _fail_requests, public_reason
-from lanner.storage.journal.journal import JournalError
+from lanner.storage.journal.files import JournalError
 
 
 def test_failed_requests_become_server_errors_and_others_stay():

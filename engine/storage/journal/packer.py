@@ -37,8 +37,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from lanner.storage.journal import journal as J
 from lanner.clock import SYSTEM_CLOCK
+from lanner.storage.journal.codec import CHUNK, Cursor, JournalCorrupt, decode, encode_add, encode_open, pack_addx
+from lanner.storage.journal.files import unlink_quietly, write_all
 
 log = logging.getLogger(__name__)
 
@@ -130,18 +131,18 @@ class _ItemReader:
         off = loc & _OFF_MASK
         buf = self._buf
         if fi == self._fi and self._base <= off < self._base + len(buf):
-            r = J.decode(buf, off - self._base, len(buf), self._now)
+            r = decode(buf, off - self._base, len(buf), self._now)
             if r is not None:
                 return r[1]
-        want = J.CHUNK
+        want = CHUNK
         while True:
             buf = os.pread(self._fds[fi], want, off)
-            r = J.decode(buf, 0, len(buf), self._now) if buf else None
+            r = decode(buf, 0, len(buf), self._now) if buf else None
             if r is not None:
                 self._fi, self._buf, self._base = fi, buf, off
                 return r[1]
             if len(buf) < want:
-                raise J.JournalCorrupt(self._paths[fi], off, "record changed since it was scanned")
+                raise JournalCorrupt(self._paths[fi], off, "record changed since it was scanned")
             want *= 2
 
     def close(self) -> None:
@@ -188,13 +189,13 @@ def pack_files(files: list[str], out_path: str, open_xids_at_checkpoint=None,
         # pass 1: where is every surviving item?
         for fi, path in enumerate(files):
             base = fi << _OFF_BITS
-            cur = J.Cursor(path, os.path.basename(path), items=False)
+            cur = Cursor(path, os.path.basename(path), items=False)
             try:
                 while True:
                     off = cur.pos
                     try:
                         r = cur.read(now_ms)
-                    except J.JournalCorrupt as e:
+                    except JournalCorrupt as e:
                         if not (allow_torn_tail and e.torn and fi == len(files) - 1):
                             raise
                         log.warning("pack: %s ends inside its last record (offset %d): a torn write, "
@@ -253,9 +254,9 @@ def pack_files(files: list[str], out_path: str, open_xids_at_checkpoint=None,
             out = bytearray()
             written = 0
             for xid in result.open_xids:
-                out += J.encode_add(reader.get(opened[xid]))
-                out += J.encode_open(xid)
-            addx = J._ADDX_pack
+                out += encode_add(reader.get(opened[xid]))
+                out += encode_open(xid)
+            addx = pack_addx
             while True:
                 loc = take()
                 if loc is None:
@@ -266,17 +267,17 @@ def pack_files(files: list[str], out_path: str, open_xids_at_checkpoint=None,
                 out += item.data
                 result.items += 1
                 result.bytes += n
-                if len(out) >= J.CHUNK:
-                    written += J.write_all(fd, out, tmp)
+                if len(out) >= CHUNK:
+                    written += write_all(fd, out, tmp)
                     out.clear()
                     if progress is not None:
                         progress(in_total + in_total * result.items // max(survivors, 1), 2 * in_total)
-            written += J.write_all(fd, out, tmp)
-            J._fsync(fd)
+            written += write_all(fd, out, tmp)
+            os.fsync(fd)
         except BaseException:
             os.close(fd)
             reader.close()
-            J._unlink_quietly(tmp)
+            unlink_quietly(tmp)
             raise
         os.close(fd)
         reader.close()

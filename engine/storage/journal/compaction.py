@@ -1,0 +1,348 @@
+"""Compaction of a journal's files (reference §6.4, §6.5): rotation, rewrite and
+checkpoint packs, the part of `Journal` that manages files rather than records.
+
+`JournalCompaction` is a base class of `Journal` (journal.py) and nothing else: it holds
+the file-management half of one object, split out to keep each module readable.  What
+it uses of the writer is declared below (`_dir`, `_path`, `_fd`, ... and `flush`,
+`_open_writer`, `_leave_read_behind`); what it owns is set up by `_init_compaction`.
+
+* Rotation: once the current file outgrows max_memory_size (with the queue in
+  read-behind) it is renamed to `<queue>.<ms>` (fsynced first unless the policy is
+  "never", so an archive never holds records a rollback could take back) and a new
+  current file starts.  Past max_journal_size a checkpoint is set.
+* Rewrite: a queue that is empty (or small again) has its state dumped to a `~~`
+  file, the current file archived, the dump pack-renamed over every archive and made
+  the current file (crash-safe at every step: files.py's invariants).
+* Checkpoint packs: every file up to the checkpoint is packed by `packer.pack_files`
+  (in the cleaner process, or inline stand-alone) once the reader has left them.
+
+Maintenance that fails is logged and skipped: it never fails the client's operation.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+from lanner.storage.journal.codec import CHUNK, pack_addx, pack_xid, Cursor, encode_add
+from lanner.storage.journal.files import archived_files, fsync_dir, parse_archive, unlink_quietly, write_all
+from lanner.storage.journal.packer import pack_files
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    """Recorded at a rotation once the journal outgrew max_journal_size: every
+    file up to and including `file` may be packed."""
+    file: str
+    open_xids: list[int]
+
+
+@dataclass(slots=True)
+class PackRequest:
+    """Work for `packer.pack_files(files, out_path, open_xids)`; its result goes
+    back to `Journal.pack_done` of the same queue."""
+    queue: str
+    files: list[str]          # full paths, replay order, ending with the checkpoint file
+    out_path: str             # a `<queue>~~<ms>` temp name: deleted at replay if never used
+    checkpoint_file: str
+    open_xids: list[int] = field(default_factory=list)
+
+
+class JournalCompaction:
+    # What compaction uses of the writer (journal.Journal sets these up):
+    name: str
+    sync_policy: str | int
+    inline_pack: bool
+    _dir: str
+    _path: str
+    _clock: object
+    _fd: int
+    _pending: bytearray
+    _disk_size: int
+    _synced_size: int
+    _rb: Cursor | None
+    _closed: bool
+    _erased: bool
+    flush: Callable[[], None]
+    _open_writer: Callable[[], None]
+    _leave_read_behind: Callable[[], None]
+    _sys_write: Callable[[int, object], int]     # os.write / os.fsync, through the writer's
+    _sys_fsync: Callable[[int], None]            # test hooks
+
+    def _init_compaction(self) -> None:
+        self.rewrites = 0
+        self.rotations = 0
+        self._archived_size = 0
+        self._last_ts = 0                            # newest archive timestamp (files.py)
+        self._rewrites_allowed_at = float("-inf")   # clock.monotonic()
+        self.checkpoint: Checkpoint | None = None
+        self._pack_outstanding: PackRequest | None = None
+
+    @property
+    def archived_size(self) -> int:
+        return self._archived_size
+
+    # -------------------------------------------------------- rotation, rewrite (§6.4)
+    def before_add(self, view, config, now_ms: int) -> None:
+        self._check_rotate(view, config)
+
+    def after_remove(self, view, config, now_ms: int) -> None:
+        self._check_rotate(view, config)
+
+    def _check_rotate(self, view, config) -> None:
+        size = self._disk_size + len(self._pending)
+        total = size + self._archived_size
+        if size < config.default_journal_size and size <= config.max_memory_size \
+                and total <= config.max_journal_size:
+            return                               # no rule can match: the per-operation fast path
+        allowed = self._clock.monotonic() >= self._rewrites_allowed_at
+        if not config.disable_aggressive_rewrites:
+            if size >= config.default_journal_size and view.length == 0 and self._rewrite_safe(view):
+                log.info("queue %r: rewriting journal (qsize=0)", self.name)
+                self._rewrite(view)
+            elif (allowed and total > config.max_journal_size and view.size_bytes < config.max_memory_size
+                  and self._rewrite_safe(view)):
+                log.info("queue %r: rewriting journal (qsize=%d)", self.name, view.size_bytes)
+                self._rewrite(view)
+                self._disallow_rewrites(config)
+            elif size > config.max_memory_size:
+                self._rotate(view, total > config.max_journal_size)
+        else:
+            if allowed and size >= config.default_journal_size and view.length == 0 and self._rewrite_safe(view):
+                log.info("queue %r: rewriting journal (qsize=0)", self.name)
+                self._rewrite(view)
+                if self.logsize >= config.default_journal_size // 2:
+                    self._disallow_rewrites(config)
+            elif (allowed and total > config.max_journal_size and view.size_bytes < config.max_memory_size
+                  and self._rewrite_safe(view)):
+                log.info("queue %r: rewriting journal (qsize=%d)", self.name, view.size_bytes)
+                self._rewrite(view)
+                self._disallow_rewrites(config)
+            elif size > config.max_memory_size:
+                if view.length == 0 and self._rewrite_safe(view):
+                    log.info("queue %r: rewriting journal (qsize=0)", self.name)
+                    self._rewrite(view)
+                if self.logsize > config.max_memory_size:
+                    self._rotate(view, self.logsize + self._archived_size > config.max_journal_size)
+
+    def _disallow_rewrites(self, config) -> None:
+        delay = config.min_journal_compact_delay
+        if delay:
+            self._rewrites_allowed_at = self._clock.monotonic() + delay / 1000.0
+
+    def _rewrite_safe(self, view) -> bool:
+        """A rewrite writes the queue's memory, so every queued item must be in it
+        (Kestrel only compacted when bytes < max_memory_size); and no checkpoint
+        pack may be in flight, or its result would resurrect packed files."""
+        if self._pack_outstanding is not None:
+            return False
+        if self._rb is None:
+            return True
+        n = 0
+        for _ in view.memory_items():
+            n += 1
+        return n == view.length
+
+    def _unique_name(self, sep: str) -> str:
+        """`<queue><sep><ms>`, reserved by exclusive create (module invariant 2)."""
+        ts = max(self._clock.now_ms(), self._last_ts + 1)
+        while True:
+            fname = f"{self.name}{sep}{ts}"
+            try:
+                os.close(os.open(os.path.join(self._dir, fname), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            except FileExistsError:
+                ts += 1
+                continue
+            self._last_ts = ts
+            return fname
+
+    def _switch_writer(self) -> None:
+        """The current file was renamed away: start a fresh `<queue>`."""
+        old = self._fd
+        self._open_writer()
+        if old >= 0:
+            os.close(old)
+
+    def _rotate(self, view, set_checkpoint: bool) -> None:
+        try:
+            self.flush()
+            if self.sync_policy != "never" and self._synced_size < self._disk_size:
+                # An archive is never rolled back (see `rollback`): make it durable first.
+                self._sys_fsync(self._fd)
+                self._synced_size = self._disk_size
+            rotated = self._unique_name(".")
+        except OSError as e:
+            log.error("queue %r: rotation skipped: %s", self.name, e)
+            return
+        try:
+            os.rename(self._path, os.path.join(self._dir, rotated))
+        except OSError as e:
+            log.error("queue %r: rotation skipped: cannot rename %s: %s", self.name, self._path, e)
+            os.unlink(os.path.join(self._dir, rotated))
+            return
+        self._archived_size += self._disk_size
+        try:
+            self._switch_writer()
+        except OSError as e:
+            log.error("queue %r: cannot open a new %s after rotation: %s", self.name, self._path, e)
+            os.rename(os.path.join(self._dir, rotated), self._path)
+            self._archived_size -= self._disk_size
+            return
+        if self._rb is not None and self._rb.name == self.name:
+            self._rb.name = rotated
+        self.rotations += 1
+        log.info("queue %r: rotated journal to %s", self.name, rotated)
+        if set_checkpoint and self.checkpoint is None:
+            self.checkpoint = Checkpoint(rotated, sorted(view.open_items()))
+            log.info("queue %r: checkpoint at %s", self.name, rotated)
+            if self._rb is None:
+                self._maybe_inline_pack()
+
+    def _write_file(self, path: str, chunks) -> int:
+        """Write an iterable of byte strings to a new file, in big writes, fsynced."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        size = 0
+        try:
+            buf = bytearray()
+            for c in chunks:
+                buf += c
+                if len(buf) >= CHUNK:
+                    size += write_all(fd, buf, path, self._sys_write)
+                    buf.clear()
+            size += write_all(fd, buf, path, self._sys_write)
+            self._sys_fsync(fd)
+        finally:
+            os.close(fd)
+        return size
+
+    def _rewrite(self, view) -> bool:
+        """§6.4 rewrite, made crash-safe (module invariant 3): dump to `~~`, archive
+        the current file, pack-rename the dump so it covers every archive, then
+        make it the current file."""
+        try:
+            self.flush()
+            tmp = self._unique_name("~~")
+        except OSError as e:
+            log.error("queue %r: rewrite skipped: %s", self.name, e)
+            return False
+        tmp_path = os.path.join(self._dir, tmp)
+        opened = view.open_items()
+        try:
+            def dump():
+                for xid in sorted(opened, reverse=True):
+                    yield encode_add(opened[xid])
+                    yield pack_xid(9, xid)
+                for item in view.memory_items():
+                    yield pack_addx(2, len(item.data) + 16, item.add_time, item.expiry)
+                    yield item.data
+            self._write_file(tmp_path, dump())
+            rotated = self._unique_name(".")
+        except OSError as e:
+            log.error("queue %r: rewrite skipped: writing %s failed: %s", self.name, tmp_path, e)
+            unlink_quietly(tmp_path)
+            return False
+        try:
+            os.rename(self._path, os.path.join(self._dir, rotated))
+        except OSError as e:
+            log.error("queue %r: rewrite skipped: cannot rename %s: %s", self.name, self._path, e)
+            unlink_quietly(tmp_path)
+            unlink_quietly(os.path.join(self._dir, rotated))
+            return False
+        self._leave_read_behind()
+        old = self._fd
+        self._fd = -1
+        os.close(old)
+        try:
+            ts = self._last_ts + 1
+            while os.path.exists(os.path.join(self._dir, f"{self.name}.{ts}")) or \
+                    os.path.exists(os.path.join(self._dir, f"{self.name}.{ts}.pack")):
+                ts += 1
+            self._last_ts = ts
+            os.rename(tmp_path, os.path.join(self._dir, f"{self.name}.{ts}.pack"))
+            archived_files(self._dir, self.name)
+            os.rename(os.path.join(self._dir, f"{self.name}.{ts}"), self._path)
+            fsync_dir(self._dir)
+        except OSError as e:
+            log.error("queue %r: rewrite stopped half way (the files remain consistent): %s", self.name, e)
+            unlink_quietly(tmp_path)
+        finally:
+            self._open_writer()
+            self._update_archived_size()
+        self.checkpoint = None
+        self.rewrites += 1
+        return True
+
+    def _update_archived_size(self) -> None:
+        try:
+            self._archived_size = sum(os.path.getsize(os.path.join(self._dir, a))
+                                      for a in archived_files(self._dir, self.name))
+        except OSError as e:
+            log.error("queue %r: cannot list archived journals: %s", self.name, e)
+
+    # -------------------------------------------------------- checkpoint packs (§6.5)
+    def pack_due(self) -> PackRequest | None:
+        """The pack to run now, if any: once a checkpoint is set and the reader is
+        no longer inside the files it covers.  Marks it outstanding until
+        `pack_done`."""
+        cp = self.checkpoint
+        if cp is None or self._pack_outstanding is not None or self._closed:
+            return None
+        rb = self._rb
+        if rb is not None and rb.name != self.name and \
+                parse_archive(self.name, rb.name)[0] <= parse_archive(self.name, cp.file)[0]:
+            return None                          # cheap answer for owners that poll every batch
+        archives = archived_files(self._dir, self.name)
+        if cp.file not in archives:
+            self.checkpoint = None
+            return None
+        covered = archives[:archives.index(cp.file) + 1]
+        if self._rb is not None and self._rb.name in covered:
+            return None
+        req = PackRequest(self.name, [os.path.join(self._dir, f) for f in covered],
+                          os.path.join(self._dir, self._unique_name("~~")), cp.file, list(cp.open_xids))
+        self._pack_outstanding = req
+        return req
+
+    def pack_done(self, result) -> None:
+        """Install a finished pack (a `packer.PackResult`), or forget a failed one
+        (None: the next `pack_due` asks again)."""
+        req = self._pack_outstanding
+        self._pack_outstanding = None
+        if req is None:
+            return
+        if result is None or self._closed or self._erased:
+            unlink_quietly(req.out_path)
+            return
+        pack = os.path.join(self._dir, req.checkpoint_file + ".pack")
+        try:
+            os.rename(result.out_path, pack)
+        except OSError as e:
+            log.error("queue %r: cannot install the pack of %s: %s", self.name, req.checkpoint_file, e)
+            unlink_quietly(result.out_path)
+            return
+        if result.out_path != req.out_path:
+            unlink_quietly(req.out_path)
+        try:
+            archived_files(self._dir, self.name)     # deletes the packed archives, renames the pack
+            fsync_dir(self._dir)
+        except OSError as e:                         # the next listing (or replay) finishes the job
+            log.error("queue %r: installing the pack of %s: %s", self.name, req.checkpoint_file, e)
+        self.checkpoint = None
+        self._update_archived_size()
+        log.info("queue %r: packed journals up to %s", self.name, req.checkpoint_file)
+
+    def _maybe_inline_pack(self) -> None:
+        if not self.inline_pack:
+            return
+        req = self.pack_due()
+        if req is None:
+            return
+        try:
+            result = pack_files(req.files, req.out_path, req.open_xids, now_ms=self._clock.now_ms())
+        except (OSError, ValueError) as e:
+            log.error("queue %r: pack of %s failed: %s", self.name, req.checkpoint_file, e)
+            result = None
+        self.pack_done(result)
