@@ -23,7 +23,7 @@ import tempfile
 import pytest
 
 from lanner.clock import FakeClock
-from lanner.storage.cmdlog.cmdlog import PartitionLog
+from lanner.storage.cmdlog.partition import PartitionLog
 from lanner.queues.item import QItem
 from lanner.storage.cmdlog.rewrite import rewrite_segments
 from lanner.storage.cmdlog.segment import list_segments

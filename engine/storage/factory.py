@@ -21,7 +21,7 @@ import os
 
 from lanner.ipc import control
 from lanner.queues.placement import partition_of, partitions_of_worker
-from lanner.storage.cmdlog.cmdlog import open_partition_logs, partition_dir
+from lanner.storage.cmdlog.partition import open_partition_logs, partition_dir
 from lanner.storage.journal.files import stored_items
 from lanner.storage.journal.journal import Journal
 from lanner.storage.seam import MemoryStorage

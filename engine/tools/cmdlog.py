@@ -32,7 +32,7 @@ import sys
 from typing import Iterator
 
 from lanner.clock import SystemClock
-from lanner.storage.cmdlog.cmdlog import Replayer, job_uuid
+from lanner.storage.cmdlog.replay import Replayer, job_uuid
 from lanner.storage.cmdlog.segment import (COMMAND_NAMES, CORRUPT, NS, ZERO_TIME_NS, CmdlogError, JobCommand, ResultCommand,
                       SegmentFile, check_header, decode_command, list_segments, never_expires, record_spans,
                       time_fields)

@@ -159,7 +159,7 @@ def test_expiration_rule_and_no_expiry_marker():
     JobCommand(sg.ADD, ID, b"q", 1, sg.MAX_TTL_MS, 0, 0, 254, b"", sg.ZERO_TIME_NS, 10**18),
 ])
 def test_replay_skips_exactly_what_expires_at_ns_says(cmd):
-    from lanner.storage.cmdlog.cmdlog import Replayer
+    from lanner.storage.cmdlog.replay import Replayer
     exp = sg.expires_at_ns(cmd)
     for now in ((10**18, 10**19) if exp is None else (exp - 1, exp, exp + 1)):
         r = Replayer(now)

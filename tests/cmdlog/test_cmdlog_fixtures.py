@@ -13,7 +13,8 @@ import pytest
 
 from lanner.storage.cmdlog import segment as sg
 from lanner.clock import FakeClock
-from lanner.storage.cmdlog.cmdlog import COMPLETED, DELETED, FAILED, NEW, PENDING, PartitionLog, Replayer, replay_directory
+from lanner.storage.cmdlog.partition import PartitionLog
+from lanner.storage.cmdlog.replay import COMPLETED, DELETED, FAILED, NEW, PENDING, Replayer, replay_directory
 from lanner.tools.cmdlog import _parse_now, cmdlog_main
 
 from . import indep

@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from lanner.clock import FakeClock
-from lanner.storage.cmdlog.cmdlog import PartitionLog, Replayer, replay_directory
+from lanner.storage.cmdlog.partition import PartitionLog
+from lanner.storage.cmdlog.replay import Replayer, replay_directory
 from lanner.queues.item import QItem
 from lanner.storage.cmdlog.rewrite import rewrite_segments
 

@@ -12,8 +12,8 @@ from collections import deque
 import pytest
 
 from lanner.storage.cmdlog import segment as sg
-from lanner.storage.cmdlog.cmdlog import (LANNER_TTR_MS, QUEUES_FILE, CmdlogStorage, PartitionLog, open_partition_logs,
-                           partition_dir)
+from lanner.storage.cmdlog.cmdlog import LANNER_TTR_MS, CmdlogStorage
+from lanner.storage.cmdlog.partition import QUEUES_FILE, PartitionLog, open_partition_logs, partition_dir
 from lanner.queues.item import QItem
 from lanner.storage.cmdlog.segment import CmdlogError
 

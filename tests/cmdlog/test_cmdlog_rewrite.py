@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from lanner.storage.cmdlog import segment as sg
 from lanner.clock import FakeClock
-from lanner.storage.cmdlog.cmdlog import PartitionLog, Replayer, replay_directory
+from lanner.storage.cmdlog.partition import PartitionLog
+from lanner.storage.cmdlog.replay import Replayer, replay_directory
 from lanner.queues.item import QItem
 from lanner.storage.cmdlog.rewrite import rewrite_segments
 from lanner.storage.cmdlog.segment import CmdlogError, IdCommand, JobCommand, ResultCommand

@@ -3,7 +3,7 @@ import os
 import uuid
 
 from lanner.clock import FakeClock
-from lanner.storage.cmdlog.cmdlog import PartitionLog
+from lanner.storage.cmdlog.partition import PartitionLog
 from lanner.queues.collection import QueueCollection
 from lanner.config import load_config
 from lanner.queues.placement import partition_of

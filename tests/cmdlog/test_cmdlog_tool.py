@@ -12,7 +12,7 @@ import pytest
 
 from lanner.storage.cmdlog import segment as sg
 from lanner.clock import FakeClock
-from lanner.storage.cmdlog.cmdlog import PartitionLog
+from lanner.storage.cmdlog.partition import PartitionLog
 from lanner.tools.cmdlog import cmdlog_main, format_time
 from lanner.queues.item import QItem
 

@@ -151,7 +151,7 @@ _PARTITION_LOGS: dict[str, object] = {}
 
 
 def cmdlog_storage(path, name, clock, config):
-    from lanner.storage.cmdlog.cmdlog import open_partition_logs
+    from lanner.storage.cmdlog.partition import open_partition_logs
     from lanner.queues.placement import partition_of
     release(path)                      # a restart: the old process's log is closed first
     p = partition_of(name)

@@ -41,7 +41,8 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-from lanner.storage.cmdlog.cmdlog import READ_LOCK, Replayer, flock_path, replay_directory
+from lanner.storage.cmdlog.partition import READ_LOCK, flock_path
+from lanner.storage.cmdlog.replay import Replayer, replay_directory
 from lanner.storage.cmdlog.segment import (HEADER, LOCKED, CmdlogError, SegmentFile, check_header, fsync_dir, list_segments,
                       record_spans, segment_seq)
 
