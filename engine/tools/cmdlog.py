@@ -31,6 +31,8 @@ import os
 import sys
 from typing import Iterator
 
+from tqdm import tqdm
+
 from lanner.clock import SystemClock
 from lanner.storage.cmdlog.replay import Replayer, job_uuid
 from lanner.storage.cmdlog.segment import (COMMAND_NAMES, CORRUPT, NS, ZERO_TIME_NS, CmdlogError, JobCommand, ResultCommand,
@@ -133,7 +135,6 @@ def _progress(directory: str):
     """A tqdm byte counter on stderr when it is a terminal, else None."""
     if not sys.stderr.isatty():
         return None, None
-    from tqdm import tqdm
     total = sum(os.path.getsize(os.path.join(directory, n)) for _s, n in list_segments(directory))
     bar = tqdm(total=total, unit="B", unit_scale=True, file=sys.stderr, leave=False)
     return bar, bar.update

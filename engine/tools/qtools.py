@@ -26,6 +26,8 @@ import stat
 import sys
 from collections import deque
 
+from tqdm import tqdm
+
 from lanner.clock import SYSTEM_CLOCK
 from lanner.storage.cmdlog.segment import HEADER as SEGMENT_HEADER
 from lanner.storage.journal.codec import JournalCorrupt, read_records
@@ -78,7 +80,6 @@ def duration_str(ms: int) -> str:
 def _progress_bar(stderr, total: int, desc: str, enabled: bool):
     if not enabled or total < PROGRESS_MIN_BYTES or not getattr(stderr, "isatty", lambda: False)():
         return None
-    from tqdm import tqdm
     return tqdm(total=total, desc=desc, unit="B", unit_scale=True, file=stderr, leave=False)
 
 
