@@ -672,3 +672,9 @@ def config_items(qc: QueueConfig) -> list[tuple[str, str]]:
     """(key, value) pairs of a queue's config, in field order, as dump_config
     prints them: sizes in bytes, durations in ms, None as "off"."""
     return [(f.name, _render(getattr(qc, f.name))) for f in dataclasses.fields(qc)]
+
+
+# Queue settings under which a journal never rotates, rewrites or reads behind on its own:
+# for tools and benchmarks that drive one journal directly.
+UNBOUNDED_JOURNAL = QueueConfig(max_memory_size=1 << 40, max_journal_size=1 << 50,
+                                default_journal_size=1 << 40, min_journal_compact_delay=None)
