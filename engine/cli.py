@@ -6,6 +6,7 @@ import logging
 import sys
 
 USAGE = """usage: lanner <command> [options]
+       lanner --version
 
 commands:
   serve                     run the server (see `lanner serve --help`)
@@ -29,10 +30,22 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", help="shard worker processes")
     p.add_argument("--fronts", help="protocol front processes")
     p.add_argument("--log-level", dest="log_level", help="debug, info, warning, error")
+    p.add_argument("--log-file", dest="log_file",
+                   help="log here instead of stderr; reopened on SIGUSR1 (logrotate)")
+    p.add_argument("--version", action="version", version=_version())
     return p
 
 
-def setup_logging(level: str) -> None:
+def _version() -> str:
+    from lanner import __version__
+    return f"lanner {__version__}"
+
+
+def setup_logging(level: str, log_file: str | None = None) -> None:
+    if log_file:
+        from lanner.ops import logfile
+        logfile.install(log_file, getattr(logging, level.upper(), logging.INFO))
+        return
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
                         format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
 
@@ -49,7 +62,11 @@ def cmd_serve(argv: list[str]) -> int:
     except OSError as e:
         sys.stderr.write(f"lanner: cannot read config {args.config}: {e.strerror or e}\n")
         return 1
-    setup_logging(config.server.log_level)
+    try:
+        setup_logging(config.server.log_level, config.server.log_file)
+    except OSError as e:
+        sys.stderr.write(f"lanner: cannot open log file {config.server.log_file}: {e.strerror or e}\n")
+        return 1
     from lanner.server.supervisor import serve
     return serve(config)
 
@@ -58,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help", "help"):
         sys.stdout.write(USAGE)
+        return 0
+    if argv[0] in ("--version", "-V", "version"):
+        sys.stdout.write(_version() + "\n")
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd == "serve":

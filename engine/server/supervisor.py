@@ -40,6 +40,7 @@ from lanner.ipc import control
 from lanner.clock import SYSTEM_CLOCK
 from lanner.ipc.ring import Ring, WakeFd
 from lanner.server.status import ServerStatus
+from lanner.ops import notify
 
 log = logging.getLogger("lanner.supervisor")
 
@@ -202,7 +203,7 @@ class Supervisor:
         return child
 
     def child_main(self, kind: str, index: int, sock: socket.socket) -> int:
-        _name_process(f"lanner-{kind[0]}{index}" if kind != "cleaner" else "lanner-cleaner")
+        _name_process(f"lanner-{kind[0]}{index}" if kind not in ("cleaner", "zk") else f"lanner-{kind}")
         # Everything allocated so far lives as long as the process: keep the collector off it,
         # and let young garbage (per-request objects) build up more before a collection.
         gc.freeze()
@@ -237,6 +238,9 @@ class Supervisor:
             return front_main(index, self.config, self.status_view(), self.counters, req, resp,
                               self.front_wake[index].fd, sock, mine, self.started_at,
                               self.clock)
+        if kind == "zk":
+            from lanner.ops.serverset import serverset_main
+            return serverset_main(self.config, self.status_view(), self.ports, sock)
         from lanner.server.cleaner import cleaner_main
         return cleaner_main(self.config, [p[1] for p in self.cleaner_socks], sock)
 
@@ -247,11 +251,12 @@ class Supervisor:
     # -- running ---------------------------------------------------------------------------------
     def run(self) -> int:
         self.prepare()
+        self.ports = {k: socks[0].getsockname()[1] for k, socks in self.listeners.items()}
         r, w = os.pipe()
         os.set_blocking(r, False)
         os.set_blocking(w, False)
         signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1):
             signal.signal(sig, self.on_signal)
         self.sel.register(r, selectors.EVENT_READ, "signal")
         self.spawn("cleaner", 0)
@@ -274,7 +279,10 @@ class Supervisor:
                 parts.append(f"{kind}={host}:{p}")
         sys.stdout.write(" ".join(parts) + "\n")
         sys.stdout.flush()
+        notify.ready(" ".join(parts[1:]))
         log.info("ready: %d workers, %d fronts", self.nworkers, self.nfronts)
+        if self.config.zookeeper is not None:
+            self.spawn("zk", 0)
         while not self.stopping:
             self.tick(1.0)
         self.shutdown()
@@ -311,7 +319,7 @@ class Supervisor:
         while self.sig_queue:
             sig = self.sig_queue.pop(0)
             name = {signal.SIGTERM: "term", signal.SIGINT: "term", signal.SIGHUP: "hup",
-                    signal.SIGCHLD: "chld"}.get(sig)
+                    signal.SIGCHLD: "chld", signal.SIGUSR1: "usr1"}.get(sig)
             if name:
                 getattr(self, "handle_" + name)()
 
@@ -364,10 +372,18 @@ class Supervisor:
     def handle_term(self) -> None:
         if not self.stopping:
             log.info("shutting down")
+            notify.stopping()
         self.stopping = True
 
     def handle_hup(self) -> None:
+        notify.reloading()
         self.reload()
+        notify.ready()
+
+    def handle_usr1(self) -> None:
+        from lanner.ops import logfile
+        logfile.request_reopen()
+        log.info("log file reopened")
 
     def reload(self, exclude=None) -> None:
         from lanner.config import ConfigError, reload_config
@@ -431,7 +447,7 @@ class Supervisor:
     # -- stopping --------------------------------------------------------------------------------
     def shutdown(self) -> None:
         self.stopping = True
-        for kind in ("front", "worker", "cleaner"):
+        for kind in ("zk", "front", "worker", "cleaner"):
             group = [c for c in self.children.values() if c.kind == kind and c.pid in self.by_pid]
             for c in group:
                 try:
