@@ -32,7 +32,7 @@ PATHS = {"/metrics": "metrics", "/": "dashboard", "/dashboard": "dashboard",
          "/dashboard.json": "dashboard_json", "/stats.txt": "stats_txt"}
 
 _executor: ThreadPoolExecutor | None = None
-_dashboard: bytes | None = None
+_page: bytes | None = None
 _listeners: dict[int, ostrich.Listener] = {}
 _internal: dict[int, "_InternalConn"] = {}
 
@@ -50,10 +50,10 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def dashboard_html() -> bytes:
-    global _dashboard
-    if _dashboard is None:
-        _dashboard = resources.files(__package__).joinpath("dashboard.html").read_bytes()
-    return _dashboard
+    global _page
+    if _page is None:
+        _page = resources.files(__package__).joinpath("dashboard.html").read_bytes()
+    return _page
 
 
 def _status(front) -> tuple[str, str]:
