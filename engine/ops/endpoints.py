@@ -4,9 +4,10 @@
 
 Each route that needs figures gathers them with the connection's `stats_slot`,
 the very request and merge that the memcache `stats` command uses, then
-renders them on a one-thread executor, so a large scrape (10,000 queues) costs
-the front's event loop only the gathering: the loop keeps serving requests
-between the interpreter's thread switches while the text is written.  The
+renders them: on the loop when there are few queues (a few milliseconds), on a
+one-thread executor beyond INLINE_QUEUES, so that a large scrape (10,000
+queues, about a second of rendering) does not stop the front's event loop: it
+keeps serving requests between the interpreter's thread switches.  The
 reply keeps its place in the connection's in-order reply queue: the stats slot
 (which writes nothing) is followed by a slot that the render fills.  If a worker
 cannot answer, the stats slot writes the 503 and closes, as `/stats.json` did.
@@ -16,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from importlib import resources
 
 from lanner import __version__
@@ -40,6 +41,11 @@ HTML = "text/html; charset=utf-8"
 TEXT = "text/plain; charset=utf-8"
 JSON = "application/json"
 DASHBOARD_LIMIT = 1000
+#: Render on the loop up to this many queues (a few ms); beyond, on the executor thread.
+#: A thread costs the loop more than it saves for small renders: every time the loop
+#: blocks in epoll it hands the interpreter lock to the render thread and waits up to
+#: the switch interval (5 ms) to get it back.
+INLINE_QUEUES = 500
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -77,7 +83,8 @@ def _finish_later(conn: BaseConn, keep: bool):
 
 
 def _gather_render(conn: BaseConn, keep: bool, content_type: str, render) -> None:
-    """stats_slot, then `render(global_stats, queues) -> bytes` on the executor."""
+    """stats_slot, then `render(global_stats, queues) -> bytes`: inline for a few queues,
+    on the executor for more (see INLINE_QUEUES)."""
     loop = conn.front.loop
 
     def capture(g, queues):
@@ -87,6 +94,14 @@ def _gather_render(conn: BaseConn, keep: bool, content_type: str, render) -> Non
     done = _finish_later(conn, keep)
 
     def start(g, queues):
+        if len(queues) <= INLINE_QUEUES:
+            fut = Future()
+            try:
+                fut.set_result(render(g, queues))
+            except Exception as e:
+                fut.set_exception(e)
+            finished(fut)
+            return
         fut = loop.run_in_executor(_pool(), render, g, queues)
         fut.add_done_callback(finished)
 

@@ -23,7 +23,7 @@ Names (each becomes `lanner_...`):
   others, and `lanner_server_enforced_status{status=...}` likewise for the
   status in force (they differ during a grace period);
 * `lanner_request_latency_seconds{family=...}`: histogram per command family
-  (latency.py), summed over fronts;
+  (latency.py), summed over fronts; a family appears once it has been used;
 * `lanner_process_cpu_seconds_total{process=...,pid=...}`,
   `lanner_process_resident_memory_bytes`, `lanner_process_open_fds`,
   `lanner_process_threads` per process (procs.py).
@@ -151,6 +151,8 @@ class _Snapshot:
                                   "per command family", labels=["family"], unit="seconds")
         les = [repr(b) for b in latency.BOUNDS] + ["+Inf"]
         for fam, (buckets, sum_us) in self.lat.items():
+            if not any(buckets):
+                continue                 # a family appears once it has been used
             cum = latency.cumulative(buckets)
             h.add_metric([fam], list(zip(les, cum)), sum_us / 1e6)
         yield h
