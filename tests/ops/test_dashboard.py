@@ -38,7 +38,7 @@ def test_dashboard_shows_puts(browser, tmp_path):
     from selenium.webdriver.support.ui import WebDriverWait
     server = start_server(tmp_path, admin=True, workers=2, fronts=2)
     try:
-        wait = WebDriverWait(browser, 20, poll_frequency=0.1)
+        wait = WebDriverWait(browser, 40, poll_frequency=0.1)
         browser.get(f"http://127.0.0.1:{server.admin_port}/")
         wait.until(lambda d: d.find_element(By.ID, "status").text == "Up")
         assert browser.find_element(By.ID, "uptime").text.endswith("s")
