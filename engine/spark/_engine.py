@@ -1,0 +1,13 @@
+"""The engine modules the Spark package reads through: one place to follow the layout.
+
+Everything here is the server's own code (record codecs, segment framing, workq
+replay); the Spark sources never re-implement a format.  Importing this module
+does not import pyspark.
+"""
+from __future__ import annotations
+
+from .. import journal as J                     # Kestrel journal codec and Cursor
+from .. import segment as S                     # workq segment framing, CRC, commands
+from ..cmdlog import Replayer, job_uuid, name_str, LEASED, PENDING, NEW, STATE_NAMES
+
+__all__ = ["J", "S", "Replayer", "job_uuid", "name_str", "LEASED", "PENDING", "NEW", "STATE_NAMES"]
