@@ -6,8 +6,9 @@ does not import pyspark.
 """
 from __future__ import annotations
 
-from .. import journal as J                     # Kestrel journal codec and Cursor
-from .. import segment as S                     # workq segment framing, CRC, commands
-from ..cmdlog import Replayer, job_uuid, name_str, LEASED, PENDING, NEW, STATE_NAMES
+from ..storage.journal import journal as J                 # Kestrel journal codec and Cursor
+from ..storage.cmdlog import segment as S                   # workq segment framing, CRC, commands
+from ..storage.cmdlog.cmdlog import (LEASED, NEW, PENDING, STATE_NAMES, Replayer, job_uuid,  # noqa: F401
+                                     name_str)
 
 __all__ = ["J", "S", "Replayer", "job_uuid", "name_str", "LEASED", "PENDING", "NEW", "STATE_NAMES"]

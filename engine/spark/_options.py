@@ -1,11 +1,26 @@
-"""Option parsing shared by the sources and sinks (Spark hands every option over as a string)."""
+"""Option parsing shared by the sources and sinks.
+
+Spark hands options over in a case-insensitive dict whose keys are lower-cased
+and whose values are strings; `plain()` turns that into a plain dict with
+lower-case keys (picklable, and safe to copy), and every getter here looks keys
+up lower-cased, so `maxItemsPerBatch` and `maxitemsperbatch` are the same.
+"""
 from __future__ import annotations
 
 import datetime as dt
 
 
+def plain(options) -> dict:
+    return {str(k).lower(): v for k, v in dict(options).items()}
+
+
+def get(options, key: str, default=None):
+    v = options.get(key.lower())
+    return default if v is None else v
+
+
 def bool_option(options, key: str, default: bool) -> bool:
-    raw = options.get(key)
+    raw = get(options, key)
     if raw is None or raw == "":
         return default
     val = str(raw).strip().lower()
@@ -17,7 +32,7 @@ def bool_option(options, key: str, default: bool) -> bool:
 
 
 def int_option(options, key: str, default: int | None, lo: int = 1) -> int | None:
-    raw = options.get(key)
+    raw = get(options, key)
     if raw is None or raw == "":
         return default
     try:

@@ -25,7 +25,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from . import _journal as JR
 from ._arrow import Columns, ms_to_us
-from ._options import bool_option, now_option
+from ._options import bool_option, now_option, plain
 
 ITEMS_SCHEMA = ("queue STRING, position LONG, add_time TIMESTAMP, expiry TIMESTAMP, data BINARY, "
                 "spool STRING")
@@ -58,7 +58,7 @@ class JournalSource(DataSource):
         return ITEMS_SCHEMA if _mode(self.options) == "items" else RECORDS_SCHEMA
 
     def reader(self, schema):
-        return JournalReader(dict(self.options), schema)
+        return JournalReader(plain(self.options), schema)
 
 
 class JournalReader(DataSourceReader):
