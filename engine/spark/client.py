@@ -200,7 +200,12 @@ class Conn:
         self._send(out)
         refused = None
         for q in queues:
-            line = self._line()
+            try:
+                line = self._line()
+            except ClientError as e:
+                raise ClientError(f"{e} while storing into queue {q!r} (a server closes the connection "
+                                  f"on an illegal queue name: '.', '/' and '~' are refused outside "
+                                  f"command-log queues)") from None
             if line == b"STORED":
                 continue
             if line == b"NOT_STORED":
