@@ -14,6 +14,8 @@ commands:
   qpack -f NEWFILE FILE...  pack journal files into one
   cmdlog check DIR          verify a workq command-log directory
   cmdlog dump DIR [--json]  print every record of a command-log directory
+  spark dump QUEUE_PATH --out DIR [--format parquet|json] [--queues a,b] [--master URL]
+  spark stats QUEUE_PATH... [--queues a,b] [--master URL]   Spark jobs (needs the spark extra)
 """
 
 
@@ -91,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "cmdlog":
         from lanner.tools.cmdlog import cmdlog_main
         return cmdlog_main(rest)
+    if cmd == "spark":
+        from lanner.spark.jobs import main as spark_main
+        return spark_main(rest)
     sys.stderr.write(f"lanner: unknown command {cmd!r}\n{USAGE}")
     return 2
 
