@@ -24,15 +24,42 @@ def ms_to_us(ms: int | None):
     return us if MIN_US <= us <= MAX_US else None
 
 
+_TYPES = {"STRING": "StringType", "LONG": "LongType", "INT": "IntegerType", "TIMESTAMP": "TimestampType",
+          "BINARY": "BinaryType", "BOOLEAN": "BooleanType"}
+
+
+def struct(ddl: str):
+    """A StructType from "name TYPE, ..." with the few types used here (no session needed)."""
+    from pyspark.sql import types as T
+    fields = []
+    for part in ddl.split(","):
+        name, typ = part.split()
+        fields.append(T.StructField(name, getattr(T, _TYPES[typ.upper()])(), True))
+    return T.StructType(fields)
+
+
 def arrow_schema(spark_schema):
     from pyspark.sql.pandas.types import to_arrow_schema
     return to_arrow_schema(spark_schema, timezone="UTC")
 
 
-class Columns:
-    """Append rows column by column; `batch()` hands back a RecordBatch and empties."""
+def _timestamps(col: list, unit: str, t: pa.DataType) -> pa.Array:
+    arr = pa.array(col, pa.int64())
+    if unit == "ms":
+        import pyarrow.compute as pc
+        try:
+            arr = pc.multiply_checked(arr, 1000)
+        except pa.ArrowInvalid:                       # a wild value: convert one by one
+            arr = pa.array([ms_to_us(v) for v in col], pa.int64())
+    return arr.cast(t)
 
-    def __init__(self, spark_schema) -> None:
+
+class Columns:
+    """Append rows column by column; `batch()` hands back a RecordBatch and empties.
+    Timestamp columns hold integers in `ts_unit` ("ms" or "us") or None."""
+
+    def __init__(self, spark_schema, ts_unit: str = "us") -> None:
+        self.ts_unit = ts_unit
         self.schema = arrow_schema(spark_schema)
         self.names = [f.name for f in self.schema]
         self.cols: list[list] = [[] for _ in self.names]
@@ -49,7 +76,7 @@ class Columns:
         for f, col in zip(self.schema, self.cols):
             t = f.type
             if pa.types.is_timestamp(t):
-                arrays.append(pa.array(col, pa.int64()).cast(t))
+                arrays.append(_timestamps(col, self.ts_unit, t))
             else:
                 arrays.append(pa.array(col, t))
         self.cols = [[] for _ in self.names]

@@ -25,18 +25,18 @@ import time
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from . import _cmdlog as CR
-from ._arrow import Columns
+from ._arrow import Columns, struct
 from ._engine import S, name_str
 from ._journal import option_paths, option_queues
 from ._options import now_option, plain
 
-ITEMS_SCHEMA = ("queue STRING, id STRING, data BINARY, priority INT, add_time TIMESTAMP, "
-                "expiry TIMESTAMP, state STRING, position LONG, spool STRING, corrupt BOOLEAN, "
-                "error STRING")
-RECORDS_SCHEMA = ("spool STRING, segment STRING, offset LONG, time TIMESTAMP, command STRING, id STRING, "
-                  "queue STRING, ttr LONG, ttl LONG, priority INT, max_attempts INT, max_fails INT, "
-                  "data BINARY, scheduled TIMESTAMP, created TIMESTAMP, result BINARY, corrupt BOOLEAN, "
-                  "error STRING")
+ITEMS_SCHEMA = struct("queue STRING, id STRING, data BINARY, priority INT, add_time TIMESTAMP, "
+                      "expiry TIMESTAMP, state STRING, position LONG, spool STRING, corrupt BOOLEAN, "
+                      "error STRING")
+RECORDS_SCHEMA = struct("spool STRING, segment STRING, offset LONG, time TIMESTAMP, command STRING, id STRING, "
+                        "queue STRING, ttr LONG, ttl LONG, priority INT, max_attempts INT, max_fails INT, "
+                        "data BINARY, scheduled TIMESTAMP, created TIMESTAMP, result BINARY, corrupt BOOLEAN, "
+                        "error STRING")
 
 
 def _mode(options) -> str:

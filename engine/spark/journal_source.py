@@ -24,13 +24,13 @@ import time
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from . import _journal as JR
-from ._arrow import Columns, ms_to_us
+from ._arrow import Columns, struct
 from ._options import bool_option, now_option, plain
 
-ITEMS_SCHEMA = ("queue STRING, position LONG, add_time TIMESTAMP, expiry TIMESTAMP, data BINARY, "
-                "spool STRING")
-RECORDS_SCHEMA = ("queue STRING, file STRING, offset LONG, op STRING, xid LONG, add_time TIMESTAMP, "
-                  "expiry TIMESTAMP, data BINARY, spool STRING")
+ITEMS_SCHEMA = struct("queue STRING, position LONG, add_time TIMESTAMP, expiry TIMESTAMP, data BINARY, "
+                      "spool STRING")
+RECORDS_SCHEMA = struct("queue STRING, file STRING, offset LONG, op STRING, xid LONG, add_time TIMESTAMP, "
+                        "expiry TIMESTAMP, data BINARY, spool STRING")
 
 
 def _mode(options) -> str:
@@ -88,7 +88,7 @@ class JournalReader(DataSourceReader):
         return self._records(partition)
 
     def _items(self, p: JournalPartition):
-        cols = Columns(self.schema)
+        cols = Columns(self.schema, "ms")
         q, pos, add, exp, data, spool = cols.cols
         now = p.now_ms
         keep_expired = self.include_expired
@@ -100,8 +100,8 @@ class JournalReader(DataSourceReader):
                 continue
             q.append(p.queue)
             pos.append(n)
-            add.append(ms_to_us(item.add_time))
-            exp.append(ms_to_us(e))
+            add.append(item.add_time)
+            exp.append(e or None)
             data.append(item.data)
             spool.append(p.spool)
             cols.nbytes += len(item.data)
@@ -113,7 +113,7 @@ class JournalReader(DataSourceReader):
             yield cols.batch()
 
     def _records(self, p: JournalPartition):
-        cols = Columns(self.schema)
+        cols = Columns(self.schema, "ms")
         q, file, offset, op, xid, add, exp, data, spool = cols.cols
         names = JR.OP_NAMES
         xid_ops = JR.XID_OPS
@@ -127,8 +127,8 @@ class JournalReader(DataSourceReader):
                 op.append(names[code])
                 xid.append(x if code in xid_ops else None)
                 if item is not None:
-                    add.append(ms_to_us(item.add_time))
-                    exp.append(ms_to_us(item.expiry))
+                    add.append(item.add_time)
+                    exp.append(item.expiry or None)
                     data.append(item.data)
                     cols.nbytes += len(item.data)
                 else:

@@ -68,13 +68,13 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadMaxRows, SupportsTriggerAvailableNow
 
-from ._arrow import arrow_schema
+from ._arrow import arrow_schema, struct
 from ._options import int_option, plain
 from .client import ClientError, Conn, TooManyOpen, parse_servers, server_name
 
 log = logging.getLogger(__name__)
 
-STREAM_SCHEMA = "server STRING, queue STRING, data BINARY, fetched_at TIMESTAMP"
+STREAM_SCHEMA = struct("server STRING, queue STRING, data BINARY, fetched_at TIMESTAMP")
 
 
 def option_queue_list(options) -> list[str]:

@@ -145,9 +145,8 @@ def test_schema_and_bad_options(spark, spool):
 
 # -- planning and re-reads, without Spark's machinery ------------------------------------------
 
-def _reader(schema_ddl: str, **options):
-    from pyspark.sql.types import _parse_datatype_string
-    return JournalReader(options, _parse_datatype_string(schema_ddl))
+def _reader(schema, **options):
+    return JournalReader(options, schema)
 
 
 def _rows(reader, part):
