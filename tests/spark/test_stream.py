@@ -242,3 +242,68 @@ def test_sink_refusal_names_the_queue_and_bad_columns_fail_early(spark, server):
             .mode("append").save()
     with pytest.raises(Exception, match="reads live queues as a stream only"):
         spark.read.format("lanner").option("servers", addr(server)).option("queue", "x").load().collect()
+
+
+# -- the driver-side reader on its own (what Spark's runner process calls), no query ---------
+
+def _reader(servers: str, queues: str, **opts):
+    from lanner.spark.stream_source import STREAM_SCHEMA, QueueStreamReader
+    options = {"servers": servers, "queues": queues, "maxopentransactions": MOT,
+               **{k.lower(): str(v) for k, v in opts.items()}}
+    return QueueStreamReader(options, STREAM_SCHEMA)
+
+
+def _rows(reader, parts) -> list[tuple]:
+    out = []
+    for p in parts:
+        for rb in reader.read(p):
+            out.extend(zip(*(c.to_pylist() for c in rb.columns)))
+    return out
+
+
+def test_reader_confirms_only_committed_batches_across_servers_and_queues(server, tmp_path):
+    import pickle
+    (tmp_path / "two").mkdir()
+    other = start_server(tmp_path / "two", config=CONFIG)
+    try:
+        for h, tag in ((server, b"s1"), (other, b"s2")):
+            put(h, "ua", [tag + b"-a%d" % i for i in range(7)])
+            put(h, "ub", [tag + b"-b%d" % i for i in range(5)])
+        r = _reader(f"{addr(server)},{addr(other)}", "ua,ub", maxItemsPerBatch=10, numPartitions=3)
+        start = r.initialOffset()
+        end = r.latestOffset(start, r.getDefaultReadLimit())
+        assert end == {"seq": 10}
+        parts = r.partitions(start, end)
+        assert len(parts) == 3
+        executor_copy = pickle.loads(pickle.dumps(r))            # what an executor gets: no items, no sockets
+        rows = _rows(executor_copy, parts)
+        assert len(rows) == 10 and _rows(executor_copy, parts) == rows      # read() is a pure replay
+        assert {row[0] for row in rows} <= {addr(server), addr(other)}
+        opened = sum(qstats(h, q)[1] for h in (server, other) for q in ("ua", "ub"))
+        assert opened == 10                                        # taken, not confirmed
+        end2 = r.latestOffset(end, r.getDefaultReadLimit())       # batch 0 is committed by now
+        assert end2 == {"seq": 20}
+        assert sum(qstats(h, q)[1] for h in (server, other) for q in ("ua", "ub")) == 10   # only batch 1 open
+        rows += _rows(r, r.partitions(end, end2))
+        r.commit(end2)
+        end3 = r.latestOffset(end2, r.getDefaultReadLimit())
+        assert end3 == {"seq": 24}                                 # the last 4 of 24
+        rows += _rows(r, r.partitions(end2, end3))
+        r.commit(end3)
+        seen = [row[2] for row in rows]
+        assert len(seen) == 24 == len(set(seen))
+        assert all(qstats(h, q) == (0, 0) for h in (server, other) for q in ("ua", "ub"))
+        assert r.latestOffset(end3, r.getDefaultReadLimit()) == end3          # nothing left
+        # a replay of a range this process never took (after a restart) is empty
+        fresh = _reader(addr(server), "ua")
+        assert fresh.partitions({"seq": 3}, {"seq": 9}) == []
+    finally:
+        other.stop()
+
+
+def test_reader_refuses_more_open_reads_than_the_server_allows(server):
+    put(server, "mot", [b"m%d" % i for i in range(1100)])         # the server allows 1000 per connection
+    r = _reader(addr(server), "mot", maxItemsPerBatch=1500, maxOpenTransactions=1500, connectionsPerServer=1)
+    with pytest.raises(RuntimeError, match="maxOpenTransactions"):
+        r.latestOffset(r.initialOffset(), r.getDefaultReadLimit())
+    wait_for(lambda: qstats(server, "mot") == (1100, 0), what="the refused reads to roll back")
