@@ -58,24 +58,38 @@ class Columns:
     """Append rows column by column; `batch()` hands back a RecordBatch and empties.
     Timestamp columns hold integers in `ts_unit` ("ms" or "us") or None."""
 
-    def __init__(self, spark_schema, ts_unit: str = "us") -> None:
+    def __init__(self, spark_schema, ts_unit: str = "us", consts: dict | None = None,
+                 counter: str | None = None) -> None:
+        """`consts`: columns holding one value on every row (not appended to);
+        `counter`: a LONG column numbering the rows 0, 1, 2, ... across batches."""
         self.ts_unit = ts_unit
         self.schema = arrow_schema(spark_schema)
         self.names = [f.name for f in self.schema]
         self.cols: list[list] = [[] for _ in self.names]
+        self.consts = {self.names.index(k): v for k, v in (consts or {}).items()}
+        self.counter = self.names.index(counter) if counter else None
+        self.next_count = 0
+        self._probe = next(i for i in range(len(self.names))
+                           if i not in self.consts and i != self.counter)
         self.nbytes = 0
 
     def __len__(self) -> int:
-        return len(self.cols[0])
+        return len(self.cols[self._probe])
 
     def full(self) -> bool:
-        return len(self.cols[0]) >= BATCH_ROWS or self.nbytes >= BATCH_BYTES
+        return len(self.cols[self._probe]) >= BATCH_ROWS or self.nbytes >= BATCH_BYTES
 
     def batch(self) -> pa.RecordBatch:
+        n = len(self)
         arrays = []
-        for f, col in zip(self.schema, self.cols):
+        for i, (f, col) in enumerate(zip(self.schema, self.cols)):
             t = f.type
-            if pa.types.is_timestamp(t):
+            if i in self.consts:
+                arrays.append(pa.array([self.consts[i]] * n, t))
+            elif i == self.counter:
+                arrays.append(pa.array(range(self.next_count, self.next_count + n), t))
+                self.next_count += n
+            elif pa.types.is_timestamp(t):
                 arrays.append(_timestamps(col, self.ts_unit, t))
             else:
                 arrays.append(pa.array(col, t))

@@ -88,41 +88,34 @@ class JournalReader(DataSourceReader):
         return self._records(partition)
 
     def _items(self, p: JournalPartition):
-        cols = Columns(self.schema, "ms")
-        q, pos, add, exp, data, spool = cols.cols
+        cols = Columns(self.schema, "ms", consts={"queue": p.queue, "spool": p.spool}, counter="position")
+        _q, _pos, add, exp, data, _spool = cols.cols
         now = p.now_ms
         keep_expired = self.include_expired
-        n = 0
         qf = JR.QueueFiles(p.spool, p.queue, p.files)
         for item in JR.replay_items(qf, now):
             e = item.expiry
             if e and e < now and not keep_expired:
                 continue
-            q.append(p.queue)
-            pos.append(n)
             add.append(item.add_time)
             exp.append(e or None)
             data.append(item.data)
-            spool.append(p.spool)
             cols.nbytes += len(item.data)
-            n += 1
             if cols.full():
                 yield cols.batch()
-                q, pos, add, exp, data, spool = cols.cols
+                _q, _pos, add, exp, data, _spool = cols.cols
         if len(cols):
             yield cols.batch()
 
     def _records(self, p: JournalPartition):
-        cols = Columns(self.schema, "ms")
-        q, file, offset, op, xid, add, exp, data, spool = cols.cols
+        ref = p.files[0]
+        cols = Columns(self.schema, "ms", consts={"queue": p.queue, "file": ref.name, "spool": p.spool})
+        _q, _file, offset, op, xid, add, exp, data, _spool = cols.cols
         names = JR.OP_NAMES
         xid_ops = JR.XID_OPS
-        ref = p.files[0]
         cur = JR.open_cursor(p.spool, p.queue, ref)
         try:
             for off, code, item, x in JR.iter_file(cur, ref.size, p.now_ms):
-                q.append(p.queue)
-                file.append(ref.name)
                 offset.append(off)
                 op.append(names[code])
                 xid.append(x if code in xid_ops else None)
@@ -135,10 +128,9 @@ class JournalReader(DataSourceReader):
                     add.append(None)
                     exp.append(None)
                     data.append(None)
-                spool.append(p.spool)
                 if cols.full():
                     yield cols.batch()
-                    q, file, offset, op, xid, add, exp, data, spool = cols.cols
+                    _q, _file, offset, op, xid, add, exp, data, _spool = cols.cols
         finally:
             cur.close()
         if len(cols):

@@ -7,7 +7,8 @@ Columns: `data` (BINARY or STRING, required), `queue` (STRING, optional: where
 set it overrides the `queue` option), `expiry` (optional: a TIMESTAMP is an
 absolute time, rounded up to the second; an integer is memcache's exptime,
 seconds from now below 1000000 and a unix time above; null or 0 = never).
-Other columns are ignored.
+Other columns are ignored.  Writes append (`mode("append")`); overwrite is
+refused, since a queue cannot be replaced.
 
 Each task opens one connection, to the server at (partition id mod the
 number of servers), and pipelines `set`s (256 per round trip).  A refusal
@@ -51,6 +52,11 @@ class _Plan:
     expiry_col: str | None
     expiry_kind: str | None         # "timestamp" | "exptime"
     timeout: float
+
+
+def refuse_overwrite(overwrite: bool, use: str) -> None:
+    if overwrite:
+        raise ValueError(f"the lanner sink can only add items to queues, not replace them: use {use}")
 
 
 def plan_sink(options, schema) -> _Plan:

@@ -328,9 +328,11 @@ class QueueSource(DataSource):
                          "spark.read.format('lanner-journal') to read a spool's items without taking them")
 
     def writer(self, schema, overwrite: bool):
-        from .sink import QueueWriter
+        from .sink import QueueWriter, refuse_overwrite
+        refuse_overwrite(overwrite, "mode('append')")
         return QueueWriter(plain(self.options), schema)
 
     def streamWriter(self, schema, overwrite: bool):
-        from .sink import QueueStreamWriter
+        from .sink import QueueStreamWriter, refuse_overwrite
+        refuse_overwrite(overwrite, "outputMode('append')")
         return QueueStreamWriter(plain(self.options), schema)

@@ -240,6 +240,8 @@ def test_sink_refusal_names_the_queue_and_bad_columns_fail_early(spark, server):
     with pytest.raises(Exception, match="needs a `data` column"):
         spark.range(3).write.format("lanner").option("servers", addr(server)).option("queue", "x") \
             .mode("append").save()
+    with pytest.raises(Exception, match="can only add items to queues"):
+        df.write.format("lanner").option("servers", addr(server)).option("queue", "x").mode("overwrite").save()
     with pytest.raises(Exception, match="reads live queues as a stream only"):
         spark.read.format("lanner").option("servers", addr(server)).option("queue", "x").load().collect()
 
