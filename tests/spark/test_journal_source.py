@@ -126,6 +126,9 @@ def test_several_spools_a_file_list_and_pruning(spark, tmp_path):
     pruned = reader.option("queues", "mail").load(spools)
     assert pruned.rdd.getNumPartitions() == 2                  # one per (spool, queue); jobs never planned
     assert {r.queue for r in pruned.collect()} == {"mail"}
+    os.makedirs(str(tmp_path / "empty"))
+    assert reader.load(str(tmp_path / "empty")).count() == 0
+    assert spark.read.format("lanner-cmdlog").load(str(tmp_path / "empty")).count() == 0
     spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW j USING `lanner-journal` OPTIONS (path '{spools[0]}')")
     assert spark.sql("SELECT queue, count(*) AS n FROM j GROUP BY queue ORDER BY queue").collect() == \
         [("jobs", 3), ("mail", 2)]
