@@ -211,9 +211,12 @@ def iter_segment_records(spool: str, ref: SegRef, newest: bool):
                 if e.kind == S.TORN and newest and S.valid_record_after(buf, e.offset, end) is None:
                     return                  # the end of a segment being written, or a crash's torn tail
                 yield e.offset, None, None, e.reason
-                if e.kind == S.BAD_CRC:
-                    span = next(S.record_spans(buf, m.path, e.offset, end, verify=False))
-                    pos = span[3]
+                if e.kind == S.BAD_CRC:               # the framing holds: go on after this record
+                    skip = S.record_spans(buf, m.path, e.offset, end, verify=False)
+                    try:
+                        pos = next(skip)[3]
+                    finally:
+                        skip.close()
                 else:
                     nxt = S.valid_record_after(buf, e.offset, end)
                     if nxt is None:

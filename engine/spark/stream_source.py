@@ -74,6 +74,8 @@ from .client import ClientError, Conn, TooManyOpen, parse_servers, server_name
 
 log = logging.getLogger(__name__)
 
+PROBE_READS = 16
+
 STREAM_SCHEMA = struct("server STRING, queue STRING, data BINARY, fetched_at TIMESTAMP")
 
 
@@ -131,6 +133,8 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._batches: deque[tuple[int, int, list]] = deque()      # (start, end, rows) not yet confirmed
         self._budget: int | None = None
         self._rr = 0
+        self._ask: dict[tuple[int, str], int] = {}      # (server, queue) -> reads to pipeline next
+
 
     def __getstate__(self):
         # executors get a copy for read(): no sockets, no items
@@ -265,21 +269,26 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _fetch(self, s: int, want: int) -> list:
         """Open up to `want` items across servers and queues; rows numbered from s."""
         taken: list[tuple[_Slot, str, bytes]] = []
-        failed: set[int] = set()
+        failed: set[_Slot] = set()              # the objects themselves, so ids are never reused
         n_servers = len(self.servers)
         order = [(self._rr + i) % n_servers for i in range(n_servers)]
         self._rr += 1
+        down: set[int] = set()
         for si in order:
             for q in self.queues:
-                while len(taken) < want:
+                while len(taken) < want and si not in down:
                     try:
                         slot = self._slot_with_room(si, q)
                     except ClientError as e:
                         log.warning("lanner source: %s; skipping it this batch", e)
+                        down.add(si)
                         break
                     if slot is None:
                         break
-                    k = min(want - len(taken), self.mot - slot.held(q))
+                    # A queue found empty last time is probed with a few reads, not a whole batch
+                    # of them; the probe doubles while the replies come back full.
+                    ask = self._ask.get((si, q), want)
+                    k = min(want - len(taken), self.mot - slot.held(q), ask)
                     try:
                         got = slot.conn.open_items(q, k)
                     except TooManyOpen as e:
@@ -288,19 +297,21 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                             f"{e}. Set the source option maxOpenTransactions to the server's "
                             f"max_open_transactions (now {self.mot}), or raise that server setting") from None
                     except ClientError as e:
-                        failed.add(id(slot))
+                        failed.add(slot)
                         self._drop(slot, e)
                         break
                     taken.extend((slot, q, d) for d in got)
                     slot.taking[q] = slot.taking.get(q, 0) + len(got)
                     if len(got) < k:
+                        self._ask[(si, q)] = PROBE_READS
                         break                                   # this queue is empty on this server
+                    self._ask[(si, q)] = 2 * k
         now_us = time.time_ns() // 1000
         rows = []
         seq = s
         for slot, q, d in taken:
             slot.taking.clear()
-            if id(slot) in failed:
+            if slot in failed:
                 continue                                        # rolled back by its server already
             slot.open.setdefault(q, deque()).append(seq)        # each connection's reads stay in order
             rows.append((server_name(self.servers[slot.server]), q, d, now_us))
