@@ -14,6 +14,6 @@ def test_bench_runs_small(spark, tmp_path):
     adds = 2 * 2**20 // 2 // (512 + 21)             # per queue; every tenth is read and confirmed
     assert r["items"]["rows"] == 2 * (adds - adds // 10)
     assert r["records"]["rows"] == 2 * (adds + 2 * (adds // 10))
-    s = spark_bench.bench_stream(spark, 500, 50, 200, str(tmp_path))
+    s = spark_bench.bench_stream(spark, 500, 50, 200, str(tmp_path), warmup=0)
     assert s["left_items_open"] == (0, 0)
     assert sum(s["batches"]) == 500 and max(s["batches"]) <= 200
