@@ -5,7 +5,6 @@ batch and streaming sinks."""
 from __future__ import annotations
 
 import collections
-import os
 import signal
 import threading
 import time
