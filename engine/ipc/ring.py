@@ -112,6 +112,13 @@ monotonic and live in shared memory, the survivor needs no reset: the
 replacement process calls `resync_producer()` or `resync_consumer()` on each
 ring it inherits (adopting the shared positions; a new consumer discards what
 its predecessor left unread), and `reset()` zeroes a ring nobody is using.
+A surviving consumer discards what a dead producer left (`resync_consumer`: a
+half-sent chunked message included), and a surviving producer forgets what it
+had not yet published for a dead consumer (`drop_backlog`).  The one ordering
+rule that makes this safe: the survivor does so BEFORE the replacement exists
+(the supervisor forks it only once every survivor has acknowledged `peer_down`),
+so a discard can never swallow the replacement's first records, and every record
+read after it comes from the replacement.
 """
 from __future__ import annotations
 
@@ -563,6 +570,18 @@ class Ring:
         if discard:
             hdr[HEAD] = hdr[TAIL]
         self._reset_local()
+
+    def drop_backlog(self) -> int:
+        """Producer whose consumer died: forget what it has not published yet, overflow
+        included (it was addressed to the dead process), and stop waiting for space.
+        Returns how many overflow messages went.  Without this a replacement consumer
+        would receive requests or replies whose senders were already told they failed."""
+        n = len(self._overflow)
+        self._overflow.clear()
+        self._wtail = self._published
+        self._reserved = -1
+        self._hdr[WAITING] = 0
+        return n
 
     def close(self) -> None:
         """Unmap (in this process only).  Fails if record views are still held."""
