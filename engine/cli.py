@@ -5,6 +5,8 @@ import argparse
 import logging
 import sys
 
+from lanner.server.exits import EXIT_START_REFUSED
+
 USAGE = """usage: lanner <command> [options]
 
 commands:
@@ -45,10 +47,10 @@ def cmd_serve(argv: list[str]) -> int:
         config = load_config(args.config, overrides)
     except ConfigError as e:
         sys.stderr.write(f"lanner: {e}\n")
-        return 1
+        return EXIT_START_REFUSED
     except OSError as e:
         sys.stderr.write(f"lanner: cannot read config {args.config}: {e.strerror or e}\n")
-        return 1
+        return EXIT_START_REFUSED
     setup_logging(config.server.log_level)
     from lanner.server.supervisor import serve
     return serve(config)

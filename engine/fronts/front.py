@@ -33,7 +33,7 @@ from lanner.ipc.messages import (OP_DISCONNECT, OP_DUMP_CONFIG, OP_RELOAD, OP_ST
                        RF_CLOSE, RF_MORE, RESP_SIZE, Reassembler, pack_req, send, unpack_resp)
 from lanner.config import validate_queue_name
 from lanner.queues.placement import worker_of
-from lanner.ipc.ring import prepare_sleep_all
+from lanner.ipc.wake import prepare_sleep_all
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lanner.ipc.ring import Ring, WakeFd
+from lanner.ipc.ring import Ring
+from lanner.ipc.wake import WakeFd
 
 RING_CAPACITY = 1 << 20        # front <-> worker, each direction
 FWD_RING_CAPACITY = 1 << 18    # worker -> worker (expire_to_queue moves only)
@@ -111,3 +112,11 @@ class Mesh:
         for r in resp:
             r.resync_consumer(discard=True)
         return req, resp
+
+
+def duplex(capacity: int, a_wake: WakeFd, b_wake: WakeFd, name: str = "") -> tuple[Ring, Ring]:
+    """The two rings joining processes A and B: (A→B, B→A).  Each ring signals
+    its consumer's wake fd and, when full, its producer's (space wakeups)."""
+    ab = Ring.create(capacity, wake_fd=b_wake, space_fd=a_wake, name=f"{name}>" if name else "a>b")
+    ba = Ring.create(capacity, wake_fd=a_wake, space_fd=b_wake, name=f"{name}<" if name else "b>a")
+    return ab, ba

@@ -35,9 +35,10 @@ from dataclasses import dataclass
 import msgpack
 
 from lanner.clock import SYSTEM_CLOCK
+from lanner.config import ConfigError, config_items, reload_config
 from lanner.ipc import control
 from lanner.ipc.mesh import Peers
-from lanner.ipc.ring import clear_sleep_all, prepare_sleep_all
+from lanner.ipc.wake import clear_sleep_all, prepare_sleep_all
 from lanner.ipc.shm import IdBlocks, SharedCounter
 from lanner.queues.collection import QueueCollection
 from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_PEEK, F_THRIFT,
@@ -736,13 +737,11 @@ class Worker:
         return msgpack.packb({"global": coll.stats(), "queues": out_queues})
 
     def config_payload(self) -> bytes:
-        from lanner.config import config_items
         entries = [(name, config_items(self.coll.queue(name, create=False).config))
                    for name in self.coll.names()]
         return msgpack.packb(entries)
 
     def reload(self) -> None:
-        from lanner.config import ConfigError, reload_config
         try:
             self.config = reload_config(self.config)
         except ConfigError as e:
