@@ -33,7 +33,7 @@ class Heart:
         self.interval = interval
 
     def beat(self, now: float) -> None:
-        self._words[0] = int(now * 1000)
+        self._words[0] = round(now * 1000)
 
 
 class Heartbeats:
@@ -49,7 +49,7 @@ class Heartbeats:
 
     def stamp(self, slot: int, now: float) -> None:
         """Start a new child's clock (its predecessor's stamp must not count against it)."""
-        self.block.slot(slot).set(0, int(now * 1000))
+        self.block.slot(slot).set(0, round(now * 1000))
 
     def silent_for(self, slot: int, now: float) -> float:
         """Seconds since the slot's last stamp."""

@@ -169,8 +169,9 @@ class Worker:
         if self.cleaner is not None:
             sel.register(self.cleaner.fileno(), selectors.EVENT_READ, "cleaner")
 
-    def step(self) -> bool:
-        """One turn of the loop (module docstring); True when a request was handled."""
+    def step(self, wait: float | None = None) -> bool:
+        """One turn of the loop (module docstring); True when a request was handled.
+        `wait` caps how long an idle turn may block (tests step without blocking)."""
         for r in self.outs:
             if r.backlog:
                 r.publish()
@@ -197,7 +198,8 @@ class Worker:
             return False
         timeout = self.next_timeout()
         beat_in = max(0.0, self.next_beat - now)     # blocking waits still beat the heart
-        events = self.sel.select(beat_in if timeout is None else min(timeout, beat_in))
+        timeout = beat_in if timeout is None else min(timeout, beat_in)
+        events = self.sel.select(timeout if wait is None else min(timeout, wait))
         clear_sleep_all(in_rings)
         for key, _ in events:
             what = key.data
