@@ -2,16 +2,18 @@
 
 Two servers on one queue directory replay the same journals and both append to
 them (issue 11: items delivered twice and acknowledged items lost).  So `lanner
-serve` locks `<queue_path>/~~lanner.lock` and `<status_file>.server.lock` before it
-binds anything, and writes its pid into each after locking.  The lock is a BSD
+serve` locks `<queue_path>/.lanner/server.lock` and `<status_file>.server.lock`
+before it binds anything, and writes its pid into each after locking.  The lock is a BSD
 `flock` on an open file description: the supervisor takes it and every child
 inherits the descriptor through fork, so the lock lasts until the last process of
 the server exits, and the kernel drops it whatever the way out (`kill -9`
 included).  Nothing needs cleaning up after a crash: a stale file with a dead pid
 is simply locked again.
 
-The name contains `~~`, which journal discovery skips (Kestrel's temporary-file
-marker) and no queue name may contain, so the file is never mistaken for a journal.
+The queue directory's lock lives in a subdirectory: journal and command-log
+discovery look at regular files only, so it is never mistaken for a journal.  The
+files stay after the server exits: unlinking a lock file races with a process
+waiting to lock it, and a leftover is harmless.
 
 Offline tools (`lanner qdump`/`qpack`, `lanner cmdlog`) call `live_holder` on the
 directory they read and refuse a directory a running server holds unless told
@@ -23,7 +25,8 @@ import errno
 import fcntl
 import os
 
-LOCK_NAME = "~~lanner.lock"
+LOCK_DIR = ".lanner"
+LOCK_NAME = "server.lock"
 STATUS_LOCK_SUFFIX = ".server.lock"
 
 
@@ -37,7 +40,7 @@ class DirLocked(Exception):
 
 
 def queue_lock_path(queue_path: str) -> str:
-    return os.path.join(queue_path, LOCK_NAME)
+    return os.path.join(queue_path, LOCK_DIR, LOCK_NAME)
 
 
 def status_lock_path(status_file: str) -> str:
@@ -73,6 +76,7 @@ def acquire(path: str, what: str) -> int:
 
 def lock_server(queue_path: str, status_file: str) -> list[int]:
     """Both locks of a server, queue directory first.  Descriptors to keep open."""
+    os.makedirs(os.path.join(queue_path, LOCK_DIR), exist_ok=True)
     fds = [acquire(queue_lock_path(queue_path), f"queue path {queue_path}")]
     try:
         os.makedirs(os.path.dirname(os.path.abspath(status_file)), exist_ok=True)

@@ -11,7 +11,7 @@ def test_second_lock_names_the_holder_and_release_frees_it(tmp_path):
     qp, st = tmp_path / "q", tmp_path / "s" / "status"
     qp.mkdir()
     fds = dirlock.lock_server(str(qp), str(st))
-    assert (qp / dirlock.LOCK_NAME).read_text() == f"{os.getpid()}\n"
+    assert open(dirlock.queue_lock_path(str(qp))).read() == f"{os.getpid()}\n"
     assert dirlock.live_holder(str(qp)) == os.getpid()
     assert dirlock.live_holder(str(qp / "cmdlog" / "3")) == os.getpid()   # a partition below it
     with pytest.raises(dirlock.DirLocked, match=f"queue path {qp} is in use by another lanner "

@@ -82,7 +82,7 @@ def test_kill_9_of_the_group_frees_the_directory(tmp_path):
     assert dirlock.live_holder(qp) is None
     h = start_server(tmp_path, workers=1, fronts=1, queue_path=qp)
     try:
-        with open(os.path.join(qp, dirlock.LOCK_NAME)) as f:
+        with open(dirlock.queue_lock_path(qp)) as f:
             assert f.read().strip() == str(h.proc.pid)
         c = Client(h.connect())
         assert c.ask(b"get kq\r\n", b"END\r\n") == b"VALUE kq 0 1\r\nx\r\nEND\r\n"
