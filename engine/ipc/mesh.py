@@ -11,8 +11,9 @@ The one place that knows the numbering (issue 12: "peer numbering in one place")
 Rings: one request ring per (front, worker), one response ring per (worker, front)
 and one forwarding ring per ordered pair of workers.  Each ring signals its
 consumer's eventfd and, when full, its producer's (space wakeups, ring.py).  All of
-it is created by the supervisor before it forks, and `worker_rings`/`front_rings` hand
-a new process its rings already resynchronised (ring.py, "Crashed peers").
+it is created by the supervisor before it forks; the supervisor empties a new
+process's inbound rings just before the fork (`discard_unread`), and
+`worker_rings`/`front_rings` hand the new process its rings (ring.py, "Crashed peers").
 """
 from __future__ import annotations
 
@@ -89,28 +90,45 @@ class Mesh:
                      Ring.create(fwd_capacity, wake_fd=self.worker_wake[b], space_fd=self.worker_wake[a],
                                  name=f"w{a}->w{b}") for b in range(W)] for a in range(W)]
 
+    def inbound_of(self, kind: str, index: int) -> list[Ring]:
+        """Every ring the process (`kind`, `index`) consumes."""
+        if kind == WORKER:
+            return [self.req[f][index] for f in range(self.peers.fronts)] + \
+                   [self.fwd[a][index] for a in range(self.peers.workers) if a != index]
+        if kind == FRONT:
+            return [self.resp[w][index] for w in range(self.peers.workers)]
+        return []
+
+    def discard_unread(self, kind: str, index: int) -> None:
+        """In the supervisor, just before forking (`kind`, `index`): drop whatever its dead
+        predecessor left unread.  Done here and not in the child, because only here is it
+        certain that every producer has stopped sending to it (they acknowledged
+        `peer_down`) and none has started again (they learn of the newborn later)."""
+        for r in self.inbound_of(kind, index):
+            r.resync_consumer(discard=True)
+
     def worker_rings(self, w: int) -> tuple[list[Ring | None], list[Ring | None]]:
-        """(inbound, outbound) of worker `w`, indexed by peer number, resynchronised for a
-        new process: whatever a dead predecessor left unread is discarded."""
+        """(inbound, outbound) of worker `w`, indexed by peer number, adopted by a new
+        process at the shared positions (`discard_unread` ran before the fork)."""
         F, W = self.peers.fronts, self.peers.workers
         inbound = [self.req[f][w] for f in range(F)] + [self.fwd[a][w] for a in range(W)]
         outbound = [self.resp[w][f] for f in range(F)] + [self.fwd[w][b] for b in range(W)]
         for r in inbound:
             if r is not None:
-                r.resync_consumer(discard=True)
+                r.resync_consumer(discard=False)
         for r in outbound:
             if r is not None:
                 r.resync_producer()
         return inbound, outbound
 
     def front_rings(self, f: int) -> tuple[list[Ring], list[Ring]]:
-        """(requests, responses) of front `f`, indexed by worker, resynchronised."""
+        """(requests, responses) of front `f`, indexed by worker, adopted likewise."""
         req = self.req[f]
         resp = [self.resp[w][f] for w in range(self.peers.workers)]
         for r in req:
             r.resync_producer()
         for r in resp:
-            r.resync_consumer(discard=True)
+            r.resync_consumer(discard=False)
         return req, resp
 
 

@@ -24,7 +24,7 @@ Replacing a child X, in the order every shared ring relies on (ring.py, "Crashed
      down is told at birth, and must acknowledge too.
   2. Once every one of them has acknowledged (one that dies meanwhile need not: its
      own replacement starts from nothing) and X's backoff has passed, X' is forked,
-     resynchronising its rings in the child (mesh.py).  Nothing times this wait out:
+     its inbound rings emptied just before the fork (mesh.py).  Nothing times this wait out:
      a process that never acknowledges is stuck, and the heartbeat kills it.
   3. When X' is ready its peers are told `peer_up(X')`.  A worker also takes the first
      record from X' as proof that it is up, since X' may send before that message lands.
@@ -125,6 +125,7 @@ class Supervisor:
         self.sel = selectors.DefaultSelector()
         self.exit_code = EXIT_OK
         self.heartbeats: Heartbeats | None = None
+        self.mesh: Mesh | None = None
 
     # -- set-up ----------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -198,6 +199,8 @@ class Supervisor:
         parent_sock, child_sock = socket.socketpair()
         if self.heartbeats is not None:
             self.heartbeats.stamp(self.peers.heartbeat_slot(kind, index), self.clock.monotonic())
+        if self.mesh is not None:
+            self.mesh.discard_unread(kind, index)
         pid = self.fork_child(kind, index, child_sock, parent_sock)
         child_sock.close()
         if child.sock is not None:

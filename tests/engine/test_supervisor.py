@@ -15,6 +15,9 @@ from lanner.clock import FakeClock
 from lanner.config import load_config
 from lanner.ipc import control
 from lanner.ipc.mesh import FRONT, WORKER
+import lanner.server.supervisor as supervisor_mod
+import lanner.server.worker as worker_mod
+from lanner.server import exits
 from lanner.server.exits import EXIT_BOOT_ERROR
 from lanner.server.heartbeat import Heartbeats
 from lanner.server.supervisor import BACKOFF_FIRST, Supervisor, backoff
@@ -239,9 +242,6 @@ def test_a_boot_failure_halts_instead_of_restarting(sup):
 
 
 def test_exit_codes_live_in_one_place():
-    import lanner.server.supervisor as supervisor_mod
-    import lanner.server.worker as worker_mod
-    from lanner.server import exits
     assert supervisor_mod.EXIT_BOOT_ERROR is exits.EXIT_BOOT_ERROR
     assert worker_mod.EXIT_BOOT_ERROR is exits.EXIT_BOOT_ERROR
     src = open(os.path.join(os.path.dirname(supervisor_mod.__file__), "worker.py")).read()

@@ -68,6 +68,7 @@ class Harness:
         self.acks: list[control.Reader] = []
         self.workers: list[Worker] = []
         for w in range(workers):
+            self.mesh.discard_unread("worker", w)
             inbound, outbound = self.mesh.worker_rings(w)
             sup_end, worker_end = socket.socketpair()
             self.ctl.append(sup_end)
@@ -171,8 +172,9 @@ def test_a_replaced_front_is_served_before_its_peer_up_arrives(harness):
     assert h.acks[0].read() == [{"cmd": "ack_down", "peer": 0, "worker": 0}]
     assert wk.down_peers == {0} and wk.asm[0]._buf is None
     # the supervisor forks the replacement only now; it reuses connection ids from 1
-    new = FakeFront(h.mesh, 0)
+    h.mesh.discard_unread("front", 0)
     h.mesh.front_rings(0)
+    new = FakeFront(h.mesh, 0)
     new.send(0, 1, 1, OP_GET, b"q", 0, a=-1)                     # same conn id as the dead one's
     new.send(0, 1, 2, OP_SET, b"q", payload=b"new")
     h.settle()
@@ -213,6 +215,7 @@ def test_peer_down_of_a_front_drops_replies_owed_to_it(harness):
     wk.poll_control()
     h.settle()
     assert f.replies() == []                                     # nothing for the dead front
+    h.mesh.discard_unread("front", 0)
     h.mesh.front_rings(0)
     new = FakeFront(h.mesh, 0)
     new.send(0, 1, 1, OP_GET, b"q", 0, a=-1)
