@@ -15,7 +15,7 @@ from tests.helpers import start_server
 
 pytestmark = pytest.mark.integration
 
-FAST = '[server]\nheartbeat_timeout = "1s"\n'
+FAST = '[server]\nheartbeat_timeout = "2s"\n'
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def server(tmp_path_factory):
 
 
 def test_an_idle_server_is_not_killed(server):
-    time.sleep(3.0)        # three timeouts of silence on the wire: every child must survive
+    time.sleep(5.0)        # two and a half timeouts of silence: every child must survive
     assert "stuck" not in server.log()
     assert "restarting" not in server.log()
 
@@ -43,5 +43,5 @@ def test_a_frozen_child_is_killed_replaced_and_named(server, name):
     log = server.log()
     assert f"{kind} {index} (pid {victim.pid}) stuck: no heartbeat for " in log
     assert f"{kind} {index} (pid {victim.pid}) killed after " in log
-    assert took < 4.0, f"replaced after {took:.1f} s with a 1 s timeout"
+    assert took < 8.0, f"replaced after {took:.1f} s with a 2 s timeout"
     assert service_time(server.memcache_port, queues_per_worker(2), limit=5.0) is not None
