@@ -67,10 +67,15 @@ class Peers:
     def heartbeat_slots(self) -> int:
         return 1 + self.workers + self.fronts
 
-    def heartbeat_slot(self, kind: str, index: int) -> int:
+    def heartbeat_slot(self, kind: str, index: int) -> int | None:
+        """The child's slot, or None for a kind that does not beat (it is never judged)."""
         if kind == CLEANER:
             return 0
-        return 1 + index if kind == WORKER else 1 + self.workers + index
+        if kind == WORKER:
+            return 1 + index
+        if kind == FRONT:
+            return 1 + self.workers + index
+        return None
 
 
 class Mesh:

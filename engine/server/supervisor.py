@@ -197,8 +197,9 @@ class Supervisor:
         child = self.children.get((kind, index)) or Child(kind, index)
         self.children[child.key] = child
         parent_sock, child_sock = socket.socketpair()
-        if self.heartbeats is not None:
-            self.heartbeats.stamp(self.peers.heartbeat_slot(kind, index), self.clock.monotonic())
+        slot = self.peers.heartbeat_slot(kind, index)
+        if self.heartbeats is not None and slot is not None:
+            self.heartbeats.stamp(slot, self.clock.monotonic())
         if self.mesh is not None:
             self.mesh.discard_unread(kind, index)
         pid = self.fork_child(kind, index, child_sock, parent_sock)
@@ -495,9 +496,10 @@ class Supervisor:
             return
         now = self.clock.monotonic()
         for c in self.children.values():
-            if not c.pid or not c.ready or c.murdered is not None:
+            slot = self.peers.heartbeat_slot(c.kind, c.index)
+            if not c.pid or not c.ready or c.murdered is not None or slot is None:
                 continue
-            silent = hb.overdue(self.peers.heartbeat_slot(c.kind, c.index), now)
+            silent = hb.overdue(slot, now)
             if silent is None:
                 continue
             log.error("%s (pid %d) stuck: no heartbeat for %.1f s; killing it", c, c.pid, silent)
