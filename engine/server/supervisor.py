@@ -262,7 +262,8 @@ class Supervisor:
             for i, s in enumerate(socks):
                 if kind != FRONT or i != index:
                     s.close()
-        heart = self.heartbeats.heart(self.peers.heartbeat_slot(kind, index))
+        slot = self.peers.heartbeat_slot(kind, index)
+        heart = self.heartbeats.heart(slot) if slot is not None else None
         if kind == WORKER:
             inbound, outbound = self.mesh.worker_rings(index)
             return worker_main(index, self.peers, self.config, self.status_view(), inbound, outbound,
