@@ -5,6 +5,8 @@ import argparse
 import logging
 import sys
 
+from lanner.server.exits import EXIT_START_REFUSED
+
 USAGE = """usage: lanner <command> [options]
        lanner --version
 
@@ -60,15 +62,15 @@ def cmd_serve(argv: list[str]) -> int:
         config = load_config(args.config, overrides)
     except ConfigError as e:
         sys.stderr.write(f"lanner: {e}\n")
-        return 1
+        return EXIT_START_REFUSED
     except OSError as e:
         sys.stderr.write(f"lanner: cannot read config {args.config}: {e.strerror or e}\n")
-        return 1
+        return EXIT_START_REFUSED
     try:
         setup_logging(config.server.log_level, config.server.log_file)
     except OSError as e:
         sys.stderr.write(f"lanner: cannot open log file {config.server.log_file}: {e.strerror or e}\n")
-        return 1
+        return EXIT_START_REFUSED
     from lanner.server.supervisor import serve
     return serve(config)
 

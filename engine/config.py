@@ -262,6 +262,7 @@ class ServerConfig:
     client_timeout: int | None = None
     connection_limit_refuse_writes: int | None = None
     connection_limit_refuse_reads: int | None = None
+    heartbeat_timeout: int | None = 30_000
     workers: int = 2
     fronts: int = 2
     log_level: str = "info"
@@ -524,6 +525,7 @@ SERVER_FIELDS: dict[str, Checker] = {
     "client_timeout": _duration(lo=1, optional=True),
     "connection_limit_refuse_writes": _optional(_int(0)),
     "connection_limit_refuse_reads": _optional(_int(0)),
+    "heartbeat_timeout": _duration(lo=1, optional=True),
     "workers": _int(1, PARTITIONS),
     "fronts": _int(1, 1024),
     "log_level": _choice("debug", "info", "warning", "error"),

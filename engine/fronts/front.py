@@ -33,7 +33,7 @@ from lanner.ipc.messages import (OP_DISCONNECT, OP_DUMP_CONFIG, OP_RELOAD, OP_ST
                        RF_CLOSE, RF_MORE, RESP_SIZE, Reassembler, pack_req, send, unpack_resp)
 from lanner.config import validate_queue_name
 from lanner.queues.placement import worker_of
-from lanner.ipc.ring import prepare_sleep_all
+from lanner.ipc.wake import prepare_sleep_all
 from lanner.ops import latency
 from lanner.ops.latency import family_of
 
@@ -183,6 +183,7 @@ class Front:
             if cmd == "peer_down":
                 w = msg["peer"]
                 self.down_workers.add(w)
+                self.req_rings[w].drop_backlog()   # its parts fail below: never deliver them later
                 ring = self.resp_rings[w]
                 ring.resync_consumer(discard=True)
                 ring.prepare_sleep()       # resync cleared our flag: the new worker must signal us
@@ -589,7 +590,7 @@ class BaseConn(asyncio.Protocol):
 
 
 def front_main(index, config, status, counters, req_rings, resp_rings, wake_fd, control_sock,
-               listeners, started_at, clock) -> int:
+               listeners, started_at, clock, heart=None) -> int:
     """Entry point in the forked child."""
     import uvloop
     from lanner.fronts.admin import AdminConn
@@ -627,6 +628,11 @@ def front_main(index, config, status, counters, req_rings, resp_rings, wake_fd, 
             if not front.stopping:
                 loop.call_later(max(timeout / 4000.0, 0.05), sweep)
         loop.call_later(max(timeout / 4000.0, 0.05), sweep)
+    if heart is not None:
+        def beat():      # the supervisor kills a front whose loop stops turning (heartbeat.py)
+            heart.beat(clock.monotonic())
+            loop.call_later(heart.interval, beat)
+        beat()
     control.send(control_sock, {"cmd": "ready", "front": index})
     try:
         loop.run_forever()
