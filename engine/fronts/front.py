@@ -33,14 +33,16 @@ from lanner.ipc.messages import (OP_DISCONNECT, OP_DUMP_CONFIG, OP_RELOAD, OP_ST
                        RF_CLOSE, RF_MORE, RESP_SIZE, Reassembler, pack_req, send, unpack_resp)
 from lanner.config import validate_queue_name
 from lanner.queues.placement import worker_of
-from lanner.ipc.ring import prepare_sleep_all
+from lanner.ipc.wake import prepare_sleep_all
+from lanner.ops import latency
+from lanner.ops.latency import family_of
 
 log = logging.getLogger(__name__)
 
 # front counters, one slot per front in the shared CounterBlock
 FRONT_COUNTERS = ("curr_connections", "total_connections", "bytes_read", "bytes_written",
-                  "cmd_get", "cmd_set", "cmd_peek")
-C_CURR, C_TOTAL, C_READ, C_WRITTEN, C_GET, C_SET, C_PEEK = range(len(FRONT_COUNTERS))
+                  "cmd_get", "cmd_set", "cmd_peek") + latency.COUNTERS
+C_CURR, C_TOTAL, C_READ, C_WRITTEN, C_GET, C_SET, C_PEEK = range(7)
 
 GLOBAL_STAT_ORDER = ("uptime", "time", "version", "curr_items", "total_items", "bytes",
                      "reserved_memory_ratio", "curr_connections", "total_connections", "cmd_get",
@@ -63,7 +65,8 @@ class Part:
 
 class Slot:
     """A place in a connection's in-order reply queue."""
-    __slots__ = ("parts", "remaining", "out", "close", "finish", "stream", "blocking", "done", "call")
+    __slots__ = ("parts", "remaining", "out", "close", "finish", "stream", "blocking", "done", "call",
+                 "fam", "t0")
 
     def __init__(self, finish=None, stream=None, blocking=False):
         self.parts: list[Part] = []
@@ -74,6 +77,7 @@ class Slot:
         self.stream = stream      # stream(slot, part) -> bytes: monitor items, written as they come
         self.blocking = blocking
         self.done = False
+        self.fam = -1             # latency family (ops/latency.py); -1: not measured
 
 
 class Front:
@@ -84,6 +88,7 @@ class Front:
         self.status = status
         self.counters = counters           # CounterBlock
         self.my = counters.slot(index)
+        self.latency = latency.Recorder(self.my, counters.column(latency.COUNTERS[0]))
         self.req_rings = req_rings          # [worker] -> Ring (we produce)
         self.resp_rings = resp_rings        # [worker] -> Ring (we consume)
         self.nworkers = len(req_rings)
@@ -178,6 +183,7 @@ class Front:
             if cmd == "peer_down":
                 w = msg["peer"]
                 self.down_workers.add(w)
+                self.req_rings[w].drop_backlog()   # its parts fail below: never deliver them later
                 ring = self.resp_rings[w]
                 ring.resync_consumer(discard=True)
                 ring.prepare_sleep()       # resync cleared our flag: the new worker must signal us
@@ -288,6 +294,8 @@ class BaseConn(asyncio.Protocol):
         self.paused_writing = False
         self.reading_paused = False
         self.last_activity = 0.0
+        self.cur_fam = -1              # latency family of the command being handled
+        self.t_in = 0.0                # monotonic time of the last bytes read (latency start)
 
     # -- asyncio callbacks -----------------------------------------------------------------------
     def connection_made(self, transport):
@@ -304,6 +312,9 @@ class BaseConn(asyncio.Protocol):
         if srv.connection_limit_refuse_reads is not None and sessions > srv.connection_limit_refuse_reads:
             self.refuse_reads = True
         self.last_activity = f.loop.time()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("front %d: %s connection %d from %s", f.index, type(self).__name__, self.id,
+                      transport.get_extra_info("peername"))
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
@@ -317,6 +328,7 @@ class BaseConn(asyncio.Protocol):
         if self.count_bytes:
             f.my.incr(C_READ, len(data))
         self.last_activity = f.loop.time()
+        self.t_in = time.monotonic()
         self.feed(data)
         self.process()
         self.flush_out()
@@ -327,6 +339,8 @@ class BaseConn(asyncio.Protocol):
         f.conns.pop(self.id, None)
         if self.counts_connection:
             f.my.decr(C_CURR)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("front %d: connection %d closed (%s)", f.index, self.id, exc or "clean")
         self.send_disconnects()
         self.slots.clear()
         self.parts.clear()
@@ -377,10 +391,13 @@ class BaseConn(asyncio.Protocol):
             cmd = self.next_command()
             if cmd is None:
                 return
+            self.cur_fam = family_of(cmd)
             self.handle(cmd)
 
     def new_slot(self, finish=None, stream=None, blocking=False) -> Slot:
         s = Slot(finish, stream, blocking)
+        s.fam = self.cur_fam
+        s.t0 = self.t_in
         self.slots.append(s)
         return s
 
@@ -391,6 +408,7 @@ class BaseConn(asyncio.Protocol):
         s.close = close
         s.done = True
         self.slots.append(s)
+        self.front.latency.observe(self.cur_fam, time.monotonic() - self.t_in)
         self.drain_slots()
         if close:
             self.closing = True
@@ -449,6 +467,8 @@ class BaseConn(asyncio.Protocol):
             slot.finish = None
         slot.parts.clear()      # parts point back at their slot: free them by refcount, not GC
         slot.done = True
+        if slot.fam >= 0:
+            self.front.latency.observe(slot.fam, time.monotonic() - slot.t0)
         if self.blocked is slot:
             self.blocked = None
             if self.reading_paused and not self.paused_writing:
@@ -570,7 +590,7 @@ class BaseConn(asyncio.Protocol):
 
 
 def front_main(index, config, status, counters, req_rings, resp_rings, wake_fd, control_sock,
-               listeners, started_at, clock) -> int:
+               listeners, started_at, clock, heart=None) -> int:
     """Entry point in the forked child."""
     import uvloop
     from lanner.fronts.admin import AdminConn
@@ -608,6 +628,11 @@ def front_main(index, config, status, counters, req_rings, resp_rings, wake_fd, 
             if not front.stopping:
                 loop.call_later(max(timeout / 4000.0, 0.05), sweep)
         loop.call_later(max(timeout / 4000.0, 0.05), sweep)
+    if heart is not None:
+        def beat():      # the supervisor kills a front whose loop stops turning (heartbeat.py)
+            heart.beat(clock.monotonic())
+            loop.call_later(heart.interval, beat)
+        beat()
     control.send(control_sock, {"cmd": "ready", "front": index})
     try:
         loop.run_forever()

@@ -34,6 +34,7 @@ from typing import Iterator
 from tqdm import tqdm
 
 from lanner.clock import SystemClock
+from lanner.server.dirlock import refuse_live
 from lanner.storage.cmdlog.replay import Replayer, job_uuid
 from lanner.storage.cmdlog.segment import (COMMAND_NAMES, CORRUPT, NS, ZERO_TIME_NS, CmdlogError, JobCommand, ResultCommand,
                       SegmentFile, check_header, decode_command, list_segments, never_expires, record_spans,
@@ -201,9 +202,11 @@ def cmdlog_main(argv: list[str], out=None, err=None) -> int:
     p = sub.add_parser("check", help="verify every segment; one line naming file and offset on failure")
     p.add_argument("dir")
     p.add_argument("--now", help="replay clock for the check, RFC 3339 (default: the system clock)")
+    p.add_argument("--ignore-lock", action="store_true", help="read a directory a running server holds")
     p = sub.add_parser("dump", help="print every record")
     p.add_argument("dir")
     p.add_argument("--json", action="store_true", help="one JSON object per record")
+    p.add_argument("--ignore-lock", action="store_true", help="read a directory a running server holds")
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:
@@ -211,6 +214,10 @@ def cmdlog_main(argv: list[str], out=None, err=None) -> int:
     if not os.path.isdir(args.dir):
         print(f"{args.dir}: not a directory", file=err)
         return 2
+    refusal = refuse_live([args.dir], args.ignore_lock)
+    if refusal:
+        print(f"lanner cmdlog: {refusal}", file=err)
+        return 1
     try:
         now_ns = _parse_now(args.now) if getattr(args, "now", None) else SystemClock().now_ms() * 1_000_000
     except ValueError as e:

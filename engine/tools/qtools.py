@@ -29,6 +29,7 @@ from collections import deque
 from tqdm import tqdm
 
 from lanner.clock import SYSTEM_CLOCK
+from lanner.server.dirlock import refuse_live
 from lanner.storage.cmdlog.segment import HEADER as SEGMENT_HEADER
 from lanner.storage.journal.codec import JournalCorrupt, read_records
 from lanner.storage.journal.packer import pack_files
@@ -44,6 +45,7 @@ options:
     -d      dump contents of added items
     -A      dump only the raw contents of added items
     -Q      dump only the raw queue state (data for items actually in the queue)
+    --ignore-lock   read journals of a directory a running server holds
 
 """
 
@@ -54,6 +56,7 @@ usage: lanner qpack -f <new-file> <journal-files...>
 options:
     -f filename     new packed journal file
     --force         overwrite the new file if it exists
+    --ignore-lock   pack journals of a directory a running server holds
 
 """
 
@@ -209,13 +212,15 @@ def qdump_main(argv: list[str], *, clock=None, stdout=None, stderr=None) -> int:
     every file was read to its end, 1 otherwise, 2 for a usage error."""
     out = stdout if stdout is not None else sys.stdout.buffer
     err = stderr if stderr is not None else sys.stderr
-    quiet = dump = raw = dump_queue = False
+    quiet = dump = raw = dump_queue = ignore_lock = False
     files = []
     for arg in argv:
         if arg == "--help":
             out.write(QDUMP_USAGE.encode())
             return 0
-        if arg == "-q":
+        if arg == "--ignore-lock":
+            ignore_lock = True
+        elif arg == "-q":
             quiet = True
         elif arg == "-d":
             dump = True
@@ -231,6 +236,10 @@ def qdump_main(argv: list[str], *, clock=None, stdout=None, stderr=None) -> int:
     if not files:
         err.write(QDUMP_USAGE)
         return 2
+    refusal = refuse_live(files, ignore_lock)
+    if refusal:
+        err.write(f"lanner qdump: {refusal}\n")
+        return 1
     now = (clock or SYSTEM_CLOCK).now_ms()
     status = 0
     for path in files:
@@ -249,14 +258,16 @@ def qpack_main(argv: list[str], *, clock=None, stdout=None, stderr=None) -> int:
     err = stderr if stderr is not None else sys.stderr
     files: list[str] = []
     new_file = None
-    quiet = force = False
+    quiet = force = ignore_lock = False
     args = list(argv)
     while args:
         arg = args.pop(0)
         if arg == "--help":
             out.write(QPACK_USAGE)
             return 0
-        if arg == "-q":
+        if arg == "--ignore-lock":
+            ignore_lock = True
+        elif arg == "-q":
             quiet = True
         elif arg == "--force":
             force = True
@@ -281,6 +292,10 @@ def qpack_main(argv: list[str], *, clock=None, stdout=None, stderr=None) -> int:
         if os.path.exists(new_file) and os.path.samefile(path, new_file):
             err.write(f"lanner qpack: {new_file} is one of the journals to pack; write the pack elsewhere\n")
             return 1
+    refusal = refuse_live(files + [new_file], ignore_lock)
+    if refusal:
+        err.write(f"lanner qpack: {refusal}\n")
+        return 1
     if os.path.lexists(new_file) and not force:
         err.write(f"lanner qpack: {new_file} exists; use --force to overwrite it\n")
         return 1
