@@ -10,10 +10,10 @@ import time
 from lanner.protocols import admin
 
 from lanner import __version__
-from lanner.fronts.front import BaseConn, Slot
+from lanner.fronts.conn import Conn, Slot
 
 
-class AdminConn(BaseConn):
+class AdminConn(Conn):
     count_bytes = False
     counts_connection = False
     def __init__(self, front):

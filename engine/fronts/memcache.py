@@ -10,7 +10,9 @@ from __future__ import annotations
 from lanner.protocols import memcache as mc
 
 from lanner import __version__
-from lanner.fronts.front import C_GET, C_PEEK, C_SET, BaseConn, Slot, expiry_at
+from lanner.fronts.conn import Conn, Slot, expiry_at
+from lanner.fronts.counters import C_GET, C_PEEK, C_SET
+from lanner.server.status import StatusError
 from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_NOREPLY, F_OPEN, F_PEEK, OP_ALIAS_PUT, OP_CONFIRM,
                        OP_DELETE, OP_FLUSH, OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED, OP_FLUSH_EXPIRED,
                        OP_GET, OP_MONITOR, OP_SET, R_CLIENT_ERROR, R_EMPTY, R_END, R_ERROR, R_ITEM, R_OK,
@@ -20,7 +22,7 @@ _VERSION = mc.version_line(__version__)
 PIPELINE_LIMIT = 1 << 20
 
 
-class MemcacheConn(BaseConn):
+class MemcacheConn(Conn):
     def __init__(self, front):
         super().__init__(front)
         cfg = front.config
@@ -345,7 +347,6 @@ class MemcacheConn(BaseConn):
         if cmd.name is None:
             self.reply_now(mc.status_line(st.reported()))
             return
-        from lanner.server.status import StatusError
         try:
             st.set(cmd.name)
         except StatusError as e:

@@ -10,7 +10,9 @@ from __future__ import annotations
 from lanner.protocols import text as tx
 
 from lanner import __version__
-from lanner.fronts.front import C_GET, C_PEEK, C_SET, BaseConn, Slot, expiry_at
+from lanner.fronts.conn import Conn, Slot, expiry_at
+from lanner.fronts.counters import C_GET, C_PEEK, C_SET
+from lanner.server.status import StatusError
 from lanner.ipc.messages import (F_CONFIRM_ALL, F_OPEN, F_PEEK, OP_ALIAS_PUT, OP_CONFIRM, OP_DELETE,
                        OP_FLUSH, OP_GET, OP_MONITOR, OP_SET, R_ERROR, R_ITEM, R_OK, R_SERVER_ERROR)
 
@@ -21,7 +23,7 @@ def _blocked(op: str) -> bytes:
     return tx.error("Server not available for operation " + op)
 
 
-class TextConn(BaseConn):
+class TextConn(Conn):
     def __init__(self, front):
         super().__init__(front)
         self.parser = tx.TextParser()
@@ -193,7 +195,6 @@ class TextConn(BaseConn):
         if cmd.name is None:
             self.reply_now(tx.string(st.reported().upper()))
             return
-        from lanner.server.status import StatusError
         try:
             st.set(cmd.name)
         except StatusError as e:

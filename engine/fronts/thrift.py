@@ -15,7 +15,8 @@ import msgpack
 from lanner.protocols import thrift as th
 
 from lanner import __version__
-from lanner.fronts.front import C_PEEK, C_SET, BaseConn, Slot, expiry_at
+from lanner.fronts.conn import Conn, Slot, expiry_at
+from lanner.fronts.counters import C_PEEK, C_SET
 from lanner.ipc.messages import (F_THRIFT, OP_DELETE, OP_FLUSH, OP_FLUSH_ALL, OP_PUT_MANY,
                        OP_SET, OP_TABORT, OP_TCONFIRM, OP_TGET, OP_TPEEK, R_DATA, R_OK,
                        R_SERVER_ERROR, R_VALUE)
@@ -26,7 +27,7 @@ _STATUS_OUT = {"Up": th.STATUS_UP, "ReadOnly": th.STATUS_READ_ONLY, "Quiescent":
 _STATUS_IN = {th.STATUS_UP: "up", th.STATUS_READ_ONLY: "readonly", th.STATUS_QUIESCENT: "quiescent"}
 
 
-class ThriftConn(BaseConn):
+class ThriftConn(Conn):
     count_bytes = False          # bytes_read / bytes_written cover memcache and text only (§9.5)
     disconnect_flags = F_THRIFT
 
@@ -66,9 +67,7 @@ class ThriftConn(BaseConn):
                     self.unavailable(slot, p.payload.decode("latin-1", "replace"))
                     return
             slot.out = th.encode_reply(call, finish(slot), up)
-        slot = self.new_slot(done, blocking=True)
-        slot.call = call
-        return slot
+        return self.new_slot(done, blocking=True, call=call)
 
     # -- calls -----------------------------------------------------------------------------------
     def handle(self, cmd) -> None:

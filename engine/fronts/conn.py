@@ -1,0 +1,387 @@
+"""What every client connection of a front shares: the in-order reply queue, routing, flow control.
+
+A connection parses its bytes into commands (protocols/), turns each into one or more
+protocol-neutral requests (ipc/messages.py) for the worker that owns the queue, and writes the
+replies back in request order: each command takes a `Slot` in the connection's reply queue,
+filled when its response(s) arrive, and completed slots leave from the head.  A command that may
+block (a get with `t=`, monitor, every thrift call) holds back the commands after it until it
+completes, as Kestrel's serial per-connection processing does; everything else pipelines.
+Commands that span workers (stats, flush_all, multi-key get, alias writes) send one part to each
+worker and complete when every part has answered.
+
+A protocol's connection class (memcache.py, text.py, thrift.py, admin.py) implements the four
+hooks `Conn` declares: `feed`, `next_command`, `handle` and `unavailable`.
+"""
+from __future__ import annotations
+
+import abc
+import asyncio
+import socket
+from collections import deque
+from typing import TYPE_CHECKING
+
+import msgpack
+
+from lanner.config import validate_queue_name
+from lanner.fronts.counters import C_CURR, C_READ, C_TOTAL, C_WRITTEN
+from lanner.ipc.messages import (OP_DISCONNECT, OP_DUMP_CONFIG, OP_RELOAD, OP_STATS, R_DATA,
+                                 R_SERVER_ERROR, RF_CLOSE, RF_MORE)
+
+if TYPE_CHECKING:                 # the loop imports the connection classes, not the reverse
+    from lanner.fronts.front import Front
+
+
+class Part:
+    """One request sent to one worker on behalf of a slot."""
+    __slots__ = ("slot", "index", "worker", "status", "flags", "value", "payload", "done")
+
+    def __init__(self, slot, index, worker):
+        self.slot = slot
+        self.index = index
+        self.worker = worker
+        self.done = False
+        self.status = self.flags = self.value = 0
+        self.payload = b""
+
+
+class Slot:
+    """A place in a connection's in-order reply queue."""
+    __slots__ = ("parts", "remaining", "out", "close", "finish", "stream", "blocking", "done", "call")
+
+    def __init__(self, finish=None, stream=None, blocking=False, call=None):
+        self.parts: list[Part] = []
+        self.remaining = 0
+        self.out = b""
+        self.close = False
+        self.finish = finish      # finish(slot) -> None: builds slot.out from its parts
+        self.stream = stream      # stream(slot, part, data) -> bytes: monitor items, as they come
+        self.blocking = blocking
+        self.done = False
+        self.call = call          # thrift: the call this slot answers
+
+
+def expiry_at(ms: int) -> int:
+    """An expiry computed from a client's relative or absolute time: never 0 (which means
+    "no expiry") and never negative (an instant before the epoch is simply expired)."""
+    return ms if ms > 0 else 1
+
+
+class Conn(asyncio.Protocol, abc.ABC):
+    """One client connection.  Subclasses implement the protocol hooks below."""
+
+    count_bytes = True           # bytes_read / bytes_written (thrift is not counted, §9.5)
+    counts_connection = True     # curr/total_connections cover memcache, text and thrift
+    disconnect_flags = 0         # thrift: F_THRIFT, its open reads outlive the connection
+
+    def __init__(self, front: Front):
+        self.front = front
+        self.id = front.next_conn
+        front.next_conn = (front.next_conn + 1) & 0xFFFFFFFF or 1
+        self.transport = None
+        self.slots: deque[Slot] = deque()
+        self.parts: dict[int, Part] = {}
+        self.next_req = 1
+        self.blocked: Slot | None = None
+        self.closing = False
+        self.out: list[bytes] = []
+        self.touched = 0               # bitmask of workers this connection sent requests to
+        self.refuse_reads = False
+        self.refuse_writes = False
+        self.paused_writing = False
+        self.reading_paused = False
+        self.last_activity = 0.0
+
+    # -- the protocol hooks ----------------------------------------------------------------------
+    @abc.abstractmethod
+    def feed(self, data: bytes) -> None:
+        """Give socket bytes to the protocol's parser."""
+
+    @abc.abstractmethod
+    def next_command(self):
+        """The next complete command the parser holds, or None."""
+
+    @abc.abstractmethod
+    def handle(self, cmd) -> None:
+        """Act on one command: reply at once (`reply_now`) or take a slot and send requests."""
+
+    @abc.abstractmethod
+    def unavailable(self, slot: Slot, reason: str) -> None:
+        """Make `slot` the protocol's availability error (a worker failed or restarted)."""
+
+    # -- asyncio callbacks -----------------------------------------------------------------------
+    def connection_made(self, transport):
+        self.transport = transport
+        f = self.front
+        f.conns[self.id] = self
+        if self.counts_connection:
+            f.my.incr(C_CURR)
+            f.my.incr(C_TOTAL)
+        sessions = f.counters.total(C_CURR)
+        srv = f.config.server
+        if srv.connection_limit_refuse_writes is not None and sessions > srv.connection_limit_refuse_writes:
+            self.refuse_writes = True
+        if srv.connection_limit_refuse_reads is not None and sessions > srv.connection_limit_refuse_reads:
+            self.refuse_reads = True
+        self.last_activity = f.loop.time()
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+
+    def data_received(self, data: bytes):
+        f = self.front
+        if self.count_bytes:
+            f.my.incr(C_READ, len(data))
+        self.last_activity = f.loop.time()
+        self.feed(data)
+        self.process()
+        self.flush_out()
+
+    def connection_lost(self, exc):
+        f = self.front
+        self.closing = True
+        f.conns.pop(self.id, None)
+        if self.counts_connection:
+            f.my.decr(C_CURR)
+        self.send_disconnects()
+        self.slots.clear()
+        self.parts.clear()
+
+    def send_disconnects(self) -> None:
+        """Tell every worker this connection touched that it is gone (once)."""
+        f = self.front
+        touched, self.touched = self.touched, 0
+        w = 0
+        while touched:
+            if touched & 1:
+                f.send(w, self.id, 0, OP_DISCONNECT, self.disconnect_flags, b"")
+            touched >>= 1
+            w += 1
+
+    def read_refusal(self) -> str | None:
+        """Why reads are refused on this connection right now (status or connection limit)."""
+        if self.refuse_reads:
+            return "reads refused: connection limit"
+        if self.front.status.blocks_reads():
+            return "server is " + self.front.status.enforced()
+        return None
+
+    def write_refusal(self) -> str | None:
+        if self.refuse_writes:
+            return "writes refused: connection limit"
+        if self.front.status.blocks_writes():
+            return "server is " + self.front.status.enforced()
+        return None
+
+    def pause_writing(self):
+        self.paused_writing = True
+        if not self.reading_paused:
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_writing(self):
+        self.paused_writing = False
+        if self.reading_paused and self.blocked is None:
+            self.reading_paused = False
+            self.transport.resume_reading()
+        self.process()
+        self.flush_out()
+
+    # -- command processing ----------------------------------------------------------------------
+    def process(self) -> None:
+        while self.blocked is None and not self.closing and not self.paused_writing:
+            cmd = self.next_command()
+            if cmd is None:
+                return
+            self.handle(cmd)
+
+    def new_slot(self, finish=None, stream=None, blocking=False, call=None) -> Slot:
+        s = Slot(finish, stream, blocking, call)
+        self.slots.append(s)
+        return s
+
+    def reply_now(self, data: bytes, close: bool = False) -> None:
+        """A reply that needs no worker."""
+        s = Slot()
+        s.out = data
+        s.close = close
+        s.done = True
+        self.slots.append(s)
+        self.drain_slots()
+        if close:
+            self.closing = True
+
+    def request(self, slot: Slot, worker: int, op: int, flags: int, queue: bytes, a=0, b=0,
+                payload: bytes = b"") -> Part:
+        req = self.next_req
+        self.next_req = (req + 1) & 0xFFFFFFFF or 1
+        part = Part(slot, len(slot.parts), worker)
+        slot.parts.append(part)
+        slot.remaining += 1
+        self.touched |= 1 << worker
+        if self.front.send(worker, self.id, req, op, flags, queue, a, b, payload):
+            self.parts[req] = part
+        else:
+            part.status = R_SERVER_ERROR
+            part.payload = b"worker %d is restarting" % worker
+            part.done = True
+            slot.remaining -= 1
+        return part
+
+    def seal(self, slot: Slot) -> None:
+        """All parts are sent: complete now if they all failed fast, else maybe block."""
+        if slot.remaining == 0:
+            self.complete(slot)
+        elif slot.blocking:
+            self.blocked = slot
+
+    def on_response(self, req: int, status: int, flags: int, value: int, payload) -> None:
+        part = self.parts.get(req)
+        if part is None:
+            return
+        slot = part.slot
+        if flags & RF_MORE:
+            part.status, part.flags, part.value = status, flags, value
+            if slot.stream is not None:
+                data = slot.stream(slot, part, bytes(payload))
+                if data:
+                    slot.out += data
+                    if self.slots and self.slots[0] is slot:
+                        self.out.append(slot.out)
+                        slot.out = b""
+                        self.front.write_pending.add(self)
+            return
+        del self.parts[req]
+        part.status, part.flags, part.value = status, flags, value
+        part.payload = bytes(payload) if payload else b""
+        part.done = True
+        slot.remaining -= 1
+        if slot.remaining == 0:
+            self.complete(slot)
+
+    def complete(self, slot: Slot) -> None:
+        if slot.finish is not None:
+            slot.finish(slot)
+            slot.finish = None
+        slot.parts.clear()      # parts point back at their slot: free them by refcount, not GC
+        slot.done = True
+        if self.blocked is slot:
+            self.blocked = None
+            if self.reading_paused and not self.paused_writing:
+                self.reading_paused = False
+                self.transport.resume_reading()
+            self.drain_slots()
+            self.process()
+        else:
+            self.drain_slots()
+        self.front.write_pending.add(self)
+
+    def drain_slots(self) -> None:
+        slots = self.slots
+        while slots and slots[0].done:
+            s = slots.popleft()
+            if s.out:
+                self.out.append(s.out)
+            if s.close:
+                self.closing = True
+                slots.clear()
+                break
+
+    def flush_out(self) -> None:
+        if self.closing and self.touched:
+            # roll back open reads before the client can see the reply and reconnect
+            self.send_disconnects()
+            self.front.flush_rings()
+        if self.out and self.transport is not None and not self.transport.is_closing():
+            data = b"".join(self.out) if len(self.out) > 1 else self.out[0]
+            self.out.clear()
+            if self.count_bytes:
+                self.front.my.incr(C_WRITTEN, len(data))
+            self.transport.write(data)
+        else:
+            self.out.clear()
+        if self.closing and self.transport is not None and not self.transport.is_closing():
+            self.send_disconnects()
+            self.front.flush_rings()
+            self.transport.close()
+
+    def worker_down(self, w: int) -> None:
+        failed = [req for req, p in self.parts.items() if p.worker == w]
+        for req in failed:
+            self.on_response(req, R_SERVER_ERROR, RF_CLOSE, 0, b"worker %d restarted" % w)
+        if failed:
+            self.front.write_pending.add(self)
+        self.touched &= ~(1 << w)
+
+    # -- helpers for subclasses ------------------------------------------------------------------
+    def broadcast(self, slot: Slot, op: int, payload: bytes = b"", flags: int = 0) -> None:
+        for w in range(self.front.nworkers):
+            self.request(slot, w, op, flags, b"", 0, 0, payload)
+        self.seal(slot)
+
+    def check_name(self, queue: str) -> str | None:
+        """Why a queue name is illegal, or None.  Cmdlog-stored queues may contain dots."""
+        f = self.front
+        if queue in f.valid_names:
+            return None
+        cfg = f.config
+        try:
+            validate_queue_name(queue, allow_dots=cfg.queue_config(queue).storage == "cmdlog")
+        except ValueError as e:
+            return str(e)
+        if len(f.valid_names) > 100_000:      # bounded: names are client-chosen
+            f.valid_names.clear()
+        f.valid_names.add(queue)
+        return None
+
+    def stats_slot(self, finish_bytes, names=None) -> None:
+        """Ask every worker (or the owners of `names`) for stats and let finish_bytes format them."""
+        f = self.front
+
+        def finish(slot):
+            worker_globals, queues = [], {}
+            err = None
+            for p in slot.parts:
+                if p.status != R_DATA:
+                    err = p
+                    continue
+                d = msgpack.unpackb(p.payload)
+                if "global" in d:
+                    worker_globals.append(d["global"])
+                for name, st in d["queues"]:
+                    queues[name] = st
+            if err is not None:
+                self.unavailable(slot, err.payload.decode("latin-1", "replace") or "worker unavailable")
+                return
+            slot.out = finish_bytes(f.global_stats(worker_globals), queues)
+
+        slot = self.new_slot(finish)
+        if names is None:
+            self.broadcast(slot, OP_STATS)
+            return
+        by_worker: dict[int, list[str]] = {}
+        for n in names:
+            by_worker.setdefault(f.owner(n), []).append(n)
+        for w, ns in by_worker.items():
+            self.request(slot, w, OP_STATS, 0, b"", 0, 0, msgpack.packb(ns))
+        self.seal(slot)
+
+    def config_slot(self, finish_bytes) -> None:
+        def finish(slot):
+            entries = []
+            for p in slot.parts:
+                if p.status == R_DATA:
+                    entries.extend(msgpack.unpackb(p.payload))
+            slot.out = finish_bytes(sorted(entries))
+        slot = self.new_slot(finish)
+        self.broadcast(slot, OP_DUMP_CONFIG)
+
+    def reload_slot(self, reply: bytes) -> None:
+        self.front.request_reload()
+
+        def finish(slot):
+            slot.out = reply
+        slot = self.new_slot(finish)
+        self.broadcast(slot, OP_RELOAD)
