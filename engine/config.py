@@ -37,7 +37,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import re
+import stat
 import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -57,6 +59,7 @@ __all__ = [
 INT_MAX = 2147483647          # Kestrel's Int.MaxValue
 LONG_MAX = 2**63 - 1          # Kestrel's Long.MaxValue
 CMDLOG_HEADER_SIZE = 8        # workq segment header; a segment must hold more than that
+MAX_CONFIG_BYTES = 1 << 20    # a config file is a few KiB; anything this big is a mistake
 
 
 class ConfigError(Exception):
@@ -73,6 +76,11 @@ class ConfigError(Exception):
     def __str__(self) -> str:
         head = f"{self.key}: {self.reason}" if self.key else self.reason
         return f"{head} (in {self.file})" if self.file else head
+
+    @property
+    def brief(self) -> str:
+        """The key and the reason without the file: what a client may be told."""
+        return f"{self.key}: {self.reason}" if self.key else self.reason
 
     def in_file(self, file: str | None) -> "ConfigError":
         return ConfigError(self.key, self.reason, file)
@@ -549,9 +557,19 @@ def _fields(table: Mapping[str, Any], checkers: Mapping[str, Checker], prefix: s
 
 
 def _read_toml(path: str) -> dict:
+    """The parsed file.  Opened without blocking and read only when it is a regular file of at
+    most MAX_CONFIG_BYTES, so pointing the config at a FIFO, a device or a huge file is an
+    error, not a hang of every process at `reload`."""
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ConfigError("", "the config file is not a regular file", path)
+            if st.st_size > MAX_CONFIG_BYTES:
+                raise ConfigError("", f"the config file is larger than {MAX_CONFIG_BYTES} bytes", path)
+            text = f.read(MAX_CONFIG_BYTES + 1)
+        return tomllib.loads(text.decode("utf-8"))
     except OSError as e:
         raise ConfigError("", f"cannot read config file: {e.strerror or e}", path) from None
     except tomllib.TOMLDecodeError as e:

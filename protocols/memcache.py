@@ -35,6 +35,9 @@ Memory bounds (Kestrel had none; a front facing the network needs them):
   arrive, without being buffered (`feed` drops them before they reach the
   buffer).  The same streaming skip serves every data block whose command has
   already failed.
+* with `stream_over` set, a `set` body larger than that is not buffered whole either: the
+  parser yields `SetHead` at once, then `SetPiece`s of at least STREAM_PIECE bytes (the
+  last may be shorter) as the bytes arrive, so the front can pass them on.
 
 The buffer invariant: `_buf` holds only bytes not yet consumed; in the LINE
 state `_scan` is how far it is already known to contain no LF, so feeding a
@@ -49,7 +52,7 @@ from typing import Callable, Iterator
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "MemcacheParser", "GetKey", "Get", "Set", "SetRefused", "Delete", "Flush", "FlushAll",
+    "MemcacheParser", "GetKey", "Get", "Set", "SetHead", "SetPiece", "SetRefused", "Delete", "Flush", "FlushAll",
     "FlushExpired", "FlushAllExpired", "Stats", "DumpStats", "DumpConfig", "Monitor", "Confirm",
     "Status", "Version", "Reload", "Shutdown", "Quit", "ProtocolError", "Command",
     "parse_int", "parse_get_key", "STATUS_NAMES",
@@ -92,6 +95,24 @@ class Set:
     exptime: int
     data: bytes
     noreply: bool = False
+
+
+@dataclass(slots=True)
+class SetHead:
+    """A `set` whose body is streamed (larger than the parser's `stream_over`): the body follows
+    as SetPiece commands, the last one with `last` true.  Nothing of it is buffered whole."""
+    queue: str
+    flags: int
+    exptime: int
+    size: int
+    noreply: bool = False
+
+
+@dataclass(slots=True)
+class SetPiece:
+    """The next bytes of the body announced by the last SetHead."""
+    data: bytes
+    last: bool
 
 
 @dataclass(slots=True)
@@ -196,7 +217,7 @@ class ProtocolError:
     close: bool
 
 
-Command = (Get | Set | SetRefused | Delete | Flush | FlushAll | FlushExpired | FlushAllExpired
+Command = (Get | Set | SetHead | SetPiece | SetRefused | Delete | Flush | FlushAll | FlushExpired | FlushAllExpired
            | Stats | DumpStats | DumpConfig | Monitor | Confirm | Status | Version | Reload
            | Shutdown | Quit | ProtocolError)
 
@@ -470,7 +491,10 @@ _SIMPLE = {
 _STORAGE = frozenset((b"set", b"add", b"replace", b"append", b"prepend", b"cas"))
 _MAY_STOP = frozenset((ProtocolError, Quit, Shutdown))
 
-_LINE, _DATA, _SKIP, _STOPPED = 0, 1, 2, 3
+_LINE, _DATA, _SKIP, _STOPPED, _BODY = 0, 1, 2, 3, 4
+
+#: A streamed body is yielded in pieces of at least this many bytes (the last may be shorter).
+STREAM_PIECE = 64 << 10
 
 
 # --------------------------------------------------------------------------- the parser
@@ -479,18 +503,24 @@ class MemcacheParser:
     """Feed socket bytes with `feed`, take commands with `next` until it returns None.
 
     `item_limit(queue_name) -> int | None` gives the queue's max item size (inclusive);
-    None for the callable or its result means unlimited."""
+    None for the callable or its result means unlimited.  A `set` body larger than
+    `stream_over` bytes is yielded as SetHead then SetPiece commands as it arrives, never
+    buffered whole (None: every body is buffered and yielded as one Set)."""
 
-    __slots__ = ("max_line", "item_limit", "_buf", "_scan", "_state", "_need", "_set", "_after")
+    __slots__ = ("max_line", "item_limit", "stream_over", "_buf", "_scan", "_state", "_need",
+                 "_set", "_after")
 
     def __init__(self, max_line: int = 1 << 20,
-                 item_limit: Callable[[str], int | None] | None = None) -> None:
+                 item_limit: Callable[[str], int | None] | None = None,
+                 stream_over: int | None = None) -> None:
         self.max_line = max_line
         self.item_limit = item_limit
+        self.stream_over = stream_over
         self._buf = bytearray()
         self._scan = 0          # LINE: _buf[:_scan] is known to hold no LF
         self._state = _LINE
-        self._need = 0          # DATA: bytes to wait for (data + 2); SKIP: bytes still to drop
+        self._need = 0          # DATA: bytes to wait for (data + 2); SKIP: bytes still to drop;
+                                # BODY: body bytes not yet yielded
         self._set: Set | None = None       # DATA: the Set waiting for its data
         self._after = None      # SKIP: what to yield once the skipped block is past
 
@@ -556,6 +586,22 @@ class MemcacheParser:
                 self._set = None
                 self._state = _LINE
                 return cmd
+            elif state == _BODY:
+                need = self._need
+                n = len(buf)
+                if n < need and n < STREAM_PIECE:
+                    return None
+                if n <= need:
+                    piece = bytes(buf)
+                    buf.clear()
+                else:
+                    piece = bytes(buf[:need])
+                    del buf[:need]
+                self._need = need - len(piece)
+                if self._need:
+                    return SetPiece(piece, False)
+                self._skip(2, None)          # the 2 bytes after the data, unchecked
+                return SetPiece(piece, True)
             elif state == _SKIP:
                 n = self._need
                 if n:
@@ -625,6 +671,10 @@ class MemcacheParser:
         if limit is not None and size > limit:
             self._skip(size + 2, None)
             return SetRefused(queue, size, noreply)
+        if self.stream_over is not None and size > self.stream_over:
+            self._state = _BODY
+            self._need = size
+            return SetHead(queue, flags, exptime, size, noreply)
         self._set = Set(queue, flags, exptime, b"", noreply)
         self._need = size + 2
         self._state = _DATA

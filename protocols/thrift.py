@@ -389,6 +389,11 @@ class ThriftParser:
         self._buf = bytearray()
         self._stopped = False
 
+    @property
+    def buffered(self) -> int:
+        """Bytes held and not yet decoded (the front watches this for back-pressure)."""
+        return len(self._buf)
+
     def feed(self, data: bytes) -> None:
         if not self._stopped:
             self._buf += data

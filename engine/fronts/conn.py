@@ -9,8 +9,8 @@ completes, as Kestrel's serial per-connection processing does; everything else p
 Commands that span workers (stats, flush_all, multi-key get, alias writes) send one part to each
 worker and complete when every part has answered.
 
-A protocol's connection class (memcache.py, text.py, thrift.py, admin.py) implements the four
-hooks `Conn` declares: `feed`, `next_command`, `handle` and `unavailable`.
+A protocol's connection class (memcache.py, text.py, thrift.py, admin.py) gives `Conn` its
+parser and implements the two hooks `Conn` declares: `handle` and `unavailable`.
 """
 from __future__ import annotations
 
@@ -25,7 +25,16 @@ import msgpack
 from lanner.config import validate_queue_name
 from lanner.fronts.counters import C_CURR, C_READ, C_TOTAL, C_WRITTEN
 from lanner.ipc.messages import (OP_DISCONNECT, OP_DUMP_CONFIG, OP_RELOAD, OP_STATS, R_DATA,
-                                 R_SERVER_ERROR, RF_CLOSE, RF_MORE)
+                                 R_OK, R_SERVER_ERROR, RF_CLOSE, RF_MORE)
+
+#: Unsent reply bytes a connection may have before it stops taking commands (see Conn).
+REPLY_BUDGET = 4 << 20
+#: The transport's low-water mark: below it a connection that stopped takes commands again.
+WRITE_LOW = 1 << 20
+#: Commands in flight (sent, reply not yet written) per connection, whatever their size.
+MAX_INFLIGHT = 256
+#: Unparsed bytes a connection holds while it cannot take commands, before it stops reading.
+INPUT_LIMIT = 64 << 10
 
 if TYPE_CHECKING:                 # the loop imports the connection classes, not the reverse
     from lanner.fronts.front import Front
@@ -33,12 +42,13 @@ if TYPE_CHECKING:                 # the loop imports the connection classes, not
 
 class Part:
     """One request sent to one worker on behalf of a slot."""
-    __slots__ = ("slot", "index", "worker", "status", "flags", "value", "payload", "done")
+    __slots__ = ("slot", "index", "worker", "req", "status", "flags", "value", "payload", "done")
 
-    def __init__(self, slot, index, worker):
+    def __init__(self, slot, index, worker, req):
         self.slot = slot
         self.index = index
         self.worker = worker
+        self.req = req
         self.done = False
         self.status = self.flags = self.value = 0
         self.payload = b""
@@ -67,14 +77,31 @@ def expiry_at(ms: int) -> int:
 
 
 class Conn(asyncio.Protocol, abc.ABC):
-    """One client connection.  Subclasses implement the protocol hooks below."""
+    """One client connection.  A subclass passes its protocol's parser (`feed(bytes)`, `next()`
+    -> command or None, `buffered` -> bytes held) and implements `handle` and `unavailable`.
+
+    Replies and the close.  Every reply takes its place in `slots`, in command order, and leaves
+    from the head.  A reply that closes the connection (an error, `quit`) is a slot like any
+    other: the commands before it are answered first, in order, then the error line is written,
+    then the connection closes; no command after it is taken (`stopped`).
+
+    Flow control.  The connection takes a command only while its unsent replies stay under
+    REPLY_BUDGET: the transport's buffer, finished replies held behind an unfinished one
+    (`held`), and the replies still in flight at the workers, estimated from the sizes replies
+    have had so far (`reply_size`, pessimistic at first), with at most MAX_INFLIGHT in flight.
+    While it cannot take commands the parser keeps what arrives, up to INPUT_LIMIT bytes; then
+    the connection stops reading (the kernel's buffers and TCP push back on the client).
+    A client that does not read its replies fills the transport's buffer past REPLY_BUDGET:
+    `pause_writing` stops both taking commands and reading until it drains to WRITE_LOW.
+    """
 
     count_bytes = True           # bytes_read / bytes_written (thrift is not counted, §9.5)
     counts_connection = True     # curr/total_connections cover memcache, text and thrift
     disconnect_flags = 0         # thrift: F_THRIFT, its open reads outlive the connection
 
-    def __init__(self, front: Front):
+    def __init__(self, front: Front, parser):
         self.front = front
+        self.parser = parser
         self.id = front.next_conn
         front.next_conn = (front.next_conn + 1) & 0xFFFFFFFF or 1
         self.transport = None
@@ -82,8 +109,12 @@ class Conn(asyncio.Protocol, abc.ABC):
         self.parts: dict[int, Part] = {}
         self.next_req = 1
         self.blocked: Slot | None = None
-        self.closing = False
+        self.stopped = False           # a closing reply is queued: take no further command
+        self.closing = False           # the closing reply is out (or the peer left): close now
         self.out: list[bytes] = []
+        self.held = 0                  # bytes of the slots' replies not yet handed to `out`
+        self.reply_size = REPLY_BUDGET // 16     # running estimate of one reply's size
+        self.in_body = False           # a streamed set body is arriving: its pieces always go on
         self.touched = 0               # bitmask of workers this connection sent requests to
         self.refuse_reads = False
         self.refuse_writes = False
@@ -92,14 +123,6 @@ class Conn(asyncio.Protocol, abc.ABC):
         self.last_activity = 0.0
 
     # -- the protocol hooks ----------------------------------------------------------------------
-    @abc.abstractmethod
-    def feed(self, data: bytes) -> None:
-        """Give socket bytes to the protocol's parser."""
-
-    @abc.abstractmethod
-    def next_command(self):
-        """The next complete command the parser holds, or None."""
-
     @abc.abstractmethod
     def handle(self, cmd) -> None:
         """Act on one command: reply at once (`reply_now`) or take a slot and send requests."""
@@ -111,6 +134,7 @@ class Conn(asyncio.Protocol, abc.ABC):
     # -- asyncio callbacks -----------------------------------------------------------------------
     def connection_made(self, transport):
         self.transport = transport
+        transport.set_write_buffer_limits(high=REPLY_BUDGET, low=WRITE_LOW)
         f = self.front
         f.conns[self.id] = self
         if self.counts_connection:
@@ -135,19 +159,71 @@ class Conn(asyncio.Protocol, abc.ABC):
         if self.count_bytes:
             f.my.incr(C_READ, len(data))
         self.last_activity = f.loop.time()
-        self.feed(data)
-        self.process()
-        self.flush_out()
+        self.parser.feed(data)
+        self.pump()
 
     def connection_lost(self, exc):
         f = self.front
-        self.closing = True
+        self.closing = self.stopped = True
         f.conns.pop(self.id, None)
         if self.counts_connection:
             f.my.decr(C_CURR)
         self.send_disconnects()
         self.slots.clear()
         self.parts.clear()
+        self.held = 0
+
+    def pause_writing(self):
+        self.paused_writing = True
+        self.update_reading()
+
+    def resume_writing(self):
+        self.paused_writing = False
+        self.pump()
+
+    # -- flow ------------------------------------------------------------------------------------
+    def pump(self) -> None:
+        """Take what commands the budget allows, write what is ready, then read or not."""
+        self.process()
+        self.flush_out()
+        self.update_reading()
+
+    def process(self) -> None:
+        parser = self.parser
+        while self.can_take():
+            cmd = parser.next()
+            if cmd is None:
+                return
+            self.handle(cmd)
+
+    def can_take(self) -> bool:
+        if self.stopped:
+            return False
+        if self.in_body:
+            return True
+        if self.blocked is not None or self.paused_writing:
+            return False
+        n = len(self.slots)
+        if n == 0:
+            return True
+        if n >= MAX_INFLIGHT:
+            return False
+        t = self.transport
+        queued = t.get_write_buffer_size() if t is not None else 0
+        return self.held + queued + n * self.reply_size < REPLY_BUDGET
+
+    def update_reading(self) -> None:
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        want = not self.stopped and not self.paused_writing and \
+            (self.parser.buffered <= INPUT_LIMIT or self.can_take())
+        if want and self.reading_paused:
+            self.reading_paused = False
+            t.resume_reading()
+        elif not want and not self.reading_paused:
+            self.reading_paused = True
+            t.pause_reading()
 
     def send_disconnects(self) -> None:
         """Tell every worker this connection touched that it is gone (once)."""
@@ -175,52 +251,46 @@ class Conn(asyncio.Protocol, abc.ABC):
             return "server is " + self.front.status.enforced()
         return None
 
-    def pause_writing(self):
-        self.paused_writing = True
-        if not self.reading_paused:
-            self.reading_paused = True
-            self.transport.pause_reading()
-
-    def resume_writing(self):
-        self.paused_writing = False
-        if self.reading_paused and self.blocked is None:
-            self.reading_paused = False
-            self.transport.resume_reading()
-        self.process()
-        self.flush_out()
-
-    # -- command processing ----------------------------------------------------------------------
-    def process(self) -> None:
-        while self.blocked is None and not self.closing and not self.paused_writing:
-            cmd = self.next_command()
-            if cmd is None:
-                return
-            self.handle(cmd)
-
+    # -- the reply queue -------------------------------------------------------------------------
     def new_slot(self, finish=None, stream=None, blocking=False, call=None) -> Slot:
         s = Slot(finish, stream, blocking, call)
         self.slots.append(s)
         return s
 
     def reply_now(self, data: bytes, close: bool = False) -> None:
-        """A reply that needs no worker."""
+        """A reply that needs no worker; `close`: the connection closes once it is written."""
         s = Slot()
         s.out = data
         s.close = close
         s.done = True
+        if close:
+            self.stopped = True
+        self.held += len(data)
         self.slots.append(s)
         self.drain_slots()
-        if close:
-            self.closing = True
+
+    def close_after_replies(self) -> None:
+        """`quit`: close once every reply already earned is written, saying nothing more."""
+        self.reply_now(b"", close=True)
+
+    def notify(self, worker: int, op: int, flags: int, queue: bytes, a=0, b=0,
+               payload: bytes = b"") -> int:
+        """Send a request whose response nobody waits for (noreply); returns its number."""
+        req = self.next_req
+        self.next_req = (req + 1) & 0xFFFFFFFF or 1
+        self.touched |= 1 << worker
+        self.front.send(worker, self.id, req, op, flags, queue, a, b, payload)
+        return req
 
     def request(self, slot: Slot, worker: int, op: int, flags: int, queue: bytes, a=0, b=0,
                 payload: bytes = b"") -> Part:
+        """Send one request whose response becomes a part of `slot`'s reply."""
         req = self.next_req
         self.next_req = (req + 1) & 0xFFFFFFFF or 1
-        part = Part(slot, len(slot.parts), worker)
+        self.touched |= 1 << worker
+        part = Part(slot, len(slot.parts), worker, req)
         slot.parts.append(part)
         slot.remaining += 1
-        self.touched |= 1 << worker
         if self.front.send(worker, self.id, req, op, flags, queue, a, b, payload):
             self.parts[req] = part
         else:
@@ -239,7 +309,7 @@ class Conn(asyncio.Protocol, abc.ABC):
 
     def on_response(self, req: int, status: int, flags: int, value: int, payload) -> None:
         part = self.parts.get(req)
-        if part is None:
+        if part is None or self.closing:
             return
         slot = part.slot
         if flags & RF_MORE:
@@ -247,11 +317,12 @@ class Conn(asyncio.Protocol, abc.ABC):
             if slot.stream is not None:
                 data = slot.stream(slot, part, bytes(payload))
                 if data:
-                    slot.out += data
                     if self.slots and self.slots[0] is slot:
-                        self.out.append(slot.out)
-                        slot.out = b""
-                        self.front.write_pending.add(self)
+                        self.out.append(data)
+                    else:
+                        slot.out += data
+                        self.held += len(data)
+                    self.front.write_pending.add(self)
             return
         del self.parts[req]
         part.status, part.flags, part.value = status, flags, value
@@ -262,20 +333,20 @@ class Conn(asyncio.Protocol, abc.ABC):
             self.complete(slot)
 
     def complete(self, slot: Slot) -> None:
+        before = len(slot.out)
         if slot.finish is not None:
             slot.finish(slot)
             slot.finish = None
         slot.parts.clear()      # parts point back at their slot: free them by refcount, not GC
         slot.done = True
+        n = len(slot.out)
+        self.held += n - before
+        self.reply_size += (n - self.reply_size) >> 3
+        if slot.close:
+            self.stopped = True
         if self.blocked is slot:
             self.blocked = None
-            if self.reading_paused and not self.paused_writing:
-                self.reading_paused = False
-                self.transport.resume_reading()
-            self.drain_slots()
-            self.process()
-        else:
-            self.drain_slots()
+        self.drain_slots()
         self.front.write_pending.add(self)
 
     def drain_slots(self) -> None:
@@ -284,28 +355,29 @@ class Conn(asyncio.Protocol, abc.ABC):
             s = slots.popleft()
             if s.out:
                 self.out.append(s.out)
+                self.held -= len(s.out)
             if s.close:
-                self.closing = True
-                slots.clear()
+                self.closing = self.stopped = True
+                slots.clear()           # what was sent after the closing command goes unanswered
+                self.held = 0
                 break
 
     def flush_out(self) -> None:
+        t = self.transport
         if self.closing and self.touched:
             # roll back open reads before the client can see the reply and reconnect
             self.send_disconnects()
             self.front.flush_rings()
-        if self.out and self.transport is not None and not self.transport.is_closing():
+        if self.out and t is not None and not t.is_closing():
             data = b"".join(self.out) if len(self.out) > 1 else self.out[0]
             self.out.clear()
             if self.count_bytes:
                 self.front.my.incr(C_WRITTEN, len(data))
-            self.transport.write(data)
+            t.write(data)
         else:
             self.out.clear()
-        if self.closing and self.transport is not None and not self.transport.is_closing():
-            self.send_disconnects()
-            self.front.flush_rings()
-            self.transport.close()
+        if self.closing and t is not None and not t.is_closing():
+            t.close()
 
     def worker_down(self, w: int) -> None:
         failed = [req for req, p in self.parts.items() if p.worker == w]
@@ -378,10 +450,21 @@ class Conn(asyncio.Protocol, abc.ABC):
         slot = self.new_slot(finish)
         self.broadcast(slot, OP_DUMP_CONFIG)
 
-    def reload_slot(self, reply: bytes) -> None:
-        self.front.request_reload()
+    def reload_slot(self, ok: bytes, error) -> None:
+        """`reload`: this front checks the file first; if it is bad, the answer is
+        `error(reason)` at once and nothing changes anywhere.  Otherwise every worker reloads,
+        and the answer is `ok` only if every one of them succeeded."""
+        err = self.front.request_reload()
+        if err is not None:
+            self.reply_now(error("reload failed: " + err))
+            return
 
         def finish(slot):
-            slot.out = reply
+            for p in slot.parts:
+                if p.status != R_OK:
+                    why = p.payload.decode("latin-1", "replace") or "worker %d failed" % p.worker
+                    slot.out = error("reload failed: " + why)
+                    return
+            slot.out = ok
         slot = self.new_slot(finish)
         self.broadcast(slot, OP_RELOAD)

@@ -132,7 +132,7 @@ class Front:
         if self.write_pending:
             pending, self.write_pending = self.write_pending, set()
             for c in pending:
-                c.flush_out()
+                c.pump()
 
     # -- control ---------------------------------------------------------------------------------
     def on_control(self) -> None:
@@ -160,19 +160,25 @@ class Front:
             log.warning("front %d: supervisor gone, exiting", self.index)
             self.begin_stop()
 
-    def reload_local(self) -> None:
+    def reload_local(self) -> str | None:
+        """Re-read the config file; on failure keep the old config and return why (the key and
+        the reason, never the file's path: the reason may go to a client)."""
         try:
             self.config = reload_config(self.config)
         except ConfigError as e:
             log.error("front %d: reload failed: %s", self.index, e)
-            return
+            return e.brief
         self.valid_names.clear()
+        return None
 
-    def request_reload(self) -> None:
-        """`reload` from a client: this front reloads now, every worker reloads through its ring
-        (so the client's next command sees the new settings), the supervisor tells the others."""
-        self.reload_local()
-        control.send(self.control, {"cmd": "reload_all", "front": self.index})
+    def request_reload(self) -> str | None:
+        """`reload` from a client: this front reloads now; if that worked, the caller sends every
+        worker a reload through its ring (so the client's next command sees the new settings)
+        and the supervisor tells the other fronts.  Returns why it failed, or None."""
+        err = self.reload_local()
+        if err is None:
+            control.send(self.control, {"cmd": "reload_all", "front": self.index})
+        return err
 
     def request_shutdown(self) -> None:
         self.loop.call_later(0.1, os.kill, os.getppid(), signal.SIGTERM)

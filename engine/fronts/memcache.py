@@ -13,32 +13,25 @@ from lanner import __version__
 from lanner.fronts.conn import Conn, Slot, expiry_at
 from lanner.fronts.counters import C_GET, C_PEEK, C_SET
 from lanner.server.status import StatusError
-from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_NOREPLY, F_OPEN, F_PEEK, OP_ALIAS_PUT, OP_CONFIRM,
+from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_NOREPLY, F_OPEN, F_PEEK, F_STREAM, OP_ALIAS_PUT, OP_CONFIRM,
                        OP_DELETE, OP_FLUSH, OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED, OP_FLUSH_EXPIRED,
-                       OP_GET, OP_MONITOR, OP_SET, R_CLIENT_ERROR, R_EMPTY, R_END, R_ERROR, R_ITEM, R_OK,
+                       OP_GET, OP_MONITOR, OP_SET, OP_SET_DATA, R_CLIENT_ERROR, R_EMPTY, R_END, R_ERROR, R_ITEM, R_OK,
                        R_SERVER_ERROR, R_VALUE, RF_CLOSE)
 
 _VERSION = mc.version_line(__version__)
-PIPELINE_LIMIT = 1 << 20
+#: Set bodies larger than this go to the worker in pieces as they arrive (never whole here).
+STREAM_OVER = 64 << 10
 
 
 class MemcacheConn(Conn):
     def __init__(self, front):
-        super().__init__(front)
-        cfg = front.config
-        self.parser = mc.MemcacheParser(item_limit=lambda q: cfg.queue_config(q).max_item_size)
+        super().__init__(front, mc.MemcacheParser(item_limit=self.item_limit,
+                                                  stream_over=STREAM_OVER))
+        self.body: list[tuple[int, int]] = []     # (worker, request) of the set body arriving
 
-    def feed(self, data: bytes) -> None:
-        self.parser.feed(data)
-        if self.blocked is not None and self.parser.buffered > PIPELINE_LIMIT \
-                and not self.reading_paused:
-            # a blocked command holds back a pipeline: stop reading until it completes (an
-            # unblocked connection only ever holds one incomplete command, however large)
-            self.reading_paused = True
-            self.transport.pause_reading()
-
-    def next_command(self):
-        return self.parser.next()
+    def item_limit(self, queue: str) -> int:
+        """The queue's max_item_size under the config in force now (it changes on reload)."""
+        return self.front.config.queue_config(queue).max_item_size
 
     def handle(self, cmd) -> None:
         _HANDLERS[type(cmd)](self, cmd)
@@ -89,48 +82,58 @@ class MemcacheConn(Conn):
 
     # -- storage ---------------------------------------------------------------------------------
     def on_set(self, cmd: mc.Set) -> None:
-        q = cmd.queue
+        self.store(cmd.queue, cmd.exptime, cmd.noreply, len(cmd.data), cmd.data)
+
+    def on_set_head(self, cmd: mc.SetHead) -> None:
+        self.store(cmd.queue, cmd.exptime, cmd.noreply, cmd.size, None)
+
+    def on_set_piece(self, cmd: mc.SetPiece) -> None:
+        f = self.front
+        for w, req in self.body:
+            f.send(w, self.id, req, OP_SET_DATA, 0, b"", 0, 0, cmd.data)
+        if cmd.last:
+            self.body = []
+            self.in_body = False
+
+    def store(self, q: str, exptime: int, noreply: bool, size: int, data: bytes | None) -> None:
+        """One set: its body whole (`data`), or None when it follows in SetPieces, which go to
+        the same worker(s) as they arrive (F_STREAM, then OP_SET_DATA; ipc/bodies.py)."""
         if self.bad_name(q) or self.writes_blocked():
             return
         f = self.front
         f.my.incr(C_SET)
-        exptime = cmd.exptime
         if exptime == 0:
             expiry = 0
         elif exptime < 1_000_000:
             expiry = expiry_at(f.clock.now_ms() + exptime * 1000)
         else:
             expiry = exptime * 1000
-        flags = F_NOREPLY if cmd.noreply else 0
+        stream = data is None
+        flags = F_STREAM if stream else 0
+        payload = b"" if stream else data
         dests = f.config.aliases.get(q)
-        if dests is not None:
-            self.alias_set(q, dests, cmd.data, expiry, cmd.noreply)
-            return
-        if cmd.noreply:
+        if dests is None and noreply:
             # nothing to wait for: fire and forget, no slot
-            self.touched |= 1 << f.owner(q)
-            f.send(f.owner(q), self.id, 0, OP_SET, flags, q.encode("latin-1"), expiry, 0, cmd.data)
-            return
-        slot = self.new_slot(_finish_stored)
-        self.request(slot, f.owner(q), OP_SET, 0, q.encode("latin-1"), expiry, 0, cmd.data)
-        self.seal(slot)
-
-    def alias_set(self, alias: str, dests, data: bytes, expiry: int, noreply: bool) -> None:
-        f = self.front
-
-        def finish(slot):
-            if any(p.status == R_SERVER_ERROR for p in slot.parts):
-                self.first_failure(slot)
+            w = f.owner(q)
+            targets = [(w, self.notify(w, OP_SET, flags | F_NOREPLY, q.encode("latin-1"), expiry,
+                                       size, payload))]
+        else:
+            if dests is None:
+                names = (q,)
+                slot = self.new_slot(_finish_stored)
             else:
-                slot.out = mc.STORED if all(p.status == R_OK for p in slot.parts) else mc.NOT_STORED
-            if noreply and not slot.close:
-                slot.out = b""
-        slot = self.new_slot(finish)
-        a = alias.encode("latin-1")
-        f.send(f.owner(alias), self.id, 0, OP_ALIAS_PUT, 0, a, 1, len(data))
-        for d in dests:
-            self.request(slot, f.owner(d), OP_SET, 0, d.encode("latin-1"), expiry, 0, data)
-        self.seal(slot)
+                names = dests
+                slot = self.new_slot(lambda s: _finish_alias_set(self, s, noreply))
+                f.send(f.owner(q), self.id, 0, OP_ALIAS_PUT, 0, q.encode("latin-1"), 1, size)
+            targets = []
+            for d in names:
+                part = self.request(slot, f.owner(d), OP_SET, flags, d.encode("latin-1"), expiry,
+                                    size, payload)
+                targets.append((part.worker, part.req))
+            self.seal(slot)
+        if stream:
+            self.body = targets
+            self.in_body = True
 
     def on_set_refused(self, cmd: mc.SetRefused) -> None:
         if self.bad_name(cmd.queue) or self.writes_blocked():
@@ -182,9 +185,7 @@ class MemcacheConn(Conn):
                     plan.append((k, F_CLOSE, -1))
                 for pk, pflags, _ in plan:
                     if pflags is not None:
-                        w = f.owner(pk.queue)
-                        self.touched |= 1 << w
-                        f.send(w, self.id, 0, OP_GET, pflags, pk.queue.encode("latin-1"), -1)
+                        self.notify(f.owner(pk.queue), OP_GET, pflags, pk.queue.encode("latin-1"), -1)
                 self.reads_blocked()
                 return
             flags = (F_OPEN if k.open else 0) | (F_CLOSE if k.close else 0) | (F_PEEK if k.peek else 0)
@@ -278,8 +279,7 @@ class MemcacheConn(Conn):
                 self.reply_now(ok)          # aliases and names that cannot exist: a no-op
             return
         if noreply:
-            self.touched |= 1 << f.owner(queue)
-            f.send(f.owner(queue), self.id, 0, op, F_NOREPLY, queue.encode("latin-1"))
+            self.notify(f.owner(queue), op, F_NOREPLY, queue.encode("latin-1"))
             return
 
         def finish(slot):
@@ -358,14 +358,14 @@ class MemcacheConn(Conn):
         self.reply_now(_VERSION)
 
     def on_reload(self, cmd) -> None:
-        self.reload_slot(mc.RELOADED)
+        self.reload_slot(mc.RELOADED, mc.server_error)
 
     def on_shutdown(self, cmd) -> None:
-        self.closing = True
+        self.close_after_replies()
         self.front.request_shutdown()
 
     def on_quit(self, cmd) -> None:
-        self.closing = True
+        self.close_after_replies()
 
     def on_protocol_error(self, cmd: mc.ProtocolError) -> None:
         self.reply_now(cmd.reply, close=cmd.close)
@@ -386,6 +386,16 @@ def _finish_stored(slot: Slot) -> None:
         slot.out = mc.NOT_STORED
 
 
+def _finish_alias_set(conn: MemcacheConn, slot: Slot, noreply: bool) -> None:
+    """STORED only if every destination stored it (§1.3)."""
+    if any(p.status == R_SERVER_ERROR for p in slot.parts):
+        conn.first_failure(slot)
+    else:
+        slot.out = mc.STORED if all(p.status == R_OK for p in slot.parts) else mc.NOT_STORED
+    if noreply and not slot.close:
+        slot.out = b""
+
+
 def _finish_get1(conn: MemcacheConn, slot: Slot, raw: str) -> None:
     p = slot.parts[0]
     st = p.status
@@ -399,6 +409,7 @@ def _finish_get1(conn: MemcacheConn, slot: Slot, raw: str) -> None:
 
 _HANDLERS = {
     mc.Get: MemcacheConn.on_get, mc.Set: MemcacheConn.on_set, mc.SetRefused: MemcacheConn.on_set_refused,
+    mc.SetHead: MemcacheConn.on_set_head, mc.SetPiece: MemcacheConn.on_set_piece,
     mc.Delete: MemcacheConn.on_delete, mc.Flush: MemcacheConn.on_flush,
     mc.FlushAll: MemcacheConn.on_flush_all, mc.FlushExpired: MemcacheConn.on_flush_expired,
     mc.FlushAllExpired: MemcacheConn.on_flush_all_expired, mc.Stats: MemcacheConn.on_stats,

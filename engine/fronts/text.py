@@ -25,18 +25,7 @@ def _blocked(op: str) -> bytes:
 
 class TextConn(Conn):
     def __init__(self, front):
-        super().__init__(front)
-        self.parser = tx.TextParser()
-
-    def feed(self, data: bytes) -> None:
-        self.parser.feed(data)
-        if self.blocked is not None and self.parser.buffered > (1 << 20) \
-                and not self.reading_paused:
-            self.reading_paused = True
-            self.transport.pause_reading()
-
-    def next_command(self):
-        return self.parser.next()
+        super().__init__(front, tx.TextParser())
 
     def handle(self, cmd) -> None:
         _HANDLERS[type(cmd)](self, cmd)
@@ -210,7 +199,7 @@ class TextConn(Conn):
         self.front.request_shutdown()
 
     def on_quit(self, cmd) -> None:
-        self.closing = True
+        self.close_after_replies()
 
     def on_reply(self, cmd: tx.Reply) -> None:
         self.reply_now(cmd.reply)

@@ -32,14 +32,7 @@ class ThriftConn(Conn):
     disconnect_flags = F_THRIFT
 
     def __init__(self, front):
-        super().__init__(front)
-        self.parser = th.ThriftParser()
-
-    def feed(self, data: bytes) -> None:
-        self.parser.feed(data)
-
-    def next_command(self):
-        return self.parser.next()
+        super().__init__(front, th.ThriftParser())
 
     def unavailable(self, slot: Slot, reason: str) -> None:
         call = slot.call
@@ -80,8 +73,8 @@ class ThriftConn(Conn):
         elif t is th.BadCall:
             self.reply_now(th.encode_exception(cmd.method, cmd.seqid, cmd.exc_type, cmd.message,
                                                self.parser.upgraded))
-        else:
-            self.closing = True
+        else:                     # a ProtocolError: Kestrel's finagle server closed, saying nothing
+            self.close_after_replies()
 
     def queue_ok(self, call, queue: str) -> bool:
         reason = self.check_name(queue)

@@ -35,12 +35,13 @@ from dataclasses import dataclass
 import msgpack
 
 from lanner.ipc import control
+from lanner.ipc.bodies import Bodies
 from lanner.clock import SYSTEM_CLOCK
 from lanner.queues.collection import QueueCollection
-from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_PEEK, F_THRIFT,
+from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_PEEK, F_STREAM, F_THRIFT,
                        OP_ALIAS_PUT, OP_CONFIRM, OP_DELETE, OP_DISCONNECT, OP_DUMP_CONFIG, OP_FLUSH,
                        OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED, OP_FLUSH_EXPIRED, OP_FORWARD_ADD, OP_GET,
-                       OP_MONITOR, OP_PUT_MANY, OP_RELOAD, OP_SET, OP_STATS, OP_TABORT, OP_TCONFIRM,
+                       OP_MONITOR, OP_PUT_MANY, OP_RELOAD, OP_SET, OP_SET_DATA, OP_STATS, OP_TABORT, OP_TCONFIRM,
                        OP_TGET, OP_TPEEK, R_CLIENT_ERROR, R_DATA, R_EMPTY, R_END, R_ERROR,
                        R_ITEM, R_NOT_STORED, R_OK, R_SERVER_ERROR, R_VALUE, REQ_SIZE, RF_CLOSE, RF_MORE,
                        Reassembler, pack_req, pack_resp, send, unpack_req, unpack_resp)
@@ -114,6 +115,7 @@ class Worker:
         self.tcounts: dict[tuple, int] = {}                   # (src, conn, queue) -> open reads
         self.tseq = 0
         self.taborts: list[tuple[int, int]] = []              # heap of (deadline ms, id)
+        self.bodies = Bodies()                                # streamed set bodies, in pieces
 
     # -- start-up --------------------------------------------------------------------------------
     def owns(self, name: str) -> bool:
@@ -346,9 +348,19 @@ class Worker:
         payload = rec[REQ_SIZE + qlen:]
         coll = self.coll
         if op == OP_SET:
+            if flags & F_STREAM:             # the body follows in OP_SET_DATA pieces
+                self.bodies.begin(src, conn, req, queue, a, b, flags)
+                return
             ok = coll.add(queue, bytes(payload), a or None)
             if not flags & F_NOREPLY:
                 self.reply(src, conn, req, R_OK if ok else R_NOT_STORED)
+        elif op == OP_SET_DATA:
+            whole = self.bodies.more(src, conn, req, payload)
+            if whole is not None:
+                queue, data, expiry, flags = whole
+                ok = coll.add(queue, data, expiry or None)
+                if not flags & F_NOREPLY:
+                    self.reply(src, conn, req, R_OK if ok else R_NOT_STORED)
         elif op == OP_GET:
             self.op_get(src, conn, req, queue, flags, a)
         elif op == OP_MONITOR:
@@ -398,8 +410,11 @@ class Worker:
         elif op == OP_FORWARD_ADD:
             coll.add_forwarded(queue, bytes(payload), self.clock.now_ms())
         elif op == OP_RELOAD:
-            self.reload()
-            self.reply(src, conn, req, R_OK)
+            err = self.reload()
+            if err is None:
+                self.reply(src, conn, req, R_OK)
+            else:
+                self.reply(src, conn, req, R_SERVER_ERROR, 0, 0, err.encode("latin-1", "replace"))
         elif op == OP_PUT_MANY:
             added = 0
             for data in msgpack.unpackb(bytes(payload)):
@@ -564,6 +579,7 @@ class Worker:
             self.retry_woken()
 
     def disconnect(self, src: int, conn: int, thrift: bool = False) -> None:
+        self.bodies.drop(src, conn)
         for p in self.pending_by_conn.pop((src, conn), ()):
             p.done = True
             if p.waiter is not None:
@@ -703,15 +719,17 @@ class Worker:
                    for name in self.coll.names()]
         return msgpack.packb(entries)
 
-    def reload(self) -> None:
+    def reload(self) -> str | None:
+        """Re-read the config; on failure keep the old one and return why (no file path)."""
         from lanner.config import ConfigError, reload_config
         try:
             self.config = reload_config(self.config)
         except ConfigError as e:
             log.error("worker %d: reload failed: %s", self.index, e)
-            return
+            return e.brief
         self.coll.reload(self.config)
         log.info("worker %d: configuration reloaded", self.index)
+        return None
 
     # -- supervisor and cleaner messages ---------------------------------------------------------
     def on_control(self, msg) -> None:
@@ -723,6 +741,7 @@ class Worker:
             if ring is not None:          # whatever the dead peer left unread is void
                 ring.resync_consumer(discard=True)
                 self.asm[peer].reset()
+                self.bodies.drop(peer)
             if peer < self.nfronts:
                 for key in [k for k in self.sessions if k[0] == peer]:
                     self.disconnect(*key)
