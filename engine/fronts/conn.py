@@ -24,7 +24,7 @@ import msgpack
 
 from lanner.config import validate_queue_name
 from lanner.fronts.counters import C_CURR, C_READ, C_TOTAL, C_WRITTEN
-from lanner.ipc.messages import (OP_DISCONNECT, OP_DUMP_CONFIG, OP_RELOAD, OP_STATS, R_DATA,
+from lanner.ipc.messages import (OP_DISCONNECT, OP_DUMP_CONFIG, OP_RELOAD, OP_SET_DATA, OP_STATS, R_DATA,
                                  R_OK, R_SERVER_ERROR, RF_CLOSE, RF_MORE)
 
 #: Unsent reply bytes a connection may have before it stops taking commands (see Conn).
@@ -114,7 +114,8 @@ class Conn(asyncio.Protocol, abc.ABC):
         self.out: list[bytes] = []
         self.held = 0                  # bytes of the slots' replies not yet handed to `out`
         self.reply_size = REPLY_BUDGET // 16     # running estimate of one reply's size
-        self.in_body = False           # a streamed set body is arriving: its pieces always go on
+        self.body: list[tuple[int, int]] | None = None    # while a streamed set body arrives:
+                                       # the (worker, request) pairs its pieces go to
         self.touched = 0               # bitmask of workers this connection sent requests to
         self.refuse_reads = False
         self.refuse_writes = False
@@ -166,6 +167,7 @@ class Conn(asyncio.Protocol, abc.ABC):
         f = self.front
         self.closing = self.stopped = True
         f.conns.pop(self.id, None)
+        f.ring_waiters.discard(self)
         if self.counts_connection:
             f.my.decr(C_CURR)
         self.send_disconnects()
@@ -183,7 +185,10 @@ class Conn(asyncio.Protocol, abc.ABC):
 
     # -- flow ------------------------------------------------------------------------------------
     def pump(self) -> None:
-        """Take what commands the budget allows, write what is ready, then read or not."""
+        """Write what is ready (so the budget sees it), take what commands the budget allows,
+        write again, then read or not."""
+        if self.out:
+            self.flush_out()
         self.process()
         self.flush_out()
         self.update_reading()
@@ -199,8 +204,8 @@ class Conn(asyncio.Protocol, abc.ABC):
     def can_take(self) -> bool:
         if self.stopped:
             return False
-        if self.in_body:
-            return True
+        if self.body is not None:      # a body's pieces go on whatever the budget, ring room permitting
+            return self.front.ring_room(self.body, self)
         if self.blocked is not None or self.paused_writing:
             return False
         n = len(self.slots)
@@ -250,6 +255,18 @@ class Conn(asyncio.Protocol, abc.ABC):
         if self.front.status.blocks_writes():
             return "server is " + self.front.status.enforced()
         return None
+
+    # -- streamed set bodies --------------------------------------------------------------------
+    def begin_body(self, targets: list[tuple[int, int]]) -> None:
+        """The pieces of the body just announced go to these (worker, request) pairs."""
+        self.body = targets
+
+    def body_piece(self, data: bytes, last: bool) -> None:
+        f = self.front
+        for w, req in self.body:
+            f.send(w, self.id, req, OP_SET_DATA, 0, b"", 0, 0, data)
+        if last:
+            self.body = None
 
     # -- the reply queue -------------------------------------------------------------------------
     def new_slot(self, finish=None, stream=None, blocking=False, call=None) -> Slot:

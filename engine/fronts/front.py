@@ -63,7 +63,8 @@ class Front:
         self.ctl_reader = control.Reader(control_sock) if control_sock is not None else None
         self.servers = []
         self.stopping = False
-        self.write_pending: set = set()
+        self.write_pending: set[Conn] = set()
+        self.ring_waiters: set[Conn] = set()     # connections waiting for room in a request ring
         self.asm = [Reassembler() for _ in resp_rings]
         self.valid_names: set[str] = set()     # names already checked (cleared on reload)
         self.owners: dict[str, int] = {}       # queue -> worker, a cache of placement
@@ -89,11 +90,30 @@ class Front:
             self.loop.call_soon(self.flush_rings)
         return True
 
+    def ring_room(self, targets, conn: Conn) -> bool:
+        """Whether the request rings to the workers of `targets` ((worker, request) pairs) hold
+        no overflow.  If one does, `conn` is pumped again when the workers make room: a streamed
+        body waits for its worker instead of piling up in this process."""
+        for w, _ in targets:
+            if self.req_rings[w].backlog:
+                self.ring_waiters.add(conn)
+                return False
+        return True
+
     def flush_rings(self) -> None:
         self.flush_scheduled = False
         for w in self.dirty_rings:
             self.req_rings[w].publish()
         self.dirty_rings.clear()
+        if self.ring_waiters:
+            # the publish may have emptied an overflow without a space wakeup to come
+            self.loop.call_soon(self.wake_ring_waiters)
+
+    def wake_ring_waiters(self) -> None:
+        if self.ring_waiters:
+            waiters, self.ring_waiters = self.ring_waiters, set()
+            for c in waiters:
+                c.pump()
 
     def on_wake(self) -> None:
         try:
@@ -103,6 +123,7 @@ class Front:
         for w, ring in enumerate(self.req_rings):
             if ring.backlog:             # space freed in a full ring: push the overflow on
                 ring.publish()
+        self.wake_ring_waiters()
         conns = self.conns
         while True:
             for w, ring in enumerate(self.resp_rings):

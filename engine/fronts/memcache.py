@@ -15,7 +15,7 @@ from lanner.fronts.counters import C_GET, C_PEEK, C_SET
 from lanner.server.status import StatusError
 from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_NOREPLY, F_OPEN, F_PEEK, F_STREAM, OP_ALIAS_PUT, OP_CONFIRM,
                        OP_DELETE, OP_FLUSH, OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED, OP_FLUSH_EXPIRED,
-                       OP_GET, OP_MONITOR, OP_SET, OP_SET_DATA, R_CLIENT_ERROR, R_EMPTY, R_END, R_ERROR, R_ITEM, R_OK,
+                       OP_GET, OP_MONITOR, OP_SET, R_CLIENT_ERROR, R_EMPTY, R_END, R_ERROR, R_ITEM, R_OK,
                        R_SERVER_ERROR, R_VALUE, RF_CLOSE)
 
 _VERSION = mc.version_line(__version__)
@@ -27,7 +27,6 @@ class MemcacheConn(Conn):
     def __init__(self, front):
         super().__init__(front, mc.MemcacheParser(item_limit=self.item_limit,
                                                   stream_over=STREAM_OVER))
-        self.body: list[tuple[int, int]] = []     # (worker, request) of the set body arriving
 
     def item_limit(self, queue: str) -> int:
         """The queue's max_item_size under the config in force now (it changes on reload)."""
@@ -88,12 +87,7 @@ class MemcacheConn(Conn):
         self.store(cmd.queue, cmd.exptime, cmd.noreply, cmd.size, None)
 
     def on_set_piece(self, cmd: mc.SetPiece) -> None:
-        f = self.front
-        for w, req in self.body:
-            f.send(w, self.id, req, OP_SET_DATA, 0, b"", 0, 0, cmd.data)
-        if cmd.last:
-            self.body = []
-            self.in_body = False
+        self.body_piece(cmd.data, cmd.last)
 
     def store(self, q: str, exptime: int, noreply: bool, size: int, data: bytes | None) -> None:
         """One set: its body whole (`data`), or None when it follows in SetPieces, which go to
@@ -132,8 +126,7 @@ class MemcacheConn(Conn):
                 targets.append((part.worker, part.req))
             self.seal(slot)
         if stream:
-            self.body = targets
-            self.in_body = True
+            self.begin_body(targets)
 
     def on_set_refused(self, cmd: mc.SetRefused) -> None:
         if self.bad_name(cmd.queue) or self.writes_blocked():

@@ -35,6 +35,7 @@ from lanner.ipc.shm import CounterBlock
 from lanner.server.status import ServerStatus
 
 RING_CAPACITY = 1 << 20
+READ_SIZE = 256 << 10          # what uvloop reads from a socket at most, per callback
 
 
 class FakeLoop:
@@ -125,9 +126,13 @@ class FakeTransport:
 
     # -- the client's side ------------------------------------------------------------------
     def _deliver(self) -> None:
+        """One read of at most READ_SIZE bytes, as a real socket's; the rest on later turns."""
         if self.reading and self.inbox and not self.closing:
-            data, self.inbox = bytes(self.inbox), bytearray()
+            data = bytes(self.inbox[:READ_SIZE])
+            del self.inbox[:READ_SIZE]
             self.protocol.data_received(data)
+            if self.inbox and self.reading:
+                self.loop.call_soon(self._deliver)
 
     def _lose(self) -> None:
         if not self.lost:
@@ -139,7 +144,7 @@ class FakeTransport:
         if self.closing:
             return
         self.inbox += data
-        if self.reading:
+        if self.reading and len(self.inbox) == len(data):
             self._deliver()
 
     def read(self, n: int | None = None) -> bytes:
@@ -180,7 +185,8 @@ class FakeWorker:
     opens: dict = field(default_factory=lambda: defaultdict(deque))     # conn -> [(queue, data)]
     seen: list = field(default_factory=list)
     held: list = field(default_factory=list)
-    hold: bool = False
+    hold: bool = False       # read requests but leave them unanswered
+    asleep: bool = False     # do not even read the ring (a busy or stuck worker)
     reload_error: str | None = None
     disconnects: list = field(default_factory=list)
 
@@ -190,6 +196,8 @@ class FakeWorker:
 
     def step(self) -> bool:
         """Read every request; answer them unless holding.  True if anything was read."""
+        if self.asleep:
+            return False
         got = False
         while True:
             batch = self.inbound.read_batch()
