@@ -562,13 +562,16 @@ def _read_toml(path: str) -> dict:
     error, not a hang of every process at `reload`."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as f:
+        try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise ConfigError("", "the config file is not a regular file", path)
             if st.st_size > MAX_CONFIG_BYTES:
                 raise ConfigError("", f"the config file is larger than {MAX_CONFIG_BYTES} bytes", path)
-            text = f.read(MAX_CONFIG_BYTES + 1)
+            with os.fdopen(os.dup(fd), "rb") as f:
+                text = f.read(MAX_CONFIG_BYTES + 1)
+        finally:
+            os.close(fd)
         return tomllib.loads(text.decode("utf-8"))
     except OSError as e:
         raise ConfigError("", f"cannot read config file: {e.strerror or e}", path) from None

@@ -516,6 +516,30 @@ def test_reload_validates_the_server_section_too(write):
     assert e.value.key == "server.workers"
 
 
+def test_reload_error_brief_names_the_key_but_not_the_file(write):
+    path = write("[default]\nmax_items = 1\n")
+    old = load_config(path)
+    with open(path, "w") as f:
+        f.write("[default]\nmax_itemz = 1\n")
+    with pytest.raises(ConfigError) as e:
+        reload_config(old)
+    assert e.value.brief == "default.max_itemz: unknown key"
+    assert path in str(e.value)
+
+
+@pytest.mark.parametrize("make, reason", [
+    (os.mkfifo, "not a regular file"),                      # opening it would block forever
+    (os.mkdir, "not a regular file"),
+    (lambda p: open(p, "wb").write(b"#" * (2 << 20)), "larger than"),
+])
+def test_a_config_path_that_is_not_a_small_regular_file_is_an_error(tmp_path, make, reason):
+    path = str(tmp_path / "lanner.toml")
+    make(path)
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert reason in e.value.reason and e.value.file == path
+
+
 def test_reload_of_embedded_defaults():
     old = load_config(None, {"workers": 1})
     new = reload_config(old)
