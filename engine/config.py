@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any, Callable
 
+from lanner.queues.names import validate_queue_name
 from lanner.queues.placement import PARTITIONS
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,6 @@ log = logging.getLogger(__name__)
 __all__ = [
     "CmdlogConfig", "Config", "ConfigError", "QueueConfig", "ServerConfig",
     "config_items", "load_config", "parse_duration", "parse_size", "reload_config",
-    "validate_queue_name",
 ]
 
 INT_MAX = 2147483647          # Kestrel's Int.MaxValue
@@ -87,32 +87,6 @@ class ConfigError(Exception):
 
 
 # --------------------------------------------------------------------------- names
-
-_BAD_NAME = re.compile(r"[/\\~\x00-\x1f\x7f]")
-_BAD_NAME_DOTS = re.compile(r"[/\\~.\x00-\x1f\x7f]")
-
-
-def validate_queue_name(name: str, allow_dots: bool = False) -> None:
-    """Raise ValueError with a reason unless `name` can name a queue.
-
-    Names become file names under queue_path, so path separators, `~` (used by
-    Kestrel's temporary journals `<q>~~<ms>`) and control bytes are refused;
-    `.` separates a journal's name from its timestamp, so only queues stored in
-    a command log (which never use the name as a file name) may contain it.
-    """
-    if not name:
-        raise ValueError("Queue name is empty.")
-    try:
-        size = len(name.encode("latin-1"))
-    except UnicodeEncodeError:
-        raise ValueError("Queue name is not a byte string (characters above U+00FF).") from None
-    if size > 255:
-        raise ValueError(f"Queue name is too long ({size} bytes, at most 255).")
-    if (_BAD_NAME if allow_dots else _BAD_NAME_DOTS).search(name):
-        if allow_dots:
-            raise ValueError("Queue name contains illegal characters (one of: ~ / \\ or a control byte).")
-        raise ValueError("Queue name contains illegal characters (one of: ~ . / \\ or a control byte).")
-
 
 def _wire_name(name: str) -> str:
     """The latin-1 str of the name's UTF-8 bytes: what a client sending it uses."""

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 
 import msgpack
 
-from lanner.config import validate_queue_name
 from lanner.fronts.counters import C_CURR, C_READ, C_TOTAL, C_WRITTEN
+from lanner.queues.names import validate_queue_name
 from lanner.ipc.messages import (OP_DISCONNECT, OP_DUMP_CONFIG, OP_RELOAD, OP_SET_DATA, OP_STATS, R_DATA,
                                  R_OK, R_SERVER_ERROR, RF_CLOSE, RF_MORE)
 

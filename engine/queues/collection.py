@@ -52,8 +52,8 @@ from functools import partial
 from typing import Callable
 
 from lanner.clock import SYSTEM_CLOCK
-from lanner.config import validate_queue_name
 from lanner.queues.item import QItem
+from lanner.queues.names import CMDLOG_DIR, validate_queue_name
 from lanner.queues.placement import partition_of
 from lanner.queues.queue import PersistentQueue
 from lanner.queues.sessions import Session
@@ -63,7 +63,6 @@ from lanner.queues.waiters import TimerHeap, Waiter
 log = logging.getLogger(__name__)
 
 _ARCHIVE_SUFFIX = re.compile(r"\d+(\.pack)?")
-CMDLOG_DIR = "cmdlog"
 
 
 class QueueCollection:
@@ -202,9 +201,6 @@ class QueueCollection:
     def _create(self, name: str) -> PersistentQueue:
         qc = self.config.queue_config(name)
         validate_queue_name(name, allow_dots=qc.storage == "cmdlog")
-        if name == CMDLOG_DIR and qc.storage == "journal" and qc.keep_journal:
-            raise ValueError(f"Queue name {name!r} is reserved: {self.queue_path}/{CMDLOG_DIR} "
-                             "holds the command logs.")
         if self._owns is not None and not self._owns(name):
             raise ValueError(f"queue {name!r} belongs to another worker")
         storage = self._factory(name, qc)

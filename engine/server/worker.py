@@ -37,6 +37,7 @@ import msgpack
 from lanner.ipc import control
 from lanner.ipc.bodies import Bodies
 from lanner.clock import SYSTEM_CLOCK
+from lanner.errors import describe_os_error
 from lanner.queues.collection import QueueCollection
 from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_PEEK, F_STREAM, F_THRIFT,
                        OP_ALIAS_PUT, OP_CONFIRM, OP_DELETE, OP_DISCONNECT, OP_DUMP_CONFIG, OP_FLUSH,
@@ -215,11 +216,12 @@ class Worker:
                         continue
                     try:
                         self.handle(src, msg)
-                    except OSError as e:   # a full disk, an I/O error: say which file
-                        log.error("worker %d: %s", self.index, e)
-                        conn, req = unpack_req(msg, 0)[:2]
+                    except OSError as e:   # a full disk, an I/O error: the log names the file
+                        conn, req, _, _, qlen = unpack_req(msg, 0)[:5]
+                        queue = bytes(msg[REQ_SIZE:REQ_SIZE + qlen]).decode("latin-1")
+                        log.error("worker %d: queue %r: %s", self.index, queue, e)
                         self.reply(src, conn, req, R_SERVER_ERROR, RF_CLOSE, 0,
-                                   str(e).encode("latin-1", "replace"))
+                                   describe_os_error(e, queue).encode("latin-1", "replace"))
                     except Exception:   # one bad request must not take the shard down
                         log.exception("worker %d: request from peer %d failed", self.index, src)
                         conn, req = unpack_req(msg, 0)[:2]
@@ -265,7 +267,7 @@ class Worker:
                 # The records stay buffered and are retried, but nothing this batch
                 # acknowledged may claim to be written.
                 log.error("worker %d: journal write failed: %s", self.index, e)
-                self.replies = _fail_acks(self.replies, str(e))
+                self.replies = _fail_acks(self.replies, describe_os_error(e, getattr(st, "name", None)))
             policy = st.sync_policy
             if policy == "always":
                 needs_sync.append(st)
@@ -295,7 +297,7 @@ class Worker:
                 st.sync()
             except OSError as e:
                 log.error("worker %d: fsync failed: %s", self.index, e)
-                self.sync_error = str(e)
+                self.sync_error = describe_os_error(e, getattr(st, "name", None))
 
         def work():
             if len(storages) == 1:

@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from lanner.config import (
     CmdlogConfig, Config, ConfigError, QueueConfig, ServerConfig, config_items, load_config,
-    parse_duration, parse_size, reload_config, validate_queue_name,
+    parse_duration, parse_size, reload_config,
 )
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -307,30 +307,6 @@ def test_missing_and_non_utf8_files(tmp_path):
 
 
 # ----------------------------------------------------------------------------- queue names
-
-@pytest.mark.parametrize("name", ["a", "jobs+client1", "x" * 255, "é" * 255, "with space", "UPPER", "a-b_c",
-                                  "+child", "\x80\xff"])
-def test_legal_queue_names(name):
-    validate_queue_name(name)
-
-
-@pytest.mark.parametrize("name, reason", [
-    ("", "empty"), ("x" * 256, "too long"), ("a/b", "illegal"), ("a\\b", "illegal"), ("a.b", "illegal"),
-    ("a~b", "illegal"), ("~~", "illegal"), ("a\x00", "illegal"), ("a\x1f", "illegal"), ("a\x7f", "illegal"),
-    ("a\nb", "illegal"), ("\u0100", "above U+00FF"),
-])
-def test_illegal_queue_names(name, reason):
-    with pytest.raises(ValueError) as e:
-        validate_queue_name(name)
-    assert reason in str(e.value)
-
-
-def test_dots_only_when_allowed():
-    validate_queue_name("email.send", allow_dots=True)
-    for bad in ("a/b", "a\\b", "a~b", "a\x01", "", "x" * 256):
-        with pytest.raises(ValueError):
-            validate_queue_name(bad, allow_dots=True)
-
 
 def test_cmdlog_queues_may_have_dots(write):
     c = load_config(write("""
