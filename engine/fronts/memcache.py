@@ -8,6 +8,7 @@ reason, noreply is honoured, VALUE echoes the key as sent, multi-key get).
 from __future__ import annotations
 
 from lanner.protocols import memcache as mc
+from lanner.protocols import memcache_replies as mr
 
 from lanner import __version__
 from lanner.fronts.conn import Conn, Slot, expiry_at
@@ -18,7 +19,7 @@ from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_NOREPLY, F_OPEN, F_PEEK, F_
                        OP_GET, OP_MONITOR, OP_SET, R_CLIENT_ERROR, R_EMPTY, R_END, R_ERROR, R_ITEM, R_OK,
                        R_SERVER_ERROR, R_VALUE, RF_CLOSE)
 
-_VERSION = mc.version_line(__version__)
+_VERSION = mr.version_line(__version__)
 #: Set bodies larger than this go to the worker in pieces as they arrive (never whole here).
 STREAM_OVER = 64 << 10
 
@@ -36,7 +37,7 @@ class MemcacheConn(Conn):
         _HANDLERS[type(cmd)](self, cmd)
 
     def unavailable(self, slot: Slot, reason: str) -> None:
-        slot.out = mc.server_error(reason)
+        slot.out = mr.server_error(reason)
         slot.close = True
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -44,21 +45,21 @@ class MemcacheConn(Conn):
         reason = self.check_name(queue)
         if reason is None:
             return False
-        self.reply_now(mc.client_error(reason), close=True)
+        self.reply_now(mr.client_error(reason), close=True)
         return True
 
     def writes_blocked(self) -> bool:
         why = self.write_refusal()
         if why is None:
             return False
-        self.reply_now(mc.server_error(why), close=True)
+        self.reply_now(mr.server_error(why), close=True)
         return True
 
     def reads_blocked(self) -> bool:
         why = self.read_refusal()
         if why is None:
             return False
-        self.reply_now(mc.server_error(why), close=True)
+        self.reply_now(mr.server_error(why), close=True)
         return True
 
     def first_failure(self, slot: Slot) -> bool:
@@ -66,15 +67,15 @@ class MemcacheConn(Conn):
         for p in slot.parts:
             st = p.status
             if st == R_SERVER_ERROR:
-                slot.out = mc.server_error(p.payload.decode("latin-1", "replace"))
+                slot.out = mr.server_error(p.payload.decode("latin-1", "replace"))
                 slot.close = True
                 return True
             if st == R_CLIENT_ERROR:
-                slot.out = mc.client_error(p.payload.decode("latin-1", "replace"))
+                slot.out = mr.client_error(p.payload.decode("latin-1", "replace"))
                 slot.close = bool(p.flags & RF_CLOSE)
                 return True
             if st == R_ERROR:
-                slot.out = mc.ERROR
+                slot.out = mr.ERROR
                 slot.close = bool(p.flags & RF_CLOSE)
                 return True
         return False
@@ -133,7 +134,7 @@ class MemcacheConn(Conn):
             return
         self.front.my.incr(C_SET)
         if not cmd.noreply:
-            self.reply_now(mc.NOT_STORED)
+            self.reply_now(mr.NOT_STORED)
 
     # -- get -------------------------------------------------------------------------------------
     def on_get(self, cmd: mc.Get) -> None:
@@ -150,7 +151,7 @@ class MemcacheConn(Conn):
                     return
                 f.my.incr(C_GET)
                 if f.config.aliases.get(q) is not None:
-                    self.reply_now(mc.END)
+                    self.reply_now(mr.END)
                     return
                 raw = k.raw
                 slot = self.new_slot(lambda s: _finish_get1(self, s, raw))
@@ -197,7 +198,7 @@ class MemcacheConn(Conn):
         if len(plan) == 1:
             k, flags, timeout = plan[0]
             if flags is None:
-                self.reply_now(mc.END)
+                self.reply_now(mr.END)
                 return
             raw = k.raw
             slot = self.new_slot(lambda s: _finish_get1(self, s, raw), blocking=blocking)
@@ -212,8 +213,8 @@ class MemcacheConn(Conn):
             out = []
             for raw, p in keys:
                 if p is not None and p.status == R_ITEM:
-                    out.append(mc.value_block(raw, p.payload))
-            out.append(mc.END)
+                    out.append(mr.value_block(raw, p.payload))
+            out.append(mr.END)
             slot.out = b"".join(out)
         slot = self.new_slot(finish, blocking=blocking)
         for k, flags, timeout in plan:
@@ -231,17 +232,17 @@ class MemcacheConn(Conn):
             return
         f = self.front
         if f.config.aliases.get(q) is not None or cmd.seconds <= 0:
-            self.reply_now(mc.END)
+            self.reply_now(mr.END)
             return
 
         def stream(slot, part, data):
             if part.status == R_ITEM:
-                return mc.value_block(q, data) + mc.END
+                return mr.value_block(q, data) + mr.END
             return b""
 
         def finish(slot):
             if not self.first_failure(slot):
-                slot.out += mc.END
+                slot.out += mr.END
         slot = self.new_slot(finish, stream=stream, blocking=True)
         max_items = cmd.max_items if cmd.max_items is not None else -1
         self.request(slot, f.owner(q), OP_MONITOR, 0, q.encode("latin-1"), cmd.seconds * 1000, max_items)
@@ -249,15 +250,15 @@ class MemcacheConn(Conn):
 
     def on_confirm(self, cmd: mc.Confirm) -> None:
         if cmd.count < 0:
-            self.reply_now(mc.client_error("negative confirm count"), close=True)
+            self.reply_now(mr.client_error("negative confirm count"), close=True)
             return
         f = self.front
 
         def finish(slot):
             if slot.parts[0].status == R_OK:
-                slot.out = mc.END
+                slot.out = mr.END
             elif not self.first_failure(slot):
-                slot.out = mc.ERROR
+                slot.out = mr.ERROR
         slot = self.new_slot(finish)
         self.request(slot, f.owner(cmd.queue), OP_CONFIRM, 0, cmd.queue.encode("latin-1"), cmd.count)
         self.seal(slot)
@@ -283,10 +284,10 @@ class MemcacheConn(Conn):
         self.seal(slot)
 
     def on_delete(self, cmd: mc.Delete) -> None:
-        self.simple_queue_op(OP_DELETE, cmd.queue, cmd.noreply, mc.DELETED)
+        self.simple_queue_op(OP_DELETE, cmd.queue, cmd.noreply, mr.DELETED)
 
     def on_flush(self, cmd: mc.Flush) -> None:
-        self.simple_queue_op(OP_FLUSH, cmd.queue, cmd.noreply, mc.END)
+        self.simple_queue_op(OP_FLUSH, cmd.queue, cmd.noreply, mr.END)
 
     def on_flush_all(self, cmd: mc.FlushAll) -> None:
         if self.writes_blocked():
@@ -294,7 +295,7 @@ class MemcacheConn(Conn):
 
         def finish(slot):
             if not self.first_failure(slot):
-                slot.out = b"" if cmd.noreply else mc.FLUSHED_ALL
+                slot.out = b"" if cmd.noreply else mr.FLUSHED_ALL
         self.broadcast(self.new_slot(finish), OP_FLUSH_ALL)
 
     def on_flush_expired(self, cmd: mc.FlushExpired) -> None:
@@ -303,12 +304,12 @@ class MemcacheConn(Conn):
         q = cmd.queue
         f = self.front
         if f.config.aliases.get(q) is not None or self.check_name(q) is not None:
-            self.reply_now(mc.count_line(0))
+            self.reply_now(mr.count_line(0))
             return
 
         def finish(slot):
             if not self.first_failure(slot):
-                slot.out = mc.count_line(slot.parts[0].value)
+                slot.out = mr.count_line(slot.parts[0].value)
         slot = self.new_slot(finish)
         self.request(slot, f.owner(q), OP_FLUSH_EXPIRED, 0, q.encode("latin-1"))
         self.seal(slot)
@@ -316,42 +317,42 @@ class MemcacheConn(Conn):
     def on_flush_all_expired(self, cmd) -> None:
         def finish(slot):
             if not self.first_failure(slot):
-                slot.out = mc.count_line(sum(p.value for p in slot.parts if p.status == R_VALUE))
+                slot.out = mr.count_line(sum(p.value for p in slot.parts if p.status == R_VALUE))
         self.broadcast(self.new_slot(finish), OP_FLUSH_ALL_EXPIRED)
 
     # -- stats and admin commands ----------------------------------------------------------------
     def on_stats(self, cmd) -> None:
-        self.stats_slot(lambda g, queues: mc.encode_stats(g, list(queues.items())))
+        self.stats_slot(lambda g, queues: mr.encode_stats(g, list(queues.items())))
 
     def on_dump_stats(self, cmd: mc.DumpStats) -> None:
         names = cmd.names or None
 
         def fmt(g, queues):
             if names is None:
-                return mc.encode_dump_stats(list(queues.items()))
-            return mc.encode_dump_stats([(n, queues.get(n)) for n in names])
+                return mr.encode_dump_stats(list(queues.items()))
+            return mr.encode_dump_stats([(n, queues.get(n)) for n in names])
         self.stats_slot(fmt, names)
 
     def on_dump_config(self, cmd) -> None:
-        self.config_slot(mc.encode_dump_config)
+        self.config_slot(mr.encode_dump_config)
 
     def on_status(self, cmd: mc.Status) -> None:
         st = self.front.status
         if cmd.name is None:
-            self.reply_now(mc.status_line(st.reported()))
+            self.reply_now(mr.status_line(st.reported()))
             return
         try:
             st.set(cmd.name)
         except StatusError as e:
-            self.reply_now(mc.client_error(str(e)), close=True)
+            self.reply_now(mr.client_error(str(e)), close=True)
             return
-        self.reply_now(mc.END)
+        self.reply_now(mr.END)
 
     def on_version(self, cmd) -> None:
         self.reply_now(_VERSION)
 
     def on_reload(self, cmd) -> None:
-        self.reload_slot(mc.RELOADED, mc.server_error)
+        self.reload_slot(mr.RELOADED, mr.server_error)
 
     def on_shutdown(self, cmd) -> None:
         self.close_after_replies()
@@ -368,15 +369,15 @@ def _finish_stored(slot: Slot) -> None:
     p = slot.parts[0]
     st = p.status
     if st == R_OK:
-        slot.out = mc.STORED
+        slot.out = mr.STORED
     elif st == R_SERVER_ERROR:
-        slot.out = mc.server_error(p.payload.decode("latin-1", "replace"))
+        slot.out = mr.server_error(p.payload.decode("latin-1", "replace"))
         slot.close = True
     elif st == R_CLIENT_ERROR:
-        slot.out = mc.client_error(p.payload.decode("latin-1", "replace"))
+        slot.out = mr.client_error(p.payload.decode("latin-1", "replace"))
         slot.close = True
     else:
-        slot.out = mc.NOT_STORED
+        slot.out = mr.NOT_STORED
 
 
 def _finish_alias_set(conn: MemcacheConn, slot: Slot, noreply: bool) -> None:
@@ -384,7 +385,7 @@ def _finish_alias_set(conn: MemcacheConn, slot: Slot, noreply: bool) -> None:
     if any(p.status == R_SERVER_ERROR for p in slot.parts):
         conn.first_failure(slot)
     else:
-        slot.out = mc.STORED if all(p.status == R_OK for p in slot.parts) else mc.NOT_STORED
+        slot.out = mr.STORED if all(p.status == R_OK for p in slot.parts) else mr.NOT_STORED
     if noreply and not slot.close:
         slot.out = b""
 
@@ -393,9 +394,9 @@ def _finish_get1(conn: MemcacheConn, slot: Slot, raw: str) -> None:
     p = slot.parts[0]
     st = p.status
     if st == R_ITEM:
-        slot.out = mc.value_block(raw, p.payload) + mc.END
+        slot.out = mr.value_block(raw, p.payload) + mr.END
     elif st == R_END or st == R_EMPTY:
-        slot.out = mc.END
+        slot.out = mr.END
     else:
         conn.first_failure(slot)
 
