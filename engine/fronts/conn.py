@@ -97,7 +97,7 @@ class Conn(asyncio.Protocol, abc.ABC):
 
     count_bytes = True           # bytes_read / bytes_written (thrift is not counted, §9.5)
     counts_connection = True     # curr/total_connections cover memcache, text and thrift
-    disconnect_flags = 0         # thrift: F_THRIFT, its open reads outlive the connection
+    conn_flags = 0               # thrift: F_THRIFT on every request (ipc/messages.py)
 
     def __init__(self, front: Front, parser):
         self.front = front
@@ -237,7 +237,7 @@ class Conn(asyncio.Protocol, abc.ABC):
         w = 0
         while touched:
             if touched & 1:
-                f.send(w, self.id, 0, OP_DISCONNECT, self.disconnect_flags, b"")
+                f.send(w, self.id, 0, OP_DISCONNECT, self.conn_flags, b"")
             touched >>= 1
             w += 1
 
@@ -296,7 +296,7 @@ class Conn(asyncio.Protocol, abc.ABC):
         req = self.next_req
         self.next_req = (req + 1) & 0xFFFFFFFF or 1
         self.touched |= 1 << worker
-        self.front.send(worker, self.id, req, op, flags, queue, a, b, payload)
+        self.front.send(worker, self.id, req, op, flags | self.conn_flags, queue, a, b, payload)
         return req
 
     def request(self, slot: Slot, worker: int, op: int, flags: int, queue: bytes, a=0, b=0,
@@ -308,7 +308,7 @@ class Conn(asyncio.Protocol, abc.ABC):
         part = Part(slot, len(slot.parts), worker, req)
         slot.parts.append(part)
         slot.remaining += 1
-        if self.front.send(worker, self.id, req, op, flags, queue, a, b, payload):
+        if self.front.send(worker, self.id, req, op, flags | self.conn_flags, queue, a, b, payload):
             self.parts[req] = part
         else:
             part.status = R_SERVER_ERROR

@@ -14,7 +14,7 @@ from lanner.fronts.conn import Conn, Slot, expiry_at
 from lanner.fronts.counters import C_GET, C_PEEK, C_SET
 from lanner.server.status import StatusError
 from lanner.ipc.messages import (F_CONFIRM_ALL, F_OPEN, F_PEEK, OP_ALIAS_PUT, OP_CONFIRM, OP_DELETE,
-                       OP_FLUSH, OP_GET, OP_MONITOR, OP_SET, R_ERROR, R_ITEM, R_OK, R_SERVER_ERROR)
+                       OP_FLUSH, OP_GET, OP_MONITOR, OP_SET, R_ERROR, R_ITEM, R_OK, R_SERVER_ERROR, RF_CLOSE)
 
 _VERSION = tx.string(__version__)
 
@@ -41,9 +41,12 @@ class TextConn(Conn):
         return True
 
     def failure(self, slot: Slot) -> bool:
+        """A worker failure becomes an error line; if the worker said RF_CLOSE (it rolled the
+        connection's open reads back and takes nothing more from it), the connection closes."""
         for p in slot.parts:
             if p.status == R_SERVER_ERROR:
                 slot.out = tx.error(p.payload.decode("latin-1", "replace"))
+                slot.close = bool(p.flags & RF_CLOSE)
                 return True
         return False
 

@@ -29,7 +29,7 @@ _STATUS_IN = {th.STATUS_UP: "up", th.STATUS_READ_ONLY: "readonly", th.STATUS_QUI
 
 class ThriftConn(Conn):
     count_bytes = False          # bytes_read / bytes_written cover memcache and text only (§9.5)
-    disconnect_flags = F_THRIFT
+    conn_flags = F_THRIFT          # its open reads outlive it; it never pipelines past an error
 
     def __init__(self, front):
         super().__init__(front, th.ThriftParser())

@@ -55,7 +55,8 @@ F_ABORT = 4
 F_PEEK = 8
 F_CONFIRM_ALL = 16    # text protocol: confirm every open read on the queue first
 F_NOREPLY = 32
-F_THRIFT = 64         # DISCONNECT of a thrift connection: its open reads outlive it (§3.3)
+F_THRIFT = 64         # every request of a thrift connection: on DISCONNECT its open reads
+                      # outlive it (§3.3); its calls are serial, never sent behind an error
 F_STREAM = 128        # SET: b = body size, the body follows in OP_SET_DATA pieces (bodies.py)
 
 # -- response statuses -----------------------------------------------------------------------

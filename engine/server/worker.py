@@ -117,6 +117,7 @@ class Worker:
         self.tseq = 0
         self.taborts: list[tuple[int, int]] = []              # heap of (deadline ms, id)
         self.bodies = Bodies()                                # streamed set bodies, in pieces
+        self.closed_conns: set[tuple[int, int]] = set()       # told to close, DISCONNECT to come
 
     # -- start-up --------------------------------------------------------------------------------
     def owns(self, name: str) -> bool:
@@ -251,10 +252,11 @@ class Worker:
     def reply(self, dst: int, conn: int, req: int, status: int, flags: int = 0, value: int = 0,
               payload: bytes = b"") -> None:
         self.replies.append((dst, pack_resp(conn, req, status, flags, 0, value), payload))
-        if flags & RF_CLOSE:
+        if flags & RF_CLOSE and dst < self.nfronts:
             # The front will close this connection: roll its open reads back now, so a
             # client that reconnects through another front already finds them (§1.5).
             self.disconnect(dst, conn)
+            self.closed_conns.add((dst, conn))
 
     def finish_batch(self) -> None:
         """Flush journals, then publish replies or hold them for a group fsync."""
@@ -346,6 +348,13 @@ class Worker:
     # -- requests --------------------------------------------------------------------------------
     def handle(self, src: int, rec) -> None:
         conn, req, op, flags, qlen, a, b = unpack_req(rec, 0)
+        if self.closed_conns and (src, conn) in self.closed_conns:
+            # This worker told the connection to close; what its front sent before learning it
+            # is void (Kestrel never ran a command after the one that closed).  Its DISCONNECT
+            # ends that; so does a thrift call, which is only ever sent after the last reply.
+            if op != OP_DISCONNECT and not flags & F_THRIFT:
+                return
+            self.closed_conns.discard((src, conn))
         queue = bytes(rec[REQ_SIZE:REQ_SIZE + qlen]).decode("latin-1")
         payload = rec[REQ_SIZE + qlen:]
         coll = self.coll
@@ -745,6 +754,7 @@ class Worker:
                 self.asm[peer].reset()
                 self.bodies.drop(peer)
             if peer < self.nfronts:
+                self.closed_conns = {k for k in self.closed_conns if k[0] != peer}
                 for key in [k for k in self.sessions if k[0] == peer]:
                     self.disconnect(*key)
                 for key in [k for k in self.pending_by_conn if k[0] == peer]:

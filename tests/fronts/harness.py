@@ -188,6 +188,7 @@ class FakeWorker:
     hold: bool = False       # read requests but leave them unanswered
     asleep: bool = False     # do not even read the ring (a busy or stuck worker)
     reload_error: str | None = None
+    failures: dict = field(default_factory=dict)   # op -> (status, flags, payload) to answer
     disconnects: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -227,11 +228,16 @@ class FakeWorker:
             self.answer(r)
         self.outbound.publish()
 
-    def reply(self, r: Request, status: int, flags: int = 0, value: int = 0, payload: bytes = b"") -> None:
+    def reply(self, r: Request, status: int, flags: int = 0, value: int = 0,
+              payload: bytes = b"") -> None:
         m.send(self.outbound, m.pack_resp(r.conn, r.req, status, flags, 0, value), payload)
 
     def answer(self, r: Request) -> None:
         op = r.op
+        if op in self.failures:
+            status, flags, payload = self.failures[op]
+            self.reply(r, status, flags, 0, payload)
+            return
         if op == m.OP_SET:
             if r.flags & m.F_STREAM:
                 self.bodies.begin(0, r.conn, r.req, r.queue, r.a, r.b, r.flags)

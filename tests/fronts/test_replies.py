@@ -146,3 +146,23 @@ def test_thrift_reply_comes_before_the_close_of_an_unframeable_message(rig):
     assert got.endswith(b"\x00\x00\x00\x02\x00")                    # ... of put = 2, then STOP
     assert c.closed
     assert list(rig.worker().queues["q"]) == [b"a", b"b"]
+
+
+def test_text_closes_when_the_worker_says_so(rig):
+    """A worker failure that rolled the connection's open reads back (RF_CLOSE) closes a text
+    connection too, after the replies before it; one that did not (no RF_CLOSE) keeps it."""
+    w = rig.worker()
+    w.queues["jobs"].append(b"hello")
+    w.failures[m.OP_SET] = (m.R_SERVER_ERROR, 0, b"disk trouble (queue 'q')")
+    c = rig.connect(TextConn)
+    assert c.ask(b"put q:\nx\n\n") == b"-disk trouble (queue 'q')\n" and not c.closed
+    w.failures[m.OP_SET] = (m.R_SERVER_ERROR, m.RF_CLOSE, b"No space left on device (queue 'q')")
+    got = held_then_released(rig, c, b"get jobs\nput q:\nx\n\nget jobs\n")
+    assert got == b":hello\n-No space left on device (queue 'q')\n"
+    assert c.closed
+
+
+def test_thrift_requests_carry_f_thrift(rig):
+    c = rig.connect(ThriftConn)
+    held_then_released(rig, c, thrift_call("put", 1, put_args(b"q", [b"a"])))
+    assert all(r.flags & m.F_THRIFT for r in rig.worker().seen)

@@ -58,3 +58,18 @@ def test_text_put_then_illegal_name(mc, server):
     c.send(b"put d2t:\nx\n\nget d2/t\n")
     out = read_to_eof(c)
     assert out.startswith(b"+1\n-Queue name contains illegal characters"), out
+
+
+def test_nothing_after_a_worker_decided_close_is_executed(mc):
+    """`get q/open` twice (the default maxOpenTransactions is 1): the second answers ERROR and
+    closes, rolling the first back.  A plain `get` pipelined behind it must not run: its item
+    would be removed from the queue and its VALUE thrown away with the connection."""
+    setup = mc()
+    for item in (b"a", b"b", b"c"):
+        assert setup.ask(b"set d2w 0 0 1\r\n" + item + b"\r\n") == b"STORED\r\n"
+    c = mc()
+    c.send(b"get d2w/open\r\nget d2w/open\r\nget d2w\r\n")
+    assert read_to_eof(c) == b"VALUE d2w/open 0 1\r\na\r\nEND\r\nERROR\r\n"
+    check = mc()
+    for item in (b"a", b"b", b"c"):
+        assert check.ask(b"get d2w\r\n", b"END\r\n") == b"VALUE d2w 0 1\r\n" + item + b"\r\nEND\r\n"
