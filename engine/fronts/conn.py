@@ -208,6 +208,8 @@ class Conn(asyncio.Protocol, abc.ABC):
             return self.front.ring_room(self.body, self)
         if self.blocked is not None or self.paused_writing:
             return False
+        if not self.front.room_for_commands(self):
+            return False
         n = len(self.slots)
         if n == 0:
             return True

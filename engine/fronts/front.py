@@ -33,6 +33,10 @@ __all__ = ["FRONT_COUNTERS", "Front", "front_main"]    # the supervisor sizes th
 
 log = logging.getLogger(__name__)
 
+#: Messages a request ring may hold in overflow (its worker lagging by a full ring) before the
+#: front stops taking new commands on every connection until the worker catches up.
+BACKLOG_LIMIT = 64
+
 CONN_CLASSES = {"memcache": MemcacheConn, "text": TextConn, "admin": AdminConn, "thrift": ThriftConn}
 
 
@@ -65,6 +69,7 @@ class Front:
         self.stopping = False
         self.write_pending: set[Conn] = set()
         self.ring_waiters: set[Conn] = set()     # connections waiting for room in a request ring
+        self.congested = False                   # some request ring holds over BACKLOG_LIMIT
         self.asm = [Reassembler() for _ in resp_rings]
         self.valid_names: set[str] = set()     # names already checked (cleared on reload)
         self.owners: dict[str, int] = {}       # queue -> worker, a cache of placement
@@ -100,14 +105,27 @@ class Front:
                 return False
         return True
 
+    def room_for_commands(self, conn: Conn) -> bool:
+        """False while a worker lags so far that its ring's overflow passed BACKLOG_LIMIT
+        messages; `conn` is pumped again when it has caught up.  What one connection's
+        budget does not bound (noreply commands, many connections) is bounded here."""
+        if self.congested:
+            self.ring_waiters.add(conn)
+            return False
+        return True
+
     def flush_rings(self) -> None:
         self.flush_scheduled = False
         for w in self.dirty_rings:
             self.req_rings[w].publish()
         self.dirty_rings.clear()
+        self.update_congestion()
         if self.ring_waiters:
             # the publish may have emptied an overflow without a space wakeup to come
             self.loop.call_soon(self.wake_ring_waiters)
+
+    def update_congestion(self) -> None:
+        self.congested = any(r.backlog > BACKLOG_LIMIT for r in self.req_rings)
 
     def wake_ring_waiters(self) -> None:
         if self.ring_waiters:
@@ -123,6 +141,7 @@ class Front:
         for w, ring in enumerate(self.req_rings):
             if ring.backlog:             # space freed in a full ring: push the overflow on
                 ring.publish()
+        self.update_congestion()
         self.wake_ring_waiters()
         conns = self.conns
         while True:

@@ -176,3 +176,21 @@ def test_a_set_over_max_item_size_is_refused_without_buffering(tmp_path):
     assert c.ask(b"\r\nget small\r\n") == b"NOT_STORED\r\nEND\r\n"
     assert not [r for r in rig.worker().seen if r.op in (m.OP_SET, m.OP_SET_DATA)]
     rig.close()
+
+
+def test_noreply_commands_stop_at_a_lagging_worker(rig):
+    """noreply sets take no slot, so the per-connection budget does not bound them: the request
+    ring's overflow does.  A worker that does not read: the ring fills, the overflow stays small,
+    the connection stops reading; when the worker reads again every item arrives, in order."""
+    w = rig.worker()
+    w.asleep = True
+    n = 100_000
+    c = rig.connect()
+    c.send(b"".join(b"set nr 0 0 %d noreply\r\n%d\r\n" % (len(b"%d" % i), i) for i in range(n)))
+    rig.run()
+    assert rig.front.req_rings[0].backlog <= 64 + 4096
+    assert not c.transport.reading
+    w.asleep = False
+    rig.run()
+    assert list(w.queues["nr"]) == [b"%d" % i for i in range(n)]
+    assert c.transport.reading and c.read() == b""
