@@ -32,7 +32,7 @@ REPLY_BUDGET = 4 << 20
 #: The transport's low-water mark: below it a connection that stopped takes commands again.
 WRITE_LOW = 1 << 20
 #: Commands in flight (sent, reply not yet written) per connection, whatever their size.
-MAX_INFLIGHT = 256
+MAX_INFLIGHT = 1024
 #: Unparsed bytes a connection holds while it cannot take commands, before it stops reading.
 INPUT_LIMIT = 64 << 10
 
