@@ -5,7 +5,10 @@ import argparse
 import logging
 import sys
 
+from lanner.server.exits import EXIT_START_REFUSED
+
 USAGE = """usage: lanner <command> [options]
+       lanner --version
 
 commands:
   serve                     run the server (see `lanner serve --help`)
@@ -13,6 +16,8 @@ commands:
   qpack -f NEWFILE FILE...  pack journal files into one
   cmdlog check DIR          verify a workq command-log directory
   cmdlog dump DIR [--json]  print every record of a command-log directory
+  spark dump QUEUE_PATH --out DIR [--format parquet|json] [--queues a,b] [--master URL]
+  spark stats QUEUE_PATH... [--queues a,b] [--master URL]   Spark jobs (needs the spark extra)
 """
 
 
@@ -29,10 +34,22 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", help="shard worker processes")
     p.add_argument("--fronts", help="protocol front processes")
     p.add_argument("--log-level", dest="log_level", help="debug, info, warning, error")
+    p.add_argument("--log-file", dest="log_file",
+                   help="log here instead of stderr; reopened on SIGUSR1 (logrotate)")
+    p.add_argument("--version", action="version", version=_version())
     return p
 
 
-def setup_logging(level: str) -> None:
+def _version() -> str:
+    from lanner import __version__
+    return f"lanner {__version__}"
+
+
+def setup_logging(level: str, log_file: str | None = None) -> None:
+    if log_file:
+        from lanner.ops import logfile
+        logfile.install(log_file, getattr(logging, level.upper(), logging.INFO))
+        return
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
                         format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
 
@@ -45,11 +62,15 @@ def cmd_serve(argv: list[str]) -> int:
         config = load_config(args.config, overrides)
     except ConfigError as e:
         sys.stderr.write(f"lanner: {e}\n")
-        return 1
+        return EXIT_START_REFUSED
     except OSError as e:
         sys.stderr.write(f"lanner: cannot read config {args.config}: {e.strerror or e}\n")
-        return 1
-    setup_logging(config.server.log_level)
+        return EXIT_START_REFUSED
+    try:
+        setup_logging(config.server.log_level, config.server.log_file)
+    except OSError as e:
+        sys.stderr.write(f"lanner: cannot open log file {config.server.log_file}: {e.strerror or e}\n")
+        return EXIT_START_REFUSED
     from lanner.server.supervisor import serve
     return serve(config)
 
@@ -58,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help", "help"):
         sys.stdout.write(USAGE)
+        return 0
+    if argv[0] in ("--version", "-V", "version"):
+        sys.stdout.write(_version() + "\n")
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd == "serve":
@@ -71,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "cmdlog":
         from lanner.tools.cmdlog import cmdlog_main
         return cmdlog_main(rest)
+    if cmd == "spark":
+        from lanner.spark.jobs import main as spark_main
+        return spark_main(rest)
     sys.stderr.write(f"lanner: unknown command {cmd!r}\n{USAGE}")
     return 2
 

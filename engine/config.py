@@ -2,8 +2,8 @@
 
 Layout (contract.md "Config file"): `[server]` (ServerConfig), `[default]`
 (QueueConfig), `[queues."<name>"]` (per-queue overrides), `[aliases."<name>"]`
-(`destinations = [...]`) and `[cmdlog]` (CmdlogConfig).  Everything is checked
-when the file is read, at start-up and at `reload`: an unknown table or key, a
+(`destinations = [...]`), `[cmdlog]` (CmdlogConfig) and the optional
+`[zookeeper]` (ZooKeeperConfig).  Everything is checked when the file is read, at start-up and at `reload`: an unknown table or key, a
 wrong TOML type, a bad size or duration, a negative number, or a bad enum value
 raises ConfigError, whose one-line message starts with the dotted key at fault
 and ends with the file.  Nothing is checked later, so code holding a Config can
@@ -46,8 +46,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lanner.config_values import (
-    CMDLOG_FIELDS, INT_MAX, LONG_MAX, QUEUE_FIELDS, SERVER_FIELDS, Checker, ConfigError,
-    key_part, parse_duration, parse_size, wire_name,
+    CMDLOG_FIELDS, INT_MAX, LONG_MAX, QUEUE_FIELDS, SERVER_FIELDS, ZOOKEEPER_FIELDS, Checker,
+    ConfigError, key_part, parse_duration, parse_size, wire_name,
 )
 from lanner.queues.names import validate_queue_name
 
@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 MAX_CONFIG_BYTES = 1 << 20    # a config file is a few KiB; anything this big is a mistake
 
 __all__ = [
-    "CmdlogConfig", "Config", "ConfigError", "QueueConfig", "ServerConfig",
+    "CmdlogConfig", "Config", "ConfigError", "QueueConfig", "ServerConfig", "ZooKeeperConfig",
     "config_items", "load_config", "parse_duration", "parse_size", "reload_config",
 ]
 
@@ -114,9 +114,22 @@ class ServerConfig:
     client_timeout: int | None = None
     connection_limit_refuse_writes: int | None = None
     connection_limit_refuse_reads: int | None = None
+    heartbeat_timeout: int | None = 30_000
     workers: int = 2
     fronts: int = 2
     log_level: str = "info"
+    log_file: str | None = None             # None: stderr; reopened on SIGUSR1 (ops/logfile.py)
+
+
+@dataclass(frozen=True, slots=True)
+class ZooKeeperConfig:
+    """`[zookeeper]`: server-set membership (ops/serverset.py); absent means none."""
+
+    hosts: str                              # "zk1:2181,zk2:2181[/chroot]"
+    path_prefix: str                        # the sets are <path_prefix>/write and /read
+    session_timeout: int = 10_000
+    digest: str | None = None               # "user:password" (digest auth and ACL)
+    advertise_host: str | None = None       # host in the member data; default: listen address
 
 
 class FrozenMap(Mapping):
@@ -176,6 +189,7 @@ class Config:
     aliases: Mapping[str, tuple[str, ...]] = field(default_factory=FrozenMap)
     cmdlog: CmdlogConfig = field(default_factory=CmdlogConfig)
     path: str | None = None
+    zookeeper: ZooKeeperConfig | None = None
     _resolved: Mapping[str, QueueConfig] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -211,6 +225,7 @@ class Config:
 assert set(QUEUE_FIELDS) == {f.name for f in dataclasses.fields(QueueConfig)}
 assert set(SERVER_FIELDS) == {f.name for f in dataclasses.fields(ServerConfig)}
 assert set(CMDLOG_FIELDS) == {f.name for f in dataclasses.fields(CmdlogConfig)}
+assert set(ZOOKEEPER_FIELDS) == {f.name for f in dataclasses.fields(ZooKeeperConfig)}
 
 
 # ------------------------------------------------------------------- file -> Config
@@ -259,7 +274,7 @@ def _read_toml(path: str) -> dict:
 
 
 def _build(doc: Mapping[str, Any], path: str | None) -> Config:
-    unknown = set(doc) - {"server", "default", "queues", "aliases", "cmdlog"}
+    unknown = set(doc) - {"server", "default", "queues", "aliases", "cmdlog", "zookeeper"}
     if unknown:
         k = sorted(unknown)[0]
         raise ConfigError(key_part(k), "unknown table" if isinstance(doc[k], dict) else "unknown key")
@@ -291,7 +306,15 @@ def _build(doc: Mapping[str, Any], path: str | None) -> Config:
         aliases[wire_name(raw)] = tuple(wire_name(d) for d in dests)
         raw_alias[wire_name(raw)] = raw
 
-    config = Config(ServerConfig(**server), default, queues, aliases, cmdlog, path)
+    zookeeper = None
+    if "zookeeper" in doc:
+        zk = _fields(_table(doc["zookeeper"], "zookeeper"), ZOOKEEPER_FIELDS, "zookeeper")
+        for required in ("hosts", "path_prefix"):
+            if required not in zk:
+                raise ConfigError(f"zookeeper.{required}", "required")
+        zookeeper = ZooKeeperConfig(**zk)
+
+    config = Config(ServerConfig(**server), default, queues, aliases, cmdlog, path, zookeeper)
 
     # Names are checked last: whether a name may contain "." depends on the
     # resolved storage of that queue.
@@ -345,7 +368,8 @@ def load_config(path: str | None = None, overrides: Mapping[str, object] | None 
     if not overrides:
         return config
     server = _apply_overrides(config.server, overrides)
-    return Config(server, config.default, config.queue_overrides, config.aliases, config.cmdlog, path)
+    return Config(server, config.default, config.queue_overrides, config.aliases, config.cmdlog, path,
+                  config.zookeeper)
 
 
 def reload_config(old: Config) -> Config:
@@ -353,7 +377,8 @@ def reload_config(old: Config) -> Config:
     but its `[server]` section is not applied: server settings (ports, paths,
     workers, command-line overrides) only change on restart (§7.1)."""
     new = load_config(old.path)
-    return Config(old.server, new.default, new.queue_overrides, new.aliases, new.cmdlog, old.path)
+    return Config(old.server, new.default, new.queue_overrides, new.aliases, new.cmdlog, old.path,
+                  old.zookeeper)
 
 
 # ------------------------------------------------------------------- rendering
@@ -370,3 +395,9 @@ def config_items(qc: QueueConfig) -> list[tuple[str, str]]:
     """(key, value) pairs of a queue's config, in field order, as dump_config
     prints them: sizes in bytes, durations in ms, None as "off"."""
     return [(f.name, _render(getattr(qc, f.name))) for f in dataclasses.fields(qc)]
+
+
+# Queue settings under which a journal never rotates, rewrites or reads behind on its own:
+# for tools and benchmarks that drive one journal directly.
+UNBOUNDED_JOURNAL = QueueConfig(max_memory_size=1 << 40, max_journal_size=1 << 50,
+                                default_journal_size=1 << 40, min_journal_compact_delay=None)

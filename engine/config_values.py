@@ -17,7 +17,8 @@ from lanner.queues.names import validate_queue_name
 from lanner.queues.placement import PARTITIONS
 
 __all__ = ["CMDLOG_FIELDS", "Checker", "ConfigError", "INT_MAX", "LONG_MAX", "QUEUE_FIELDS",
-           "SERVER_FIELDS", "key_part", "parse_duration", "parse_size", "wire_name"]
+           "SERVER_FIELDS", "ZOOKEEPER_FIELDS", "key_part", "parse_duration", "parse_size",
+           "wire_name"]
 
 INT_MAX = 2147483647          # Kestrel's Int.MaxValue
 LONG_MAX = 2**63 - 1          # Kestrel's Long.MaxValue
@@ -306,9 +307,41 @@ SERVER_FIELDS: dict[str, Checker] = {
     "client_timeout": _duration(lo=1, optional=True),
     "connection_limit_refuse_writes": _optional(_int(0)),
     "connection_limit_refuse_reads": _optional(_int(0)),
+    "heartbeat_timeout": _duration(lo=1, optional=True),
     "workers": _int(1, PARTITIONS),
     "fronts": _int(1, 1024),
     "log_level": _choice("debug", "info", "warning", "error"),
+    "log_file": _optional(_path),
+}
+
+
+def _zk_hosts(value, key, lenient):
+    if isinstance(value, list) and value and all(isinstance(h, str) for h in value):
+        value = ",".join(value)
+    if isinstance(value, str) and value.strip() and not any(c.isspace() for c in value):
+        return value
+    raise ConfigError(key, f"expected \"host:port,host:port\" or a list of them, got {value!r}")
+
+
+def _zk_path(value, key, lenient):
+    if isinstance(value, str) and value.startswith("/") and value != "/" and not value.endswith("/") \
+            and "//" not in value and not any(c.isspace() for c in value):
+        return value
+    raise ConfigError(key, f"expected an absolute ZooKeeper path such as \"/lanner/prod\", got {value!r}")
+
+
+def _zk_digest(value, key, lenient):
+    if isinstance(value, str) and value.partition(":")[0] and ":" in value:
+        return value
+    raise ConfigError(key, "expected \"user:password\"")
+
+
+ZOOKEEPER_FIELDS: dict[str, Checker] = {
+    "hosts": _zk_hosts,
+    "path_prefix": _zk_path,
+    "session_timeout": _duration(lo=1000),
+    "digest": _optional(_zk_digest),
+    "advertise_host": _optional(_text),
 }
 
 CMDLOG_FIELDS: dict[str, Checker] = {

@@ -17,10 +17,11 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import replace
 
 import pytest
 
+from lanner.config import UNBOUNDED_JOURNAL as UNBOUNDED
 from lanner.clock import FakeClock
 from lanner.queues.item import QItem
 from lanner.storage.journal.journal import Journal, encode_add, encode_remove
@@ -29,15 +30,6 @@ from lanner.storage.journal.packer import pack_files
 RECORD = 1024                  # item bytes per record
 APPENDS = 50_000               # records per append round
 REPLAY_MB = 64
-
-
-@dataclass
-class Cfg:
-    max_memory_size: int = 1 << 40
-    max_journal_size: int = 1 << 50
-    default_journal_size: int = 1 << 40
-    min_journal_compact_delay: int | None = None
-    disable_aggressive_rewrites: bool = False
 
 
 @pytest.fixture
@@ -57,7 +49,7 @@ def _report(benchmark, key: str, amount: float, unit: str) -> None:
 def _fresh_journal(workdir: str, name: str) -> Journal:
     Journal.erase_all(workdir, name)
     j = Journal(workdir, name, FakeClock())
-    j.replay(Cfg())
+    j.replay(UNBOUNDED)
     return j
 
 
@@ -128,7 +120,7 @@ def test_replay(benchmark, workdir, pattern):
 
     def run():
         j = Journal(workdir, "q", FakeClock())
-        st = j.replay(Cfg())
+        st = j.replay(UNBOUNDED)
         j.close()
         return st
     st = benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
@@ -142,7 +134,7 @@ def test_replay_into_read_behind(benchmark, workdir):
 
     def run():
         j = Journal(workdir, "q", FakeClock())
-        st = j.replay(Cfg(max_memory_size=8 << 20))
+        st = j.replay(replace(UNBOUNDED, max_memory_size=8 << 20))
         j.close()
         return st
     st = benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)

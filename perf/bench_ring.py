@@ -21,7 +21,8 @@ import statistics
 import sys
 import time
 
-from lanner.ipc.ring import Ring, WakeFd
+from lanner.ipc.ring import Ring
+from lanner.ipc.wake import WakeFd
 
 PAYLOAD = 64
 COUNT = 300_000

@@ -2,8 +2,9 @@
 
 Kestrel served its admin port through Ostrich (reference §3.4): `/ping.json`
 answers `{"response":"pong"}` and `/stats.json` dumps Ostrich's StatsCollection.
-Lanner serves those two plus `/server_info.json`; any other path is 404 and any
-method but GET is 405.  Pure like the other protocol modules: the front feeds
+Lanner serves those two plus `/server_info.json`, `/stats.txt`, `/metrics`,
+`/` and `/dashboard.json` (lanner.ops); any other path is 404 and any method
+but GET is 405.  Pure like the other protocol modules: the front feeds
 socket bytes, takes `HttpRequest`s, asks `route()` what to do, and writes bytes.
 
 The parser understands just enough HTTP/1.x for monitoring tools and curl:
@@ -29,7 +30,8 @@ stops the parser.
   value is the current journal file only); `put_items` repeats `total_items`
   as Kestrel registered both; non-numeric stats (`children`) are left out;
 * gauges are written as floats (Ostrich gauges were doubles), counters as ints;
-* `metrics` (Ostrich latency histograms) stay empty: Lanner does not keep them.
+* `labels` and `metrics` are what the caller passes (lanner.ops.ostrich fills them
+  with the status and the per-family latency distributions).
 """
 from __future__ import annotations
 
@@ -48,7 +50,9 @@ __all__ = [
 
 PING_BODY = b'{"response":"pong"}'
 #: Paths answered with data the front must gather first; `route` returns their names.
-ENDPOINTS = {"/stats.json": "stats", "/server_info.json": "server_info"}
+ENDPOINTS = {"/stats.json": "stats", "/server_info.json": "server_info", "/stats.txt": "stats_txt",
+             "/metrics": "metrics", "/": "dashboard", "/dashboard": "dashboard",
+             "/dashboard.json": "dashboard_json"}
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             413: "Payload Too Large", 431: "Request Header Fields Too Large",
@@ -127,7 +131,8 @@ def _number(v) -> int | float | None:
 
 
 def render_stats_json(global_stats: list[tuple[str, object]],
-                      queues: list[tuple[str, list[tuple[str, object]]]]) -> bytes:
+                      queues: list[tuple[str, list[tuple[str, object]]]],
+                      labels: dict | None = None, metrics: dict | None = None) -> bytes:
     """Ostrich `/stats.json` body from the same lists `memcache.encode_stats` takes."""
     counters: dict[str, int] = {}
     gauges: dict[str, float] = {}
@@ -151,7 +156,7 @@ def render_stats_json(global_stats: list[tuple[str, object]],
                     counters[prefix + "put_items"] = int(n)
             else:
                 gauges[prefix + _QUEUE_RENAME.get(k, k)] = float(n)
-    doc = {"counters": counters, "gauges": gauges, "labels": {}, "metrics": {}}
+    doc = {"counters": counters, "gauges": gauges, "labels": labels or {}, "metrics": metrics or {}}
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 

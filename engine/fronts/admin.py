@@ -1,4 +1,5 @@
-"""An admin HTTP connection in a front: `/ping.json`, `/stats.json`, `/server_info.json`.
+"""An admin HTTP connection in a front: `/ping.json`, `/stats.json`, `/server_info.json`,
+and the operations routes of lanner.ops.endpoints (`/metrics`, `/`, `/stats.txt`, ...).
 
 The figures are the same as the memcache `stats` command's, gathered from every
 worker the same way, rendered in the shape Kestrel's Ostrich admin served them.
@@ -11,6 +12,7 @@ from lanner.protocols import admin
 
 from lanner import __version__
 from lanner.fronts.conn import Conn, Slot
+from lanner.ops import endpoints
 
 
 class AdminConn(Conn):
@@ -39,9 +41,4 @@ class AdminConn(Conn):
                                                  int((time.time() - f.started_at) * 1000))
             self.reply_now(admin.response(200, body, keep), close=not keep)
             return
-
-        def fmt(g, queues):
-            return admin.response(200, admin.render_stats_json(g, list(queues.items())), keep)
-        self.stats_slot(fmt)
-        if not keep:
-            self.slots[-1].close = True
+        endpoints.handle(self, routed, req)     # /stats.json, /stats.txt, /metrics, /, /dashboard.json

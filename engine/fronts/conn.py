@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import logging
 import socket
+import time
 from collections import deque
 from typing import TYPE_CHECKING
 
 import msgpack
 
 from lanner.fronts.counters import C_CURR, C_READ, C_TOTAL, C_WRITTEN
+from lanner.ops.latency import family_of
 from lanner.queues.names import validate_queue_name
 from lanner.ipc.messages import (OP_DISCONNECT, OP_DUMP_CONFIG, OP_RELOAD, OP_SET_DATA, OP_STATS, R_DATA,
                                  R_OK, R_SERVER_ERROR, RF_CLOSE, RF_MORE)
@@ -38,6 +41,8 @@ INPUT_LIMIT = 64 << 10
 
 if TYPE_CHECKING:                 # the loop imports the connection classes, not the reverse
     from lanner.fronts.front import Front
+
+log = logging.getLogger(__name__)
 
 
 class Part:
@@ -56,9 +61,10 @@ class Part:
 
 class Slot:
     """A place in a connection's in-order reply queue."""
-    __slots__ = ("parts", "remaining", "out", "close", "finish", "stream", "blocking", "done", "call")
+    __slots__ = ("parts", "remaining", "out", "close", "finish", "stream", "blocking", "done", "call",
+                 "fam", "t0")
 
-    def __init__(self, finish=None, stream=None, blocking=False, call=None):
+    def __init__(self, finish=None, stream=None, blocking=False, call=None, fam=-1, t0=0.0):
         self.parts: list[Part] = []
         self.remaining = 0
         self.out = b""
@@ -68,6 +74,8 @@ class Slot:
         self.blocking = blocking
         self.done = False
         self.call = call          # thrift: the call this slot answers
+        self.fam = fam            # latency family (ops/latency.py); -1: not measured
+        self.t0 = t0              # monotonic time its command's bytes were read
 
 
 def expiry_at(ms: int) -> int:
@@ -122,6 +130,8 @@ class Conn(asyncio.Protocol, abc.ABC):
         self.paused_writing = False
         self.reading_paused = False
         self.last_activity = 0.0
+        self.cur_fam = -1              # latency family of the command being handled
+        self.t_in = 0.0                # monotonic time of the last bytes read (latency start)
 
     # -- the protocol hooks ----------------------------------------------------------------------
     @abc.abstractmethod
@@ -148,6 +158,9 @@ class Conn(asyncio.Protocol, abc.ABC):
         if srv.connection_limit_refuse_reads is not None and sessions > srv.connection_limit_refuse_reads:
             self.refuse_reads = True
         self.last_activity = f.loop.time()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("front %d: %s connection %d from %s", f.index, type(self).__name__, self.id,
+                      transport.get_extra_info("peername"))
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
@@ -160,6 +173,7 @@ class Conn(asyncio.Protocol, abc.ABC):
         if self.count_bytes:
             f.my.incr(C_READ, len(data))
         self.last_activity = f.loop.time()
+        self.t_in = time.monotonic()
         self.parser.feed(data)
         self.pump()
 
@@ -170,6 +184,8 @@ class Conn(asyncio.Protocol, abc.ABC):
         f.ring_waiters.discard(self)
         if self.counts_connection:
             f.my.decr(C_CURR)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("front %d: connection %d closed (%s)", f.index, self.id, exc or "clean")
         self.send_disconnects()
         self.slots.clear()
         self.parts.clear()
@@ -199,6 +215,7 @@ class Conn(asyncio.Protocol, abc.ABC):
             cmd = parser.next()
             if cmd is None:
                 return
+            self.cur_fam = family_of(cmd)
             self.handle(cmd)
 
     def can_take(self) -> bool:
@@ -272,7 +289,7 @@ class Conn(asyncio.Protocol, abc.ABC):
 
     # -- the reply queue -------------------------------------------------------------------------
     def new_slot(self, finish=None, stream=None, blocking=False, call=None) -> Slot:
-        s = Slot(finish, stream, blocking, call)
+        s = Slot(finish, stream, blocking, call, self.cur_fam, self.t_in)
         self.slots.append(s)
         return s
 
@@ -286,6 +303,7 @@ class Conn(asyncio.Protocol, abc.ABC):
             self.stopped = True
         self.held += len(data)
         self.slots.append(s)
+        self.front.latency.observe(self.cur_fam, time.monotonic() - self.t_in)
         self.drain_slots()
 
     def close_after_replies(self) -> None:
@@ -361,12 +379,25 @@ class Conn(asyncio.Protocol, abc.ABC):
         n = len(slot.out)
         self.held += n - before
         self.reply_size += (n - self.reply_size) >> 3
+        if slot.fam >= 0:
+            self.front.latency.observe(slot.fam, time.monotonic() - slot.t0)
         if slot.close:
             self.stopped = True
         if self.blocked is slot:
             self.blocked = None
         self.drain_slots()
         self.front.write_pending.add(self)
+
+    def fill(self, slot: Slot, data: bytes) -> None:
+        """Complete `slot` with a reply made elsewhere (no worker part: e.g. rendered on a
+        thread), then write what is ready."""
+        if self.closing:
+            return
+        slot.out = data
+        slot.finish = None
+        self.held += len(data)
+        self.complete(slot)
+        self.pump()
 
     def drain_slots(self) -> None:
         slots = self.slots

@@ -8,10 +8,12 @@ from __future__ import annotations
 import psutil
 
 from lanner import __version__
+from lanner.ops import latency
 
+# the first seven, then the latency histogram columns (ops/latency.py)
 FRONT_COUNTERS = ("curr_connections", "total_connections", "bytes_read", "bytes_written",
-                  "cmd_get", "cmd_set", "cmd_peek")
-C_CURR, C_TOTAL, C_READ, C_WRITTEN, C_GET, C_SET, C_PEEK = range(len(FRONT_COUNTERS))
+                  "cmd_get", "cmd_set", "cmd_peek") + latency.COUNTERS
+C_CURR, C_TOTAL, C_READ, C_WRITTEN, C_GET, C_SET, C_PEEK = range(7)
 
 GLOBAL_STAT_ORDER = ("uptime", "time", "version", "curr_items", "total_items", "bytes",
                      "reserved_memory_ratio", "curr_connections", "total_connections", "cmd_get",

@@ -26,7 +26,8 @@ from lanner.fronts.text import TextConn
 from lanner.fronts.thrift import ThriftConn
 from lanner.ipc import control
 from lanner.ipc.messages import RESP_SIZE, Reassembler, pack_req, send, unpack_resp
-from lanner.ipc.ring import prepare_sleep_all
+from lanner.ipc.wake import prepare_sleep_all
+from lanner.ops import latency
 from lanner.queues.placement import worker_of
 
 __all__ = ["FRONT_COUNTERS", "Front", "front_main"]    # the supervisor sizes the counters from it
@@ -50,6 +51,7 @@ class Front:
         self.status = status
         self.counters = counters           # CounterBlock
         self.my = counters.slot(index)
+        self.latency = latency.Recorder(self.my, counters.column(latency.COUNTERS[0]))
         self.req_rings = req_rings          # [worker] -> Ring (we produce)
         self.resp_rings = resp_rings        # [worker] -> Ring (we consume)
         self.nworkers = len(req_rings)
@@ -181,6 +183,7 @@ class Front:
             if cmd == "peer_down":
                 w = msg["peer"]
                 self.down_workers.add(w)
+                self.req_rings[w].drop_backlog()   # its parts fail below: never deliver them later
                 ring = self.resp_rings[w]
                 ring.resync_consumer(discard=True)
                 ring.prepare_sleep()       # resync cleared our flag: the new worker must signal us
@@ -238,7 +241,7 @@ class Front:
 
 
 def front_main(index, config, status, counters, req_rings, resp_rings, wake_fd, control_sock,
-               listeners, started_at, clock) -> int:
+               listeners, started_at, clock, heart=None) -> int:
     """Entry point in the forked child."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -268,6 +271,11 @@ def front_main(index, config, status, counters, req_rings, resp_rings, wake_fd, 
             if not front.stopping:
                 loop.call_later(max(timeout / 4000.0, 0.05), sweep)
         loop.call_later(max(timeout / 4000.0, 0.05), sweep)
+    if heart is not None:
+        def beat():      # the supervisor kills a front whose loop stops turning (heartbeat.py)
+            heart.beat(clock.monotonic())
+            loop.call_later(heart.interval, beat)
+        beat()
     control.send(control_sock, {"cmd": "ready", "front": index})
     try:
         loop.run_forever()

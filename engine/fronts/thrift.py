@@ -147,18 +147,14 @@ class ThriftConn(Conn):
         self.seal(slot)
 
     def settle(self, call, op: int) -> None:
-        f = self.front
-        by_worker: dict[int, list[int]] = {}
-        for tid in call.args["ids"]:
-            if tid > 0:
-                by_worker.setdefault((tid - 1) % f.nworkers, []).append(tid)
-        if not by_worker:
+        # Ids come from one server-wide sequence (§3.3), so they do not name their worker:
+        # every worker settles the ones it holds and the counts add up.
+        ids = [tid for tid in call.args["ids"] if tid > 0]
+        if not ids:
             self.reply(call, 0)
             return
         slot = self.call_slot(call, lambda s: sum(p.value for p in s.parts if p.status == R_VALUE))
-        for w, ids in by_worker.items():
-            self.request(slot, w, op, 0, b"", 0, 0, msgpack.packb(ids))
-        self.seal(slot)
+        self.broadcast(slot, op, msgpack.packb(ids))
 
     def do_confirm(self, call) -> None:
         self.settle(call, OP_TCONFIRM)

@@ -58,13 +58,13 @@ acquire/release pair is not a full fence and none of the above holds: Lanner's
 ring targets x86-64 only.
 
 Sleep/wake ("flag" protocol).  A consumer that found every ring empty calls
-`prepare_sleep()` (or `prepare_sleep_all(rings)`): store sleeping=seq (a new,
+`prepare_sleep()` (or wake.prepare_sleep_all(rings)): store sleeping=seq (a new,
 non-zero number per sleep), fence, re-read tail; if data arrived it clears the
 flag and does not sleep.  The producer's `publish()` stores tail, fences, and
 writes the consumer's eventfd only if the flag is set.  With a fence on both
 sides at least one of them sees the other's store, so a wakeup is never lost,
 and a busy consumer costs the producer no syscall.  The consumer clears the
-flag (`clear_sleep()`) when it wakes, and drains its eventfd (`WakeFd.drain()`).
+flag (`clear_sleep()`) when it wakes, and drains its eventfd (wake.py).
 One eventfd serves all the rings a process consumes (``Ring.create(...,
 wake_fd=...)``).  Numbering the sleeps lets a producer that publishes again
 before the consumer has woken skip the redundant eventfd write (it remembers
@@ -88,30 +88,18 @@ overwrote is followed by a signal, after which the producer re-arms.  The
 producer's loop must then call `publish()` on rings whose `backlog` is non-zero.
 Without ``space_fd`` the caller must retry `publish()` itself.
 
-Usage (a consumer of several rings sharing one WakeFd ``wake``)::
-
-    while running:
-        for r in out_rings:
-            if r.backlog: r.publish()             # space wakeups land here
-        busy = False
-        for r in in_rings:
-            for rec in r.read_batch():            # memoryviews: copy what you keep
-                handle(rec); busy = True
-            r.release()
-        publish replies (every ~16 and at the end)
-        if not busy and prepare_sleep_all(in_rings):
-            wake.wait(timeout)
-            clear_sleep_all(in_rings)
-            wake.drain()
-
-A front does the same from ``loop.add_reader(wake.fd, on_wake)``, staying
-flagged while it is back in the event loop.
-
 Crashed peers.  Detecting them is the supervisor's job.  Because positions are
 monotonic and live in shared memory, the survivor needs no reset: the
 replacement process calls `resync_producer()` or `resync_consumer()` on each
 ring it inherits (adopting the shared positions; a new consumer discards what
 its predecessor left unread), and `reset()` zeroes a ring nobody is using.
+A surviving consumer discards what a dead producer left (`resync_consumer`: a
+half-sent chunked message included), and a surviving producer forgets what it
+had not yet published for a dead consumer (`drop_backlog`).  The one ordering
+rule that makes this safe: the survivor does so BEFORE the replacement exists
+(the supervisor forks it only once every survivor has acknowledged `peer_down`),
+so a discard can never swallow the replacement's first records, and every record
+read after it comes from the replacement.
 """
 from __future__ import annotations
 
@@ -119,10 +107,8 @@ import logging
 import mmap
 import os
 import platform
-import select
 import threading
 from collections import deque
-from typing import Iterable
 
 log = logging.getLogger(__name__)
 
@@ -173,47 +159,6 @@ def _new_fence_lock() -> None:
 os.register_at_fork(after_in_child=_new_fence_lock)
 
 
-# -- wakeup fd ---------------------------------------------------------------------------
-
-class WakeFd:
-    """One non-blocking eventfd per consuming process.
-
-    Not close-on-exec on purpose: the fd must survive into forked children (fork
-    keeps fds anyway; no exec ever happens).  Producers write it only when a
-    consumer flagged sleeping, so reads are rare and drain everything at once.
-    """
-
-    __slots__ = ("fd",)
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-
-    @classmethod
-    def create(cls) -> WakeFd:
-        return cls(os.eventfd(0, os.EFD_NONBLOCK))
-
-    def signal(self) -> None:
-        os.eventfd_write(self.fd, 1)
-
-    def drain(self) -> int:
-        """Reset the counter; return how many signals were pending (0 if none)."""
-        try:
-            return os.eventfd_read(self.fd)
-        except BlockingIOError:
-            return 0
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until signalled (True) or `timeout` seconds pass (False).  Does not
-        drain: the caller drains after it has cleared its sleeping flags."""
-        r, _, _ = select.select((self.fd,), (), (), timeout)
-        return bool(r)
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
 # -- ring --------------------------------------------------------------------------------
 
 class Ring:
@@ -260,8 +205,8 @@ class Ring:
         self._tail_cache = hdr[TAIL]
 
     @classmethod
-    def create(cls, capacity: int = 1 << 20, *, wake_fd: int | WakeFd | None = None,
-               space_fd: int | WakeFd | None = None, name: str = "ring") -> Ring:
+    def create(cls, capacity: int = 1 << 20, *, wake_fd=None, space_fd=None,
+               name: str = "ring") -> Ring:
         """Map a new ring (call before fork).  `wake_fd` is the consumer's eventfd
         (shared by all rings it consumes; a new one is made if None); `space_fd`
         is the producer's, to be woken when a full ring gets space."""
@@ -269,11 +214,9 @@ class Ring:
             raise ValueError(f"ring {name}: capacity {capacity} is not a power of two in "
                              f"[{MIN_CAPACITY}, {MAX_CAPACITY}]")
         if wake_fd is None:
-            wake_fd = WakeFd.create()
-        if isinstance(wake_fd, WakeFd):
-            wake_fd = wake_fd.fd
-        if isinstance(space_fd, WakeFd):
-            space_fd = space_fd.fd
+            wake_fd = os.eventfd(0, os.EFD_NONBLOCK)
+        wake_fd = getattr(wake_fd, "fd", wake_fd)        # a wake.WakeFd or a bare descriptor
+        space_fd = getattr(space_fd, "fd", space_fd)
         mm = mmap.mmap(-1, HEADER_SIZE + capacity, flags=mmap.MAP_SHARED,
                        prot=mmap.PROT_READ | mmap.PROT_WRITE)
         ring = cls(mm, capacity, wake_fd, space_fd, name)
@@ -519,17 +462,23 @@ class Ring:
         """Release, flag sleeping, fence, re-check.  True: the ring is empty and the
         producer will signal `wake_fd` on its next publish, so sleep.  False: data
         arrived meanwhile; the flag is cleared again, do not sleep."""
+        self.flag_sleep()
+        _acquire()
+        _release()
+        if self._rhead != self._hdr[TAIL]:
+            self._hdr[SLEEPING] = 0
+            return False
+        return True
+
+    def flag_sleep(self) -> None:
+        """`prepare_sleep` up to the fence: release, then flag sleeping under a new
+        sleep number.  The caller fences and re-checks `empty()` (wake.prepare_sleep_all
+        does so once for all of a process's rings)."""
         self.release()
         hdr = self._hdr
         seq = hdr[SLEEP_SEQ] + 1
         hdr[SLEEP_SEQ] = seq
         hdr[SLEEPING] = seq
-        _acquire()
-        _release()
-        if self._rhead != hdr[TAIL]:
-            hdr[SLEEPING] = 0
-            return False
-        return True
 
     def clear_sleep(self) -> None:
         self._hdr[SLEEPING] = 0
@@ -564,6 +513,18 @@ class Ring:
             hdr[HEAD] = hdr[TAIL]
         self._reset_local()
 
+    def drop_backlog(self) -> int:
+        """Producer whose consumer died: forget what it has not published yet, overflow
+        included (it was addressed to the dead process), and stop waiting for space.
+        Returns how many overflow messages went.  Without this a replacement consumer
+        would receive requests or replies whose senders were already told they failed."""
+        n = len(self._overflow)
+        self._overflow.clear()
+        self._wtail = self._published
+        self._reserved = -1
+        self._hdr[WAITING] = 0
+        return n
+
     def close(self) -> None:
         """Unmap (in this process only).  Fails if record views are still held."""
         for v in (self._hdr, self._u32, self.buf):
@@ -572,37 +533,3 @@ class Ring:
             self._mm.close()
         except BufferError:
             raise BufferError(f"ring {self.name}: cannot unmap while record views are held") from None
-
-
-def prepare_sleep_all(rings: Iterable[Ring]) -> bool:
-    """`prepare_sleep` for every ring a consumer reads, with one fence.  True: all
-    are empty and flagged, sleep on the shared wake fd.  False: some ring has data;
-    every flag is cleared again."""
-    rings = tuple(rings)
-    for r in rings:
-        r.release()
-        hdr = r._hdr
-        seq = hdr[SLEEP_SEQ] + 1
-        hdr[SLEEP_SEQ] = seq
-        hdr[SLEEPING] = seq
-    _acquire()
-    _release()
-    for r in rings:
-        if r._rhead != r._hdr[TAIL]:
-            for s in rings:
-                s._hdr[SLEEPING] = 0
-            return False
-    return True
-
-
-def clear_sleep_all(rings: Iterable[Ring]) -> None:
-    for r in rings:
-        r._hdr[SLEEPING] = 0
-
-
-def duplex(capacity: int, a_wake: WakeFd, b_wake: WakeFd, name: str = "") -> tuple[Ring, Ring]:
-    """The two rings joining processes A and B: (A→B, B→A).  Each ring signals
-    its consumer's wake fd and, when full, its producer's (space wakeups)."""
-    ab = Ring.create(capacity, wake_fd=b_wake, space_fd=a_wake, name=f"{name}>" if name else "a>b")
-    ba = Ring.create(capacity, wake_fd=a_wake, space_fd=b_wake, name=f"{name}<" if name else "b>a")
-    return ab, ba

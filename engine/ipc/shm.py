@@ -28,9 +28,19 @@ makes it odd, writes, makes it even; a reader retries while it is odd or
 changed.  Stores and loads keep program order on x86-64, so a reader that saw
 the same even sequence before and after copying got one writer's whole value.
 Layout: ``u64 seq | u64 length | data[capacity]``.
+
+`SharedCounter`: one server-wide sequence that any process takes blocks from
+(thrift read ids, reference §3.3).  CPython has no atomic read-modify-write on
+shared memory, so the counter is guarded by a POSIX record lock (`lockf`) on the
+anonymous file that holds it: such locks belong to a process, so the workers,
+sharing one inherited descriptor, still exclude each other, and the kernel drops
+the lock of a process that dies holding it (a `kill -9` mid-take loses at most
+the block being taken, never hands it out twice).  Taking a block costs two
+syscalls; callers amortise them over the block.
 """
 from __future__ import annotations
 
+import fcntl
 import logging
 import mmap
 import os
@@ -194,3 +204,62 @@ class SharedBytes:
     def close(self) -> None:
         self._hdr.release()
         self._mm.close()
+
+
+class SharedCounter:
+    """A u64 sequence in an anonymous file, shared across fork; values start at 1."""
+
+    __slots__ = ("fd", "_mm", "_word")
+
+    def __init__(self, fd: int, mm: mmap.mmap) -> None:
+        self.fd = fd
+        self._mm = mm
+        self._word = memoryview(mm).cast("Q")
+
+    @classmethod
+    def create(cls, name: str = "lanner-counter") -> SharedCounter:
+        fd = os.memfd_create(name, 0)        # inherited by forked children, never exec'd
+        os.ftruncate(fd, 8)
+        return cls(fd, mmap.mmap(fd, 8, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE))
+
+    def take(self, n: int) -> int:
+        """Reserve `n` consecutive values for this process; return the first."""
+        if n < 1:
+            raise ValueError(f"shared counter: cannot take {n} values")
+        fcntl.lockf(self.fd, fcntl.LOCK_EX)
+        try:
+            first = self._word[0] + 1
+            self._word[0] = first + n - 1
+        finally:
+            fcntl.lockf(self.fd, fcntl.LOCK_UN)
+        return first
+
+    @property
+    def value(self) -> int:
+        """The last value handed out (0 before the first take)."""
+        return self._word[0]
+
+    def close(self) -> None:
+        self._word.release()
+        self._mm.close()
+        os.close(self.fd)
+
+
+class IdBlocks:
+    """One process's supply of ids from a SharedCounter, `block` at a time: unique
+    server-wide and increasing within this process."""
+
+    __slots__ = ("counter", "block", "_next", "_end")
+
+    def __init__(self, counter: SharedCounter, block: int = 128) -> None:
+        self.counter = counter
+        self.block = block
+        self._next = self._end = 0
+
+    def next(self) -> int:
+        if self._next == self._end:
+            self._next = self.counter.take(self.block)
+            self._end = self._next + self.block
+        n = self._next
+        self._next = n + 1
+        return n

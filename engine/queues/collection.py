@@ -215,6 +215,7 @@ class QueueCollection:
             raise
         self._queues[name] = q
         self.queue_creates += 1
+        log.debug("queue %r: created (%s storage, %d items after replay)", name, qc.storage, q.length)
         if plus >= 0:
             children = self._children.setdefault(name[:plus], [])
             if name not in children:
@@ -322,6 +323,7 @@ class QueueCollection:
     def flush(self, name: str) -> None:
         q = self._queues.get(name)
         if q is not None:
+            log.debug("queue %r: flushed (%d items dropped)", name, q.length)
             q.flush()
             if self.autoflush:
                 self.flush_storages()
@@ -338,6 +340,7 @@ class QueueCollection:
         if forget is not None:
             forget(name)
         self.queue_deletes += 1
+        log.debug("queue %r: deleted", name)
         plus = name.find("+")
         if plus >= 0:
             children = self._children.get(name[:plus])

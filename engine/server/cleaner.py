@@ -12,25 +12,29 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import selectors
 import signal
 import time
 
+from lanner.clock import SYSTEM_CLOCK
 from lanner.ipc import control
+from lanner.storage.cmdlog.rewrite import rewrite_segments
+from lanner.storage.journal.packer import pack_files
 
 log = logging.getLogger(__name__)
 
 
-def run_pack(msg: dict) -> dict:
+def run_pack(msg: dict, heart=None) -> dict:
     """Pack in a forked child: the pack's memory (bounded, but tens of MiB for a big
     journal) goes back to the OS when the child exits, so the cleaner itself stays small,
-    and a pack that crashes takes only the child with it."""
+    and a pack that crashes takes only the child with it.  The cleaner's heart keeps
+    beating while it waits: a long pack is work, not a stuck loop."""
     t0 = time.monotonic()
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
-            from lanner.storage.journal.packer import pack_files
             pack_files(msg["files"], msg["out"], msg.get("open_xids"),
                        now_ms=time.time_ns() // 1_000_000)
             code = 0
@@ -39,7 +43,7 @@ def run_pack(msg: dict) -> dict:
         finally:
             logging.shutdown()
             os._exit(code)
-    _, status = os.waitpid(pid, 0)
+    status = _wait_beating(pid, heart)
     if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
         return {"cmd": "packed", "id": msg["id"], "ok": False,
                 "error": f"pack process ended with status {status}"}
@@ -48,11 +52,24 @@ def run_pack(msg: dict) -> dict:
     return {"cmd": "packed", "id": msg["id"], "ok": True, "out_path": msg["out"]}
 
 
+def _wait_beating(pid: int, heart) -> int:
+    """waitpid(pid), stamping `heart` meanwhile (a pidfd turns readable when the child exits)."""
+    if heart is None:
+        return os.waitpid(pid, 0)[1]
+    pidfd = os.pidfd_open(pid)
+    try:
+        while True:
+            heart.beat(time.monotonic())
+            if select.select([pidfd], [], [], heart.interval)[0]:
+                return os.waitpid(pid, 0)[1]
+    finally:
+        os.close(pidfd)
+
+
 def rewrite_all(queue_path: str, clock) -> None:
     root = os.path.join(queue_path, "cmdlog")
     if not os.path.isdir(root):
         return
-    from lanner.storage.cmdlog.rewrite import rewrite_segments
     for entry in sorted(os.listdir(root)):
         d = os.path.join(root, entry)
         if entry.isdigit() and os.path.isdir(d):
@@ -63,8 +80,7 @@ def rewrite_all(queue_path: str, clock) -> None:
                 log.exception("cleaner: rewrite of %s failed; it will be retried", d)
 
 
-def cleaner_main(config, worker_socks, control_sock) -> int:
-    from lanner.clock import SYSTEM_CLOCK
+def cleaner_main(config, worker_socks, control_sock, heart=None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
@@ -82,8 +98,14 @@ def cleaner_main(config, worker_socks, control_sock) -> int:
     control.send(control_sock, {"cmd": "ready", "cleaner": 0})
     interval = config.cmdlog.clean_interval / 1000.0
     next_clean = time.monotonic() + interval
+    beat_every = heart.interval if heart is not None else None
     while not stopping:
-        timeout = max(0.0, next_clean - time.monotonic())
+        now = time.monotonic()
+        if heart is not None:
+            heart.beat(now)
+        timeout = max(0.0, next_clean - now)
+        if beat_every is not None:
+            timeout = min(timeout, beat_every)     # an idle wait still beats the heart
         for key, _ in sel.select(timeout):
             if key.data == "signal":
                 os.read(wake_r, 512)
@@ -97,7 +119,7 @@ def cleaner_main(config, worker_socks, control_sock) -> int:
             for msg in reader.read():
                 if msg.get("cmd") == "pack":
                     try:
-                        control.send(worker_socks[key.data], run_pack(msg))
+                        control.send(worker_socks[key.data], run_pack(msg, heart))
                     except OSError:
                         pass          # that worker died; its successor will ask again
             if reader.eof:

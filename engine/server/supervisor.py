@@ -1,31 +1,43 @@
 """The supervisor (gunicorn's arbiter is the model): forks and watches, never serves.
 
 Start-up, in order:
-  1. make the queue directory, bind every listener (a port in use is a one-line
-     error and exit 1, not a child's problem), create the shared memory (rings,
-     status block, counters) and the eventfds, all before any fork, so that no
-     resource tracker can unlink shared memory under a live process;
+  1. make the queue directory and lock it and the status file for this server's life
+     (dirlock.py: a second server on the same data is refused, naming the holder's
+     pid); bind every listener (a port in use is a one-line error and exit 1, not a
+     child's problem); create the shared memory (rings, status block, counters,
+     heartbeats, the thrift id counter) and the eventfds, all before any fork, so that
+     no resource tracker can unlink shared memory under a live process;
   2. fork the cleaner and the shard workers; each worker replays its journals and
      says `ready` (or `boot_failed`, which halts the server: exit 3);
   3. fork the protocol fronts on the inherited listening sockets; when all are
      ready, print the contract's `lanner ready ...` line.
 
-Main loop: signal handlers only queue the signal; the loop dispatches to
-`handle_term`/`handle_hup`/`handle_chld` and reads control messages.  A child
-that dies is restarted with backoff after its peers have been told
-(`peer_down`, acknowledged, so nothing is sent to a ring nobody reads) and its
-rings resynchronised by the replacement; `peer_up` follows its `ready`.
-Children die with the supervisor (PR_SET_PDEATHSIG, plus EOF on their control
-socket), so a `kill -9` of the supervisor leaves no orphan holding the ports.
+Main loop (`tick`): signal handlers only queue the signal; the loop dispatches to
+`handle_term`/`handle_hup`/`handle_chld`, reads control messages, kills children
+whose heartbeat stopped (`murder_stuck`, heartbeat.py) and forks the replacements
+that are due (`manage`).  Nothing in it blocks.
 
-Exit codes: 0 clean shutdown; 1 start-up refused (config, port, data dir);
-3 a worker could not boot (replay found a file it refuses to guess about).
+Replacing a child X, in the order every shared ring relies on (ring.py, "Crashed peers"):
+  1. X is reaped.  Every live process that shares rings with X is told `peer_down(X)`:
+     it discards what X left in their rings, drops X's connections and queued
+     messages, stops sending to X, and acknowledges.  A process forked while X is
+     down is told at birth, and must acknowledge too.
+  2. Once every one of them has acknowledged (one that dies meanwhile need not: its
+     own replacement starts from nothing) and X's backoff has passed, X' is forked,
+     its inbound rings emptied just before the fork (mesh.py).  Nothing times this wait out:
+     a process that never acknowledges is stuck, and the heartbeat kills it.
+  3. When X' is ready its peers are told `peer_up(X')`.  A worker also takes the first
+     record from X' as proof that it is up, since X' may send before that message lands.
+
+Children die with the supervisor (PR_SET_PDEATHSIG, plus EOF on their control
+socket), so a `kill -9` of the supervisor leaves no orphan holding the ports; the
+data-directory lock goes when the last of them exits.  Exit codes: exits.py.
 """
 from __future__ import annotations
 
 import ctypes
-import gc
 import errno
+import gc
 import logging
 import mmap
 import os
@@ -36,33 +48,58 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from lanner.ipc import control
 from lanner.clock import SYSTEM_CLOCK
-from lanner.ipc.ring import Ring, WakeFd
+from lanner.config import ConfigError, reload_config
+from lanner.fronts.front import FRONT_COUNTERS, front_main
+from lanner.ipc import control
+from lanner.ipc.mesh import CLEANER, FRONT, WORKER, Mesh, Peers
+
+ZK = "zk"                    # the ZooKeeper server-set child (ops/serverset.py): no rings, no heartbeat
+from lanner.ipc.shm import CounterBlock, IdBlocks, SharedCounter
+from lanner.ops import logfile, notify
+from lanner.server import dirlock
+from lanner.server.cleaner import cleaner_main
+from lanner.server.exits import EXIT_BOOT_ERROR, EXIT_CHILD_CRASHED, EXIT_OK, EXIT_START_REFUSED
+from lanner.server.heartbeat import Heartbeats
 from lanner.server.status import ServerStatus
+from lanner.server.worker import worker_main
 
 log = logging.getLogger("lanner.supervisor")
 
-RING_CAPACITY = 1 << 20
-FWD_RING_CAPACITY = 1 << 18
-EXIT_START_REFUSED = 1
-EXIT_BOOT_ERROR = 3
+RESTART_WINDOW = 60.0        # seconds of restart history that count towards the backoff
+BACKOFF_FIRST = 0.05
+BACKOFF_MAX = 5.0
+STOP_GRACE = 15.0            # seconds a child gets to stop on SIGTERM before SIGKILL
 
 
 class StartupError(Exception):
-    """One line for stderr; the server exits 1."""
+    """One line for stderr; the server exits EXIT_START_REFUSED."""
 
 
-@dataclass
+@dataclass(eq=False)
 class Child:
     kind: str                 # "worker" | "front" | "cleaner"
     index: int
-    pid: int = 0
+    pid: int = 0              # 0: not running (dead, waiting for its replacement)
     sock: socket.socket | None = None     # supervisor's end of the control socketpair
     reader: control.Reader | None = None
     ready: bool = False
-    restarts: list = field(default_factory=list)
-    awaiting_acks: set = field(default_factory=set)
+    restarts: list = field(default_factory=list)        # monotonic times of recent deaths
+    awaiting_acks: set = field(default_factory=set)     # peers yet to acknowledge its peer_down
+    restart_at: float | None = None                     # when its replacement may be forked
+    murdered: float | None = None                       # silence (s) when killed for it
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.kind, self.index)
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.index}"
+
+
+def backoff(restarts: int) -> float:
+    """Delay before forking a child that died `restarts` times within RESTART_WINDOW."""
+    return min(BACKOFF_FIRST * (2 ** (restarts - 1)), BACKOFF_MAX)
 
 
 def _pdeathsig() -> None:
@@ -78,6 +115,7 @@ class Supervisor:
         self.config = config
         self.clock = clock
         srv = config.server
+        self.peers = Peers(srv.workers, srv.fronts)
         self.nworkers = srv.workers
         self.nfronts = srv.fronts
         self.children: dict[tuple[str, int], Child] = {}
@@ -85,9 +123,12 @@ class Supervisor:
         self.sig_queue: list[int] = []
         self.stopping = False
         self.started_at = time.time()
-        self.listeners: dict[str, socket.socket] = {}
+        self.listeners: dict[str, list[socket.socket]] = {}
+        self.lock_fds: list[int] = []
         self.sel = selectors.DefaultSelector()
-        self.exit_code = 0
+        self.exit_code = EXIT_OK
+        self.heartbeats: Heartbeats | None = None
+        self.mesh: Mesh | None = None
 
     # -- set-up ----------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -101,6 +142,12 @@ class Supervisor:
             os.unlink(probe)
         except OSError as e:
             raise StartupError(f"queue path {qp!r} is not writable: {e.strerror or e}") from None
+        try:
+            self.lock_fds = dirlock.lock_server(qp, srv.status_file)
+        except dirlock.DirLocked as e:
+            raise StartupError(str(e)) from None
+        except OSError as e:
+            raise StartupError(f"cannot lock {e.filename or qp}: {e.strerror or e}") from None
         for kind, port in (("memcache", srv.memcache_port), ("text", srv.text_port),
                            ("thrift", srv.thrift_port), ("admin", srv.admin_port)):
             if port is None:
@@ -109,20 +156,11 @@ class Supervisor:
         self.status_mem = mmap.mmap(-1, ServerStatus.SIZE, flags=mmap.MAP_SHARED)
         self.status = ServerStatus.create(self.status_mem, srv.status_file, srv.default_status,
                                           self.clock, srv.status_change_grace_period)
-        from lanner.fronts.front import FRONT_COUNTERS
-        from lanner.ipc.shm import CounterBlock
         self.counters = CounterBlock.create(self.nfronts, FRONT_COUNTERS)
-        self.worker_wake = [WakeFd.create() for _ in range(self.nworkers)]
-        self.front_wake = [WakeFd.create() for _ in range(self.nfronts)]
-        W, F = self.nworkers, self.nfronts
-        self.req = [[Ring.create(RING_CAPACITY, wake_fd=self.worker_wake[w], space_fd=self.front_wake[f],
-                                 name=f"f{f}->w{w}") for w in range(W)] for f in range(F)]
-        self.resp = [[Ring.create(RING_CAPACITY, wake_fd=self.front_wake[f], space_fd=self.worker_wake[w],
-                                  name=f"w{w}->f{f}") for f in range(F)] for w in range(W)]
-        self.fwd = [[None if a == b else
-                     Ring.create(FWD_RING_CAPACITY, wake_fd=self.worker_wake[b], space_fd=self.worker_wake[a],
-                                 name=f"w{a}->w{b}") for b in range(W)] for a in range(W)]
-        self.cleaner_socks = [socket.socketpair() for _ in range(W)]
+        self.heartbeats = Heartbeats(self.peers.heartbeat_slots, srv.heartbeat_timeout)
+        self.thrift_ids = SharedCounter.create("lanner-thrift-ids")
+        self.mesh = Mesh(self.peers)
+        self.cleaner_socks = [socket.socketpair() for _ in range(self.nworkers)]
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
 
     def bind(self, kind: str, host: str, port: int) -> list[socket.socket]:
@@ -160,31 +198,14 @@ class Supervisor:
     # -- forking ---------------------------------------------------------------------------------
     def spawn(self, kind: str, index: int) -> Child:
         child = self.children.get((kind, index)) or Child(kind, index)
-        self.children[(kind, index)] = child
+        self.children[child.key] = child
         parent_sock, child_sock = socket.socketpair()
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                parent_sock.close()
-                _pdeathsig()
-                if os.getppid() == 1:
-                    os._exit(1)
-                for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGINT):
-                    signal.signal(sig, signal.SIG_DFL)
-                signal.set_wakeup_fd(-1)
-                for c in self.children.values():
-                    if c.sock is not None:
-                        c.sock.close()
-                code = self.child_main(kind, index, child_sock)
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else 1
-            except BaseException:
-                logging.getLogger("lanner").exception("%s %d crashed", kind, index)
-                code = 1
-            finally:
-                logging.shutdown()
-                os._exit(code)
+        slot = self.peers.heartbeat_slot(kind, index)
+        if self.heartbeats is not None and slot is not None:
+            self.heartbeats.stamp(slot, self.clock.monotonic())
+        if self.mesh is not None:
+            self.mesh.discard_unread(kind, index)
+        pid = self.fork_child(kind, index, child_sock, parent_sock)
         child_sock.close()
         if child.sock is not None:
             try:
@@ -196,49 +217,73 @@ class Supervisor:
         child.sock = parent_sock
         child.reader = control.Reader(parent_sock)
         child.ready = False
+        child.restart_at = None
+        child.murdered = None
         self.by_pid[pid] = child
         self.sel.register(parent_sock, selectors.EVENT_READ, child)
-        log.info("started %s %d (pid %d)", kind, index, pid)
+        log.info("started %s (pid %d)", child, pid)
+        for down in self.children.values():
+            if down.pid == 0 and down.kind in self.peers.talk(kind):
+                self.tell(child, "peer_down", down)     # born while `down` is down
         return child
 
+    def fork_child(self, kind: str, index: int, child_sock: socket.socket,
+                   parent_sock: socket.socket) -> int:
+        """Fork; the child runs `child_main` and never returns.  Tests replace this."""
+        pid = os.fork()
+        if pid:
+            return pid
+        code = EXIT_CHILD_CRASHED
+        try:
+            parent_sock.close()
+            _pdeathsig()
+            if os.getppid() == 1:
+                os._exit(EXIT_CHILD_CRASHED)
+            for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGINT):
+                signal.signal(sig, signal.SIG_DFL)
+            signal.set_wakeup_fd(-1)
+            for c in self.children.values():
+                if c.sock is not None:
+                    c.sock.close()
+            code = self.child_main(kind, index, child_sock)
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else EXIT_CHILD_CRASHED
+        except BaseException:
+            logging.getLogger("lanner").exception("%s %d crashed", kind, index)
+            code = EXIT_CHILD_CRASHED
+        finally:
+            logging.shutdown()
+            os._exit(code)
+
     def child_main(self, kind: str, index: int, sock: socket.socket) -> int:
-        _name_process(f"lanner-{kind[0]}{index}" if kind != "cleaner" else "lanner-cleaner")
+        _name_process(f"lanner-{kind[0]}{index}" if kind not in (CLEANER, ZK) else f"lanner-{kind}")
         # Everything allocated so far lives as long as the process: keep the collector off it,
         # and let young garbage (per-request objects) build up more before a collection.
         gc.freeze()
         gc.set_threshold(50_000, 20, 20)
-        for kind_, socks in self.listeners.items():
+        for socks in self.listeners.values():
             for i, s in enumerate(socks):
-                if kind != "front" or i != index:
+                if kind != FRONT or i != index:
                     s.close()
-        if kind == "worker":
-            from lanner.server.worker import worker_main
-            F, W = self.nfronts, self.nworkers
-            inbound = [self.req[f][index] for f in range(F)] + [self.fwd[a][index] for a in range(W)]
-            outbound = [self.resp[index][f] for f in range(F)] + [self.fwd[index][b] for b in range(W)]
-            for r in inbound:
-                if r is not None:
-                    r.resync_consumer(discard=True)
-            for r in outbound:
-                if r is not None:
-                    r.resync_producer()
-            return worker_main(index, W, self.config, self.status_view(), inbound, outbound,
-                               self.worker_wake[index].fd, sock, self.cleaner_socks[index][0], F)
-        if kind == "front":
-            from lanner.fronts.front import front_main
-            req = self.req[index]
-            resp = [self.resp[w][index] for w in range(self.nworkers)]
-            for r in req:
-                r.resync_producer()
-            for r in resp:
-                r.resync_consumer(discard=True)
+        slot = self.peers.heartbeat_slot(kind, index)
+        heart = self.heartbeats.heart(slot) if slot is not None else None
+        if kind == WORKER:
+            inbound, outbound = self.mesh.worker_rings(index)
+            return worker_main(index, self.peers, self.config, self.status_view(), inbound, outbound,
+                               self.mesh.worker_wake[index].fd, sock, self.cleaner_socks[index][0],
+                               heart=heart, ids=IdBlocks(self.thrift_ids))
+        if kind == FRONT:
+            req, resp = self.mesh.front_rings(index)
             self.counters.slot(index).set(0, 0)    # curr_connections of a dead front
             mine = {k: socks[index] for k, socks in self.listeners.items()}
             return front_main(index, self.config, self.status_view(), self.counters, req, resp,
-                              self.front_wake[index].fd, sock, mine, self.started_at,
-                              self.clock)
-        from lanner.server.cleaner import cleaner_main
-        return cleaner_main(self.config, [p[1] for p in self.cleaner_socks], sock)
+                              self.mesh.front_wake[index].fd, sock, mine, self.started_at,
+                              self.clock, heart=heart)
+        if kind == ZK:
+            # imported here: kazoo, which it needs, is an optional dependency
+            from lanner.ops.serverset import serverset_main
+            return serverset_main(self.config, self.status_view(), self.ports, sock)
+        return cleaner_main(self.config, [p[1] for p in self.cleaner_socks], sock, heart=heart)
 
     def status_view(self) -> ServerStatus:
         srv = self.config.server
@@ -247,24 +292,38 @@ class Supervisor:
     # -- running ---------------------------------------------------------------------------------
     def run(self) -> int:
         self.prepare()
+        self.ports = {k: socks[0].getsockname()[1] for k, socks in self.listeners.items()}
         r, w = os.pipe()
         os.set_blocking(r, False)
         os.set_blocking(w, False)
         signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1):
             signal.signal(sig, self.on_signal)
         self.sel.register(r, selectors.EVENT_READ, "signal")
-        self.spawn("cleaner", 0)
+        self.spawn(CLEANER, 0)
         for i in range(self.nworkers):
-            self.spawn("worker", i)
-        if not self.wait_ready("worker"):
+            self.spawn(WORKER, i)
+        if not self.wait_ready(WORKER):
             self.shutdown()
             return self.exit_code or EXIT_BOOT_ERROR
         for i in range(self.nfronts):
-            self.spawn("front", i)
-        if not self.wait_ready("front"):
+            self.spawn(FRONT, i)
+        if not self.wait_ready(FRONT):
             self.shutdown()
-            return self.exit_code or 1
+            return self.exit_code or EXIT_CHILD_CRASHED
+        line = self.ready_line()
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+        notify.ready(line[len("lanner ready "):])
+        log.info("ready: %d workers, %d fronts", self.nworkers, self.nfronts)
+        if self.config.zookeeper is not None:
+            self.spawn(ZK, 0)
+        while not self.stopping:
+            self.tick(self.tick_interval())
+        self.shutdown()
+        return self.exit_code
+
+    def ready_line(self) -> str:
         srv = self.config.server
         parts = ["lanner ready"]
         for kind, port in (("memcache", srv.memcache_port), ("text", srv.text_port),
@@ -272,25 +331,26 @@ class Supervisor:
             if port is not None and kind in self.listeners:
                 host, p = self.listeners[kind][0].getsockname()[:2]
                 parts.append(f"{kind}={host}:{p}")
-        sys.stdout.write(" ".join(parts) + "\n")
-        sys.stdout.flush()
-        log.info("ready: %d workers, %d fronts", self.nworkers, self.nfronts)
-        while not self.stopping:
-            self.tick(1.0)
-        self.shutdown()
-        return self.exit_code
+        return " ".join(parts)
 
-    def wait_ready(self, kind: str, timeout: float | None = None) -> bool:
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def tick_interval(self) -> float:
+        """How long the loop may sleep: a second, less while a restart or a heartbeat is due."""
+        t = 1.0
+        if self.heartbeats is not None:
+            t = min(t, self.heartbeats.interval)
+        now = self.clock.monotonic()
+        for c in self.children.values():
+            if c.restart_at is not None and not c.awaiting_acks:
+                t = min(t, max(0.0, c.restart_at - now))
+        return t
+
+    def wait_ready(self, kind: str) -> bool:
         while True:
-            pending = [c for c in self.children.values() if c.kind == kind and not c.ready]
-            if not pending:
+            if not [c for c in self.children.values() if c.kind == kind and not c.ready]:
                 return True
             if self.stopping:
                 return False
-            if deadline is not None and time.monotonic() > deadline:
-                return False
-            self.tick(0.5)
+            self.tick(min(0.5, self.tick_interval()))
 
     def tick(self, timeout: float) -> None:
         for key, _ in self.sel.select(timeout):
@@ -300,30 +360,37 @@ class Supervisor:
                 except BlockingIOError:
                     pass
             else:
-                child: Child = key.data
-                for msg in child.reader.read():
-                    self.on_message(child, msg)
-                if child.reader.eof:
-                    try:
-                        self.sel.unregister(child.sock)
-                    except (KeyError, ValueError):
-                        pass
+                self.read_child(key.data)
         while self.sig_queue:
-            sig = self.sig_queue.pop(0)
-            name = {signal.SIGTERM: "term", signal.SIGINT: "term", signal.SIGHUP: "hup",
-                    signal.SIGCHLD: "chld"}.get(sig)
-            if name:
-                getattr(self, "handle_" + name)()
+            self.dispatch(self.sig_queue.pop(0))
+        if not self.stopping:
+            self.murder_stuck()
+            self.manage()
+
+    def read_child(self, child: Child) -> None:
+        for msg in child.reader.read():
+            self.on_message(child, msg)
+        if child.reader.eof:
+            try:
+                self.sel.unregister(child.sock)
+            except (KeyError, ValueError):
+                pass
 
     def on_signal(self, sig, frame) -> None:
         """NO logging here: just queue the signal for the main loop."""
         self.sig_queue.append(sig)
 
+    def dispatch(self, sig: int) -> None:
+        name = {signal.SIGTERM: "term", signal.SIGINT: "term", signal.SIGHUP: "hup",
+                signal.SIGCHLD: "chld", signal.SIGUSR1: "usr1"}.get(sig)
+        if name:
+            getattr(self, "handle_" + name)()
+
     def on_message(self, child: Child, msg: dict) -> None:
         cmd = msg.get("cmd")
         if cmd == "ready":
             child.ready = True
-            log.info("%s %d ready", child.kind, child.index)
+            log.info("%s ready", child)
             if child.restarts:
                 self.announce(child, "peer_up")
         elif cmd == "boot_failed":
@@ -332,54 +399,56 @@ class Supervisor:
             self.exit_code = EXIT_BOOT_ERROR
             self.stopping = True
         elif cmd == "ack_down":
-            for c in self.children.values():
-                c.awaiting_acks.discard((child.kind, child.index))
+            down = self.children.get(self.peers.named_by(child.kind, msg["peer"]))
+            if down is not None:
+                down.awaiting_acks.discard(child.key)
         elif cmd == "reload_all":
-            self.reload(exclude=("front", child.index))
+            self.reload(exclude=(FRONT, child.index))
 
-    def peer_id(self, child: Child) -> int:
-        return child.index if child.kind == "front" else self.nfronts + child.index
+    # -- peers -----------------------------------------------------------------------------------
+    def tell(self, target: Child, what: str, about: Child) -> None:
+        """Send `target` a peer_down/peer_up about `about`, in target's numbering.  A
+        peer_down is awaited even when the send fails: the target acknowledges or dies."""
+        if what == "peer_down":
+            about.awaiting_acks.add(target.key)
+        try:
+            control.send(target.sock, {"cmd": what,
+                                       "peer": self.peers.as_seen_by(target.kind, about.kind, about.index)})
+        except OSError:
+            pass
 
     def announce(self, child: Child, what: str) -> None:
-        """Tell the peers that talk to `child` over rings that it went down or came up."""
-        if child.kind == "worker":
-            targets = [c for c in self.children.values() if c.kind == "front" or
-                       (c.kind == "worker" and c.index != child.index)]
-            peer = child.index
-        elif child.kind == "front":
-            targets = [c for c in self.children.values() if c.kind == "worker"]
-            peer = child.index
-        else:
-            return
-        for c in targets:
-            # fronts index workers 0..W-1; workers index peers fronts-first
-            p = peer if c.kind == "front" else (self.peer_id(child))
-            try:
-                control.send(c.sock, {"cmd": what, "peer": p})
-            except OSError:
-                continue
-            if what == "peer_down":
-                child.awaiting_acks.add((c.kind, c.index))
+        """Tell every live process that shares rings with `child` that it went down or came up."""
+        for c in list(self.children.values()):
+            if c is not child and c.pid and c.kind in self.peers.talk(child.kind):
+                self.tell(c, what, child)
 
+    # -- signals ---------------------------------------------------------------------------------
     def handle_term(self) -> None:
         if not self.stopping:
             log.info("shutting down")
+            notify.stopping()
         self.stopping = True
 
     def handle_hup(self) -> None:
+        notify.reloading()
         self.reload()
+        notify.ready()
+
+    def handle_usr1(self) -> None:
+        logfile.request_reopen()
+        log.info("log file reopened")
 
     def reload(self, exclude=None) -> None:
-        from lanner.config import ConfigError, reload_config
         try:
             self.config = reload_config(self.config)
         except ConfigError as e:
             log.error("reload failed: %s", e)
             return
         for key, c in self.children.items():
-            if key == exclude or c.kind == "cleaner":
+            if key == exclude or c.kind == CLEANER or not c.pid:
                 continue
-            if exclude is not None and c.kind == "worker":
+            if exclude is not None and c.kind == WORKER:
                 continue        # the requesting front reloaded every worker through its rings
             try:
                 control.send(c.sock, {"cmd": "reload"})
@@ -388,71 +457,103 @@ class Supervisor:
         log.info("configuration reloaded")
 
     def handle_chld(self) -> None:
+        for pid, status in self.reap():
+            child = self.by_pid.pop(pid, None)
+            if child is not None:
+                self.child_exited(child, pid, status)
+
+    def reap(self) -> list[tuple[int, int]]:
+        """Every exited child as (pid, wait status), without blocking.  Tests replace this."""
+        out = []
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                return
+                return out
             if pid == 0:
-                return
-            child = self.by_pid.pop(pid, None)
-            if child is None:
-                continue
-            if os.WIFSIGNALED(status):
-                sig = os.WTERMSIG(status)
-                why = f"killed by signal {sig}" + (" (perhaps out of memory?)" if sig == signal.SIGKILL else "")
-            else:
-                why = f"exited with status {os.WEXITSTATUS(status)}"
-            if self.stopping:
-                log.info("%s %d (pid %d) %s", child.kind, child.index, pid, why)
-                continue
-            log.warning("%s %d (pid %d) %s; restarting", child.kind, child.index, pid, why)
-            if os.WIFEXITED(status) and os.WEXITSTATUS(status) == EXIT_BOOT_ERROR:
-                self.exit_code = EXIT_BOOT_ERROR
-                self.stopping = True
-                continue
-            self.restart(child)
+                return out
+            out.append((pid, status))
 
-    def restart(self, child: Child) -> None:
-        now = time.monotonic()
-        child.restarts = [t for t in child.restarts if now - t < 60] + [now]
+    def child_exited(self, child: Child, pid: int, status: int) -> None:
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            if child.murdered is not None:
+                why = f"killed after {child.murdered:.1f} s without a heartbeat"
+            else:
+                why = f"killed by signal {sig}" + (" (perhaps out of memory?)" if sig == signal.SIGKILL else "")
+        else:
+            why = f"exited with status {os.WEXITSTATUS(status)}"
+        child.pid = 0
+        child.ready = False
+        if self.stopping:
+            log.info("%s (pid %d) %s", child, pid, why)
+            return
+        if os.WIFEXITED(status) and os.WEXITSTATUS(status) == EXIT_BOOT_ERROR:
+            log.error("%s (pid %d) %s: cannot boot, stopping", child, pid, why)
+            self.exit_code = EXIT_BOOT_ERROR
+            self.stopping = True
+            return
+        log.warning("%s (pid %d) %s; restarting", child, pid, why)
+        for c in self.children.values():          # it will acknowledge nothing now
+            c.awaiting_acks.discard(child.key)
+        now = self.clock.monotonic()
+        child.restarts = [t for t in child.restarts if now - t < RESTART_WINDOW] + [now]
+        child.restart_at = now + backoff(len(child.restarts))
         self.announce(child, "peer_down")
-        deadline = time.monotonic() + 5.0
-        while child.awaiting_acks and time.monotonic() < deadline and not self.stopping:
-            self.tick(0.1)
-        child.awaiting_acks.clear()
-        backoff = min(0.05 * (2 ** (len(child.restarts) - 1)), 5.0)
-        end = time.monotonic() + backoff
-        while time.monotonic() < end and not self.stopping:
-            self.tick(end - time.monotonic())
-        if not self.stopping:
-            self.spawn(child.kind, child.index)
+
+    def manage(self) -> None:
+        """Fork every replacement whose peers have all acknowledged and whose backoff is over."""
+        now = self.clock.monotonic()
+        for c in list(self.children.values()):
+            if c.pid == 0 and c.restart_at is not None and not c.awaiting_acks \
+                    and now >= c.restart_at and not self.stopping:
+                self.spawn(c.kind, c.index)
+
+    def murder_stuck(self) -> None:
+        """SIGKILL every ready child whose loop has not stamped its heartbeat in time."""
+        hb = self.heartbeats
+        if hb is None or not hb.timeout_ms:
+            return
+        now = self.clock.monotonic()
+        for c in self.children.values():
+            slot = self.peers.heartbeat_slot(c.kind, c.index)
+            if not c.pid or not c.ready or c.murdered is not None or slot is None:
+                continue
+            silent = hb.overdue(slot, now)
+            if silent is None:
+                continue
+            log.error("%s (pid %d) stuck: no heartbeat for %.1f s; killing it", c, c.pid, silent)
+            c.murdered = silent
+            self.kill(c.pid, signal.SIGKILL)
+
+    def kill(self, pid: int, sig: int) -> None:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
     # -- stopping --------------------------------------------------------------------------------
     def shutdown(self) -> None:
         self.stopping = True
-        for kind in ("front", "worker", "cleaner"):
+        for kind in (ZK, FRONT, WORKER, CLEANER):
             group = [c for c in self.children.values() if c.kind == kind and c.pid in self.by_pid]
             for c in group:
-                try:
-                    os.kill(c.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + 15.0
+                self.kill(c.pid, signal.SIGTERM)
+            deadline = time.monotonic() + STOP_GRACE
             while any(c.pid in self.by_pid for c in group) and time.monotonic() < deadline:
                 self.reap_quietly()
                 time.sleep(0.01)
             for c in group:
                 if c.pid in self.by_pid:
-                    log.warning("%s %d did not stop; killing it", c.kind, c.index)
-                    try:
-                        os.kill(c.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                    log.warning("%s did not stop; killing it", c)
+                    self.kill(c.pid, signal.SIGKILL)
             self.reap_quietly(block=True, pids=[c.pid for c in group])
         for socks in self.listeners.values():
             for s in socks:
                 s.close()
+        for fd in self.lock_fds:
+            os.close(fd)
+        self.lock_fds = []
         log.info("stopped")
 
     def reap_quietly(self, block: bool = False, pids=()) -> None:
@@ -465,13 +566,7 @@ class Supervisor:
                         pass
                     self.by_pid.pop(pid, None)
             return
-        while True:
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, _ in self.reap():
             self.by_pid.pop(pid, None)
 
 

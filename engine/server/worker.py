@@ -34,10 +34,14 @@ from dataclasses import dataclass
 
 import msgpack
 
+from lanner.clock import SYSTEM_CLOCK
+from lanner.config import ConfigError, config_items, reload_config
+from lanner.errors import describe_os_error
 from lanner.ipc import control
 from lanner.ipc.bodies import Bodies
-from lanner.clock import SYSTEM_CLOCK
-from lanner.errors import describe_os_error
+from lanner.ipc.mesh import Peers
+from lanner.ipc.wake import clear_sleep_all, prepare_sleep_all
+from lanner.ipc.shm import IdBlocks, SharedCounter
 from lanner.queues.collection import QueueCollection
 from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_PEEK, F_STREAM, F_THRIFT,
                        OP_ALIAS_PUT, OP_CONFIRM, OP_DELETE, OP_DISCONNECT, OP_DUMP_CONFIG, OP_FLUSH,
@@ -50,13 +54,12 @@ from lanner.queues.placement import worker_of
 from lanner.queues.sessions import Session
 from lanner.storage.factory import ShardStorage, sync_all
 from lanner.queues.waiters import Waiter
+from lanner.server.exits import EXIT_BOOT_ERROR, EXIT_OK
+from lanner.server.heartbeat import MAX_BEAT_INTERVAL
 
 log = logging.getLogger(__name__)
 
 SPIN_S = float(os.environ.get("LANNER_WORKER_SPIN_US", "0")) / 1e6
-
-EXIT_OK = 0
-EXIT_BOOT_ERROR = 3      # replay or config failure: the supervisor halts instead of looping
 
 
 @dataclass(slots=True, eq=False)
@@ -79,12 +82,15 @@ class Pending:
 
 class Worker:
     def __init__(self, index: int, nworkers: int, config, status, inbound, outbound, wake_fd: int,
-                 control_sock, cleaner_sock=None, clock=SYSTEM_CLOCK, nfronts: int = 1):
-        """inbound[src] / outbound[dst]: rings indexed by peer: fronts 0..F-1, then workers F..F+W-1
-        (None for this worker's own slot)."""
+                 control_sock, cleaner_sock=None, clock=SYSTEM_CLOCK, nfronts: int = 1,
+                 heart=None, ids: IdBlocks | None = None):
+        """inbound[src] / outbound[dst]: rings indexed by peer number (mesh.Peers; None for
+        this worker's own slot).  `heart`: its heartbeat slot; `ids`: its supply of thrift
+        read ids from the server-wide counter (a private counter when None)."""
         self.index = index
         self.nworkers = nworkers
         self.nfronts = nfronts
+        self.peers = Peers(nworkers, nfronts)
         self.config = config
         self.status = status
         self.inbound = inbound
@@ -93,6 +99,17 @@ class Worker:
         self.control = control_sock
         self.cleaner = cleaner_sock
         self.clock = clock
+        self.heart = heart
+        self.beat_interval = heart.interval if heart is not None else MAX_BEAT_INTERVAL
+        self.next_beat = 0.0
+        self.ctl_reader = control.Reader(control_sock)
+        self.cleaner_reader = control.Reader(cleaner_sock) if cleaner_sock is not None else None
+        self.rings = [(src, r) for src, r in enumerate(inbound) if r is not None]
+        self.in_rings = [r for _, r in self.rings]
+        self.outs = [r for r in outbound if r is not None]
+        self.asm = {src: Reassembler() for src, _ in self.rings}
+        self.idle_since = None
+        self.sel = None
         self.sessions: dict[tuple[int, int], Session] = {}
         self.pending_by_conn: dict[tuple[int, int], set[Pending]] = defaultdict(set)
         self.alias_counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
@@ -114,7 +131,7 @@ class Worker:
         # thrift open reads: server-wide ids that outlive their connection (§3.3)
         self.tids: dict[int, tuple[str, int, tuple]] = {}     # id -> (queue, xid, owner key)
         self.tcounts: dict[tuple, int] = {}                   # (src, conn, queue) -> open reads
-        self.tseq = 0
+        self.tids_supply = ids if ids is not None else IdBlocks(SharedCounter.create())
         self.taborts: list[tuple[int, int]] = []              # heap of (deadline ms, id)
         self.bodies = Bodies()                                # streamed set bodies, in pieces
         self.closed_conns: set[tuple[int, int]] = set()       # told to close, DISCONNECT to come
@@ -140,77 +157,102 @@ class Worker:
 
     # -- the loop --------------------------------------------------------------------------------
     def run(self) -> int:
-        sel = selectors.DefaultSelector()
+        self.open_loop()
+        while not self.stopping:
+            self.step()
+        self.shutdown()
+        return EXIT_OK
+
+    def open_loop(self) -> None:
+        """What the loop waits on: the wake eventfd, the control and cleaner sockets, the
+        group-commit pipe."""
+        sel = self.sel = selectors.DefaultSelector()
         sel.register(self.wake_fd, selectors.EVENT_READ, "wake")
         sel.register(self.control.fileno(), selectors.EVENT_READ, "control")
         sel.register(self.sync_done_r, selectors.EVENT_READ, "sync")
         if self.cleaner is not None:
             sel.register(self.cleaner.fileno(), selectors.EVENT_READ, "cleaner")
-        ctl_reader = control.Reader(self.control)
-        cleaner_reader = control.Reader(self.cleaner) if self.cleaner is not None else None
-        rings = [(src, r) for src, r in enumerate(self.inbound) if r is not None]
-        self.asm = {src: Reassembler() for src, _ in rings}
-        outs = [r for r in self.outbound if r is not None]
-        idle_since = None
-        while not self.stopping:
-            for r in outs:
-                if r.backlog:
-                    r.publish()
-            busy = self.drain(rings)
-            self.run_timers()
-            self.finish_batch()
-            if busy:
-                idle_since = None
-                continue
-            if SPIN_S:
-                # Under load the next request is usually microseconds away: polling for it
-                # is cheaper than the cross-core wakeup a sleep would cost the producer.
-                now = time.perf_counter()
-                if idle_since is None:
-                    idle_since = now
-                if now - idle_since < SPIN_S:
-                    continue
-            # Going to sleep: tell every producer to signal us, then re-check.
-            if any(not r.prepare_sleep() for _, r in rings):
-                for _, r in rings:
-                    r.clear_sleep()
-                continue
-            timeout = self.next_timeout()
-            events = sel.select(timeout)
-            for _, r in rings:
-                r.clear_sleep()
-            for key, _ in events:
-                what = key.data
-                if what == "wake":
-                    try:
-                        os.eventfd_read(self.wake_fd)
-                    except BlockingIOError:
-                        pass
-                elif what == "control":
-                    for msg in ctl_reader.read():
-                        self.on_control(msg)
-                    if ctl_reader.eof:
-                        log.warning("worker %d: supervisor gone, exiting", self.index)
-                        self.stopping = True
-                elif what == "sync":
-                    self.on_sync_done()
-                elif what == "cleaner":
-                    for msg in cleaner_reader.read():
-                        self.on_cleaner(msg)
-        self.shutdown()
-        return EXIT_OK
+
+    def step(self, wait: float | None = None) -> bool:
+        """One turn of the loop (module docstring); True when a request was handled.
+        `wait` caps how long an idle turn may block (tests step without blocking)."""
+        for r in self.outs:
+            if r.backlog:
+                r.publish()
+        busy = self.drain(self.rings)
+        self.run_timers()
+        self.finish_batch()
+        now = self.clock.monotonic()
+        if now >= self.next_beat:
+            self.beat(now)
+        if busy:
+            self.idle_since = None
+            return True
+        if SPIN_S:
+            # Under load the next request is usually microseconds away: polling for it
+            # is cheaper than the cross-core wakeup a sleep would cost the producer.
+            t = time.perf_counter()
+            if self.idle_since is None:
+                self.idle_since = t
+            if t - self.idle_since < SPIN_S:
+                return False
+        # Going to sleep: tell every producer to signal us, then re-check.
+        in_rings = self.in_rings
+        if not prepare_sleep_all(in_rings):
+            return False
+        timeout = self.next_timeout()
+        beat_in = max(0.0, self.next_beat - now)     # blocking waits still beat the heart
+        timeout = beat_in if timeout is None else min(timeout, beat_in)
+        events = self.sel.select(timeout if wait is None else min(timeout, wait))
+        clear_sleep_all(in_rings)
+        for key, _ in events:
+            what = key.data
+            if what == "wake":
+                try:
+                    os.eventfd_read(self.wake_fd)
+                except BlockingIOError:
+                    pass
+            elif what == "control":
+                self.poll_control()
+            elif what == "sync":
+                self.on_sync_done()
+            elif what == "cleaner":
+                self.poll_cleaner()
+        return False
+
+    def beat(self, now: float) -> None:
+        """Stamp the heartbeat and read the control socket, busy or not: a `peer_down`
+        must be acknowledged promptly even under load (the supervisor waits for it before
+        it starts the replacement)."""
+        if self.heart is not None:
+            self.heart.beat(now)
+        self.next_beat = now + self.beat_interval
+        self.poll_control()
+        if self.cleaner_reader is not None:
+            self.poll_cleaner()
+
+    def poll_control(self) -> None:
+        for msg in self.ctl_reader.read():
+            self.on_control(msg)
+        if self.ctl_reader.eof and not self.stopping:
+            log.warning("worker %d: supervisor gone, exiting", self.index)
+            self.stopping = True
+
+    def poll_cleaner(self) -> None:
+        for msg in self.cleaner_reader.read():
+            self.on_cleaner(msg)
 
     def drain(self, rings) -> bool:
         busy = False
         for src, ring in rings:
-            if src in self.down_peers:
-                continue
             asm = self.asm[src]
             while True:
                 batch = ring.read_batch()
                 if not batch:
                     break
                 busy = True
+                if src in self.down_peers:
+                    self.peer_back(src)
                 for rec in batch:
                     msg = asm.feed(rec)
                     if msg is None:
@@ -252,7 +294,7 @@ class Worker:
     def reply(self, dst: int, conn: int, req: int, status: int, flags: int = 0, value: int = 0,
               payload: bytes = b"") -> None:
         self.replies.append((dst, pack_resp(conn, req, status, flags, 0, value), payload))
-        if flags & RF_CLOSE and dst < self.nfronts:
+        if flags & RF_CLOSE and self.peers.is_front(dst):
             # The front will close this connection: roll its open reads back now, so a
             # client that reconnects through another front already finds them (§1.5).
             self.disconnect(dst, conn)
@@ -625,8 +667,7 @@ class Worker:
                 return
             tid = 0
             if p.auto_abort > 0:
-                self.tseq += 1
-                tid = (self.tseq - 1) * self.nworkers + self.index + 1
+                tid = self.tids_supply.next()
                 self.tids[tid] = (p.queue, item.xid, key)
                 self.tcounts[key] = self.tcounts.get(key, 0) + 1
             p.items.append((item.data, tid))
@@ -692,7 +733,7 @@ class Worker:
     # -- cross-shard -----------------------------------------------------------------------------
     def forward_add(self, target: str, data: bytes, now_ms: int) -> None:
         """expire_to_queue into a queue another worker owns."""
-        dst = self.nfronts + worker_of(target, self.nworkers)
+        dst = self.peers.of_worker(worker_of(target, self.nworkers))
         ring = self.outbound[dst]
         if ring is None or dst in self.down_peers:
             log.error("worker %d: cannot move an expired item to %r: its worker is down",
@@ -725,14 +766,12 @@ class Worker:
         return msgpack.packb({"global": coll.stats(), "queues": out_queues})
 
     def config_payload(self) -> bytes:
-        from lanner.config import config_items
         entries = [(name, config_items(self.coll.queue(name, create=False).config))
                    for name in self.coll.names()]
         return msgpack.packb(entries)
 
     def reload(self) -> str | None:
         """Re-read the config; on failure keep the old one and return why (no file path)."""
-        from lanner.config import ConfigError, reload_config
         try:
             self.config = reload_config(self.config)
         except ConfigError as e:
@@ -746,30 +785,46 @@ class Worker:
     def on_control(self, msg) -> None:
         cmd = msg.get("cmd")
         if cmd == "peer_down":
-            peer = msg["peer"]
-            self.down_peers.add(peer)
-            ring = self.inbound[peer]
-            if ring is not None:          # whatever the dead peer left unread is void
-                ring.resync_consumer(discard=True)
-                self.asm[peer].reset()
-                self.bodies.drop(peer)
-            if peer < self.nfronts:
-                self.closed_conns = {k for k in self.closed_conns if k[0] != peer}
-                for key in [k for k in self.sessions if k[0] == peer]:
-                    self.disconnect(*key)
-                for key in [k for k in self.pending_by_conn if k[0] == peer]:
-                    self.disconnect(*key)
-                self.held = [r for r in self.held if r[0] != peer]
-                self.replies = [r for r in self.replies if r[0] != peer]
-                if self.sync_inflight:
-                    self.sync_batch = [r for r in self.sync_batch if r[0] != peer]
-            control.send(self.control, {"cmd": "ack_down", "peer": peer, "worker": self.index})
+            self.peer_down(msg["peer"])
         elif cmd == "peer_up":
             self.down_peers.discard(msg["peer"])
         elif cmd == "reload":
             self.reload()
         elif cmd == "stop":
             self.stopping = True
+
+    def peer_down(self, peer: int) -> None:
+        """A front or worker died: whatever it left unread in our rings is void (a
+        half-sent large message included), its connections' open reads roll back, and
+        nothing more is sent to it until its replacement shows up.  Acknowledged at once:
+        the supervisor starts the replacement only after every peer has, so everything in
+        our rings after this point comes from the replacement (ring.py, "Crashed peers")."""
+        self.down_peers.add(peer)
+        ring = self.inbound[peer]
+        if ring is not None:
+            ring.resync_consumer(discard=True)
+            self.asm[peer].reset()
+            self.bodies.drop(peer)
+        out = self.outbound[peer]
+        if out is not None:
+            out.drop_backlog()
+        if self.peers.is_front(peer):
+            self.closed_conns = {k for k in self.closed_conns if k[0] != peer}
+            for key in [k for k in self.sessions if k[0] == peer]:
+                self.disconnect(*key)
+            for key in [k for k in self.pending_by_conn if k[0] == peer]:
+                self.disconnect(*key)
+            self.held = [r for r in self.held if r[0] != peer]
+            self.replies = [r for r in self.replies if r[0] != peer]
+            if self.sync_inflight:
+                self.sync_batch = [r for r in self.sync_batch if r[0] != peer]
+        control.send(self.control, {"cmd": "ack_down", "peer": peer, "worker": self.index})
+
+    def peer_back(self, peer: int) -> None:
+        """A record from a peer we marked down: its replacement is running (it may send
+        before its `peer_up` reaches us, and must then get its replies)."""
+        self.down_peers.discard(peer)
+        log.info("worker %d: peer %d is back", self.index, peer)
 
     def on_cleaner(self, msg) -> None:
         self.storage_factory.on_cleaner_reply(msg)
@@ -799,12 +854,12 @@ def _fail_acks(replies, reason: str):
     return out
 
 
-def worker_main(index, nworkers, config, status, inbound, outbound, wake_fd, control_sock,
-                cleaner_sock, nfronts) -> int:
+def worker_main(index, peers, config, status, inbound, outbound, wake_fd, control_sock,
+                cleaner_sock, heart=None, ids=None) -> int:
     """Entry point in the forked child."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    w = Worker(index, nworkers, config, status, inbound, outbound, wake_fd, control_sock,
-               cleaner_sock, nfronts=nfronts)
+    w = Worker(index, peers.workers, config, status, inbound, outbound, wake_fd, control_sock,
+               cleaner_sock, nfronts=peers.fronts, heart=heart, ids=ids)
     signal.signal(signal.SIGTERM, lambda *_: setattr(w, "stopping", True) or _poke(wake_fd))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)   # reload arrives as a control message
     try:

@@ -29,6 +29,7 @@ import sys
 from typing import Iterator
 
 from lanner.clock import SystemClock
+from lanner.server.dirlock import refuse_live
 from lanner.storage.cmdlog.cmdlog import Replayer, job_uuid
 from lanner.storage.cmdlog.segment import (COMMAND_NAMES, CORRUPT, NS, ZERO_TIME_NS, CmdlogError, JobCommand, ResultCommand,
                       SegmentFile, check_header, decode_command, list_segments, never_expires, record_spans,
@@ -184,9 +185,11 @@ def cmdlog_main(argv: list[str], out=None, err=None) -> int:
     p = sub.add_parser("check", help="verify every segment; one line naming file and offset on failure")
     p.add_argument("dir")
     p.add_argument("--now", help="replay clock for the check, RFC 3339 (default: the system clock)")
+    p.add_argument("--ignore-lock", action="store_true", help="read a directory a running server holds")
     p = sub.add_parser("dump", help="print every record")
     p.add_argument("dir")
     p.add_argument("--json", action="store_true", help="one JSON object per record")
+    p.add_argument("--ignore-lock", action="store_true", help="read a directory a running server holds")
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:
@@ -194,6 +197,10 @@ def cmdlog_main(argv: list[str], out=None, err=None) -> int:
     if not os.path.isdir(args.dir):
         print(f"{args.dir}: not a directory", file=err)
         return 2
+    refusal = refuse_live([args.dir], args.ignore_lock)
+    if refusal:
+        print(f"lanner cmdlog: {refusal}", file=err)
+        return 1
     try:
         if args.what == "check":
             now_ns = _parse_now(args.now) if args.now else SystemClock().now_ms() * 1_000_000

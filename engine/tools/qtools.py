@@ -17,6 +17,7 @@ import sys
 from collections import deque
 
 from lanner.clock import SYSTEM_CLOCK
+from lanner.server.dirlock import refuse_live
 from lanner.storage.journal.journal import JournalCorrupt, read_records
 from lanner.storage.journal.packer import pack_files
 
@@ -31,6 +32,7 @@ options:
     -d      dump contents of added items
     -A      dump only the raw contents of added items
     -Q      dump only the raw queue state (data for items actually in the queue)
+    --ignore-lock   read journals of a directory a running server holds
 
 """
 
@@ -40,6 +42,7 @@ usage: lanner qpack <journal-files...>
 
 options:
     -f filename     new packed journal file
+    --ignore-lock   pack journals of a directory a running server holds
 
 """
 
@@ -166,13 +169,15 @@ def qdump_main(argv: list[str], *, clock=None, stdout=None, stderr=None) -> int:
     """`lanner qdump [-q] [-d] [-A] [-Q] FILE...`; stdout is a binary stream."""
     out = stdout if stdout is not None else sys.stdout.buffer
     err = stderr if stderr is not None else sys.stderr
-    quiet = dump = raw = dump_queue = False
+    quiet = dump = raw = dump_queue = ignore_lock = False
     files = []
     for arg in argv:
         if arg == "--help":
             out.write(QDUMP_USAGE.encode())
             return 0
-        if arg == "-q":
+        if arg == "--ignore-lock":
+            ignore_lock = True
+        elif arg == "-q":
             quiet = True
         elif arg == "-d":
             dump = True
@@ -185,6 +190,10 @@ def qdump_main(argv: list[str], *, clock=None, stdout=None, stderr=None) -> int:
     if not files:
         out.write(QDUMP_USAGE.encode())
         return 0
+    refusal = refuse_live(files, ignore_lock)
+    if refusal:
+        err.write(f"lanner qdump: {refusal}\n")
+        return 1
     now = (clock or SYSTEM_CLOCK).now_ms()
     status = 0
     for path in files:
@@ -202,14 +211,16 @@ def qpack_main(argv: list[str], *, clock=None, stdout=None, stderr=None) -> int:
     err = stderr if stderr is not None else sys.stderr
     files: list[str] = []
     new_file = None
-    quiet = False
+    quiet = ignore_lock = False
     args = list(argv)
     while args:
         arg = args.pop(0)
         if arg == "--help":
             out.write(QPACK_USAGE)
             return 0
-        if arg == "-q":
+        if arg == "--ignore-lock":
+            ignore_lock = True
+        elif arg == "-q":
             quiet = True
         elif arg == "-f" and args:
             new_file = args.pop(0)
@@ -222,6 +233,10 @@ def qpack_main(argv: list[str], *, clock=None, stdout=None, stderr=None) -> int:
         if not os.path.isfile(path):
             err.write(f"Can't open journal file: {path}\n")
             return 1
+    refusal = refuse_live(files + [new_file], ignore_lock)
+    if refusal:
+        err.write(f"lanner qpack: {refusal}\n")
+        return 1
     out.write("Packing journals...\n")
     out.flush()
     total = sum(os.path.getsize(p) for p in files)

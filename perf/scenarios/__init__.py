@@ -14,6 +14,7 @@ MODULES = {
     "memory": "memory",
     "mixed": "mixed",
     "leaky-reader": "leaky_reader",
+    "scrape": "scrape",
 }
 
 

@@ -6,10 +6,10 @@ import logging
 import os
 import struct
 import threading
-from dataclasses import dataclass
 
 import pytest
 
+from lanner.config import QueueConfig
 from lanner.storage.journal import journal as J
 from lanner.queues.item import QItem
 from lanner.storage.journal.journal import (Journal, JournalCorrupt, JournalError, Record, archived_files, encode_add,
@@ -17,15 +17,6 @@ from lanner.storage.journal.journal import (Journal, JournalCorrupt, JournalErro
                             queue_names_in, read_records)
 
 T = 1_700_000_000_000
-
-
-@dataclass
-class Cfg:
-    max_memory_size: int = 128 << 20
-    max_journal_size: int = 1 << 30
-    default_journal_size: int = 16 << 20
-    min_journal_compact_delay: int | None = 60_000
-    disable_aggressive_rewrites: bool = False
 
 
 def write(path, *chunks) -> None:
@@ -39,7 +30,7 @@ def addx(data: bytes, add=T, exp=0) -> bytes:
 
 def open_journal(tmp_path, clock, name="q", **kw) -> Journal:
     j = Journal(str(tmp_path), name, clock, **kw)
-    j.replay(Cfg())
+    j.replay(QueueConfig())
     return j
 
 
@@ -258,7 +249,7 @@ def test_rotation_names_use_epoch_ms_and_skip_taken_names(tmp_path, clock):
     j = open_journal(tmp_path, clock)
     now = clock.now_ms()
     write(tmp_path / f"q.{now}")         # taken by someone (an older archive)
-    cfg = Cfg(max_memory_size=10)
+    cfg = QueueConfig(max_memory_size=10)
     j.record_add(QItem(now, 0, b"x" * 20))
     j.before_add(View([QItem(now, 0, b"x" * 20)]), cfg, now)
     assert j.rotations == 1
@@ -271,7 +262,7 @@ def test_rotation_names_never_go_backwards(tmp_path, clock):
     write(tmp_path / f"q.{T + 5000}", addx(b"a"))
     j = open_journal(tmp_path, clock)          # clock is at T, older than the archive
     j.record_add(QItem(T, 0, b"x" * 20))
-    j.before_add(View([QItem(T, 0, b"a"), QItem(T, 0, b"x" * 20)]), Cfg(max_memory_size=10), T)
+    j.before_add(View([QItem(T, 0, b"a"), QItem(T, 0, b"x" * 20)]), QueueConfig(max_memory_size=10), T)
     assert archived_files(str(tmp_path), "q") == [f"q.{T + 5000}", f"q.{T + 5001}"]
 
 
@@ -412,7 +403,7 @@ def test_rewrite_that_cannot_write_is_skipped_and_logged(tmp_path, clock, monkey
         return os.write(fd, data)
     monkeypatch.setattr(J, "_write", fail_big)
     with caplog.at_level(logging.ERROR, logger="lanner.storage.journal.journal"):
-        j.after_remove(View([item]), Cfg(max_journal_size=100), T)
+        j.after_remove(View([item]), QueueConfig(max_journal_size=100), T)
     assert j.rewrites == 0 and "rewrite skipped" in caplog.text
     assert sorted(os.listdir(tmp_path)) == ["q"] and j.logsize == 3 * 122
     j.record_add(item)                          # the journal still works

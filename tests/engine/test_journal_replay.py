@@ -6,11 +6,12 @@ import logging
 import os
 import struct
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import replace
 
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from lanner.config import QueueConfig
 from lanner.clock import FakeClock
 from lanner.queues.item import QItem
 from lanner.storage.journal.journal import Journal, archived_files, encode_add, encode_confirm, encode_open, encode_unremove, \
@@ -18,15 +19,6 @@ from lanner.storage.journal.journal import Journal, archived_files, encode_add, 
 from lanner.storage.journal.packer import pack_files
 
 T = 1_700_000_000_000
-
-
-@dataclass
-class Cfg:
-    max_memory_size: int = 128 << 20
-    max_journal_size: int = 1 << 30
-    default_journal_size: int = 16 << 20
-    min_journal_compact_delay: int | None = 60_000
-    disable_aggressive_rewrites: bool = False
 
 
 class FakeQueue:
@@ -159,7 +151,7 @@ def addx(data, add=T, exp=0):
 
 def replay_files(tmp_path, clock, cfg=None):
     j = journal(tmp_path, clock)
-    st = j.replay(cfg or Cfg())
+    st = j.replay(cfg or QueueConfig())
     j.close()
     return st
 
@@ -177,7 +169,7 @@ def test_torn_tail_of_current_file_is_truncated(tmp_path, clock, caplog):
 
 def test_writer_appends_after_truncation(tmp_path, clock):
     write(tmp_path / "q", addx(b"a"), b"\x63garbage")
-    q = FakeQueue(journal(tmp_path, clock), Cfg(), clock)
+    q = FakeQueue(journal(tmp_path, clock), QueueConfig(), clock)
     q.replay()
     assert q.storage.logsize == 22
     q.add(b"b")
@@ -238,7 +230,7 @@ def test_save_xid_sets_counter_and_unknown_xids_are_ignored(tmp_path, clock):
 
 def test_continue_confirms_and_appends(tmp_path, clock):
     j = journal(tmp_path, clock)
-    j.replay(Cfg())
+    j.replay(QueueConfig())
     a = QItem(T, 0, b"a")
     j.record_add(a)
     j.record_open(a, 1)
@@ -249,7 +241,7 @@ def test_continue_confirms_and_appends(tmp_path, clock):
 
 
 def test_restart_rolls_back_open_transactions_lowest_xid_first(tmp_path, clock):
-    q = FakeQueue(journal(tmp_path, clock), Cfg(), clock)
+    q = FakeQueue(journal(tmp_path, clock), QueueConfig(), clock)
     q.replay()
     for d in (b"a", b"b", b"c", b"d"):
         q.add(d)
@@ -282,7 +274,7 @@ def test_progress_callback(tmp_path, clock, monkeypatch):
     j = journal(tmp_path, clock)
     seen = []
     j.progress = lambda done, total: seen.append((done, total))
-    j.replay(Cfg())
+    j.replay(QueueConfig())
     assert seen[-1] == (568, 568) and len(seen) >= 4
     assert all(a <= b for (a, _), (b, _) in zip(seen, seen[1:]))
 
@@ -291,7 +283,7 @@ def test_progress_callback(tmp_path, clock, monkeypatch):
 
 def test_rotate_logs_worked_example(tmp_path, clock):
     """ServerSpec "rotate logs": maxJournalSize 16 KiB, 8192-byte items."""
-    cfg = Cfg(max_journal_size=16 * 1024)
+    cfg = QueueConfig(max_journal_size=16 * 1024)
     q = FakeQueue(journal(tmp_path, clock), cfg, clock)
     q.replay()
     q.add(b"x" * 8192)
@@ -308,7 +300,7 @@ def test_rotate_logs_worked_example(tmp_path, clock):
 
 def test_empty_queue_rewrite_rule_runs_on_add_too(tmp_path, clock):
     """§9 #35: an add into an empty queue with a big journal compacts it first."""
-    cfg = Cfg(default_journal_size=100, min_journal_compact_delay=None)
+    cfg = QueueConfig(default_journal_size=100, min_journal_compact_delay=None)
     q = FakeQueue(journal(tmp_path, clock), cfg, clock)
     q.replay()
     q.add(b"a" * 70)
@@ -320,7 +312,7 @@ def test_empty_queue_rewrite_rule_runs_on_add_too(tmp_path, clock):
 
 
 def test_rewrite_writes_open_transactions_descending_then_queue(tmp_path, clock):
-    cfg = Cfg(max_journal_size=150)
+    cfg = QueueConfig(max_journal_size=150)
     q = FakeQueue(journal(tmp_path, clock), cfg, clock)
     q.replay()
     for d in (b"a", b"b", b"c", b"d"):
@@ -340,7 +332,7 @@ def test_rewrite_writes_open_transactions_descending_then_queue(tmp_path, clock)
 def test_xids_after_rewrite_restart(tmp_path, clock):
     """§9 #34: with open transactions the counter comes back as the smallest open
     xid; with none, xids restart at 1."""
-    cfg = Cfg(min_journal_compact_delay=None)
+    cfg = QueueConfig(min_journal_compact_delay=None)
     q = FakeQueue(journal(tmp_path, clock), cfg, clock)
     q.replay()
     for d in (b"a", b"b", b"c", b"d", b"e"):
@@ -349,7 +341,7 @@ def test_xids_after_rewrite_restart(tmp_path, clock):
         q.remove(True)                  # xids 1..4
     q.confirm(1)
     q.confirm(3)
-    cfg.max_journal_size = 100
+    q.config = replace(q.config, max_journal_size=100)
     q.add(b"z" * 80)                    # 140 bytes > 100: rewrite first
     assert q.storage.rewrites == 1
     q = restart(tmp_path, clock, q)
@@ -364,7 +356,7 @@ def test_xids_after_rewrite_restart(tmp_path, clock):
 
 def test_compaction_is_rate_limited_by_min_journal_compact_delay(tmp_path):
     clock = FakeClock(T)
-    cfg = Cfg(max_journal_size=100, min_journal_compact_delay=60_000)
+    cfg = QueueConfig(max_journal_size=100, min_journal_compact_delay=60_000)
     q = FakeQueue(journal(tmp_path, clock), cfg, clock)
     q.replay()
     q.add(b"a" * 60)
@@ -381,7 +373,7 @@ def test_compaction_is_rate_limited_by_min_journal_compact_delay(tmp_path):
 
 
 def test_rotation_when_current_file_exceeds_max_memory_size(tmp_path, clock):
-    cfg = Cfg(max_memory_size=100, max_journal_size=1 << 20)
+    cfg = QueueConfig(max_memory_size=100, max_journal_size=1 << 20)
     q = FakeQueue(journal(tmp_path, clock), cfg, clock)
     q.replay()
     for i in range(6):
@@ -397,7 +389,7 @@ def test_rotation_when_current_file_exceeds_max_memory_size(tmp_path, clock):
 
 
 def test_disable_aggressive_rewrites(tmp_path, clock):
-    cfg = Cfg(default_journal_size=100, max_memory_size=1000, disable_aggressive_rewrites=True,
+    cfg = QueueConfig(default_journal_size=100, max_memory_size=1000, disable_aggressive_rewrites=True,
               min_journal_compact_delay=60_000)
     q = FakeQueue(journal(tmp_path, clock), cfg, clock)
     q.replay()
@@ -409,7 +401,7 @@ def test_disable_aggressive_rewrites(tmp_path, clock):
     q.add(b"c")                       # ...but that left >= 100 / 2, so rule 1 is now rate-limited
     q.remove()
     assert q.storage.rewrites == 1 and q.storage.logsize == 2 * 76 + 23
-    cfg.max_memory_size = 150
+    q.config = replace(q.config, max_memory_size=150)
     q.add(b"d")                       # rule 3 rewrites the empty queue, and still rotates
     assert q.storage.rewrites == 2 and q.storage.rotations == 1
     assert q.storage.logsize == 22 and q.storage.archived_size == 2 * 76
@@ -422,7 +414,7 @@ def test_disable_aggressive_rewrites(tmp_path, clock):
 
 def test_read_behind_example(tmp_path, clock):
     """maxMemorySize 1 KB, 128-byte items: items 0-7 in memory, 8 onward not."""
-    cfg = Cfg(max_memory_size=1024)
+    cfg = QueueConfig(max_memory_size=1024)
     q = FakeQueue(journal(tmp_path, clock), cfg, clock)
     q.replay()
     for i in range(20):
@@ -435,7 +427,7 @@ def test_read_behind_example(tmp_path, clock):
 
 
 def test_replay_comes_up_in_read_behind(tmp_path, clock):
-    cfg = Cfg(max_memory_size=1024)
+    cfg = QueueConfig(max_memory_size=1024)
     q = FakeQueue(journal(tmp_path, clock), cfg, clock)
     q.replay()
     for i in range(20):
@@ -454,7 +446,7 @@ def test_replay_with_removes_while_in_read_behind(tmp_path, clock):
     """Removes in the journal after read-behind started refill memory from the
     reader, which follows the replay and leaves read-behind when it catches up."""
     write(tmp_path / "q", *[addx(bytes([i]) * 10) for i in range(5)], b"\x01" * 4, addx(b"late"))
-    st = replay_files(tmp_path, clock, Cfg(max_memory_size=20))
+    st = replay_files(tmp_path, clock, QueueConfig(max_memory_size=20))
     assert not st.read_behind
     assert [i.data for i in st.items] == [bytes([4]) * 10, b"late"]
 
@@ -462,13 +454,13 @@ def test_replay_with_removes_while_in_read_behind(tmp_path, clock):
 def test_unremove_during_replay_in_read_behind_goes_to_memory(tmp_path, clock):
     write(tmp_path / "q", addx(b"a" * 10), encode_open(1), addx(b"b" * 10), addx(b"c" * 10), addx(b"d" * 10),
           encode_unremove(1))
-    st = replay_files(tmp_path, clock, Cfg(max_memory_size=15))
+    st = replay_files(tmp_path, clock, QueueConfig(max_memory_size=15))
     assert st.read_behind and [i.data for i in st.items] == [b"a" * 10, b"b" * 10, b"c" * 10]
     assert st.total_items == 4 and st.total_bytes == 40
 
 
 def test_read_behind_across_rotations_and_checkpoint_pack(tmp_path, clock):
-    cfg = Cfg(max_memory_size=200, max_journal_size=600, min_journal_compact_delay=None)
+    cfg = QueueConfig(max_memory_size=200, max_journal_size=600, min_journal_compact_delay=None)
     q = FakeQueue(journal(tmp_path, clock), cfg, clock)
     q.replay()
     sent = [b"%03d" % i * 10 for i in range(40)]
@@ -489,7 +481,7 @@ def test_read_behind_across_rotations_and_checkpoint_pack(tmp_path, clock):
 
 
 def test_pack_due_and_pack_done_for_the_cleaner(tmp_path, clock):
-    cfg = Cfg(max_memory_size=200, max_journal_size=600, min_journal_compact_delay=None)
+    cfg = QueueConfig(max_memory_size=200, max_journal_size=600, min_journal_compact_delay=None)
     q = FakeQueue(journal(tmp_path, clock, inline_pack=False), cfg, clock)
     q.replay()
     sent = [b"%03d" % i * 10 for i in range(40)]
@@ -524,12 +516,12 @@ def test_pack_due_and_pack_done_for_the_cleaner(tmp_path, clock):
 
 
 def test_failed_pack_is_asked_for_again(tmp_path, clock):
-    cfg = Cfg(max_memory_size=10 ** 6, max_journal_size=300, min_journal_compact_delay=60_000)
+    cfg = QueueConfig(max_memory_size=10 ** 6, max_journal_size=300, min_journal_compact_delay=60_000)
     q = FakeQueue(journal(tmp_path, clock, inline_pack=False), cfg, clock)
     q.replay()
     q.add(b"a" * 200)
     q.add(b"b" * 200)                  # compaction (then rate-limited)
-    cfg.max_memory_size = 100          # now rotations happen and set a checkpoint
+    q.config = replace(q.config, max_memory_size=100)          # now rotations happen and set a checkpoint
     q.add(b"c" * 200)
     assert q.storage.checkpoint is not None
     req = q.storage.pack_due()
@@ -544,17 +536,17 @@ def test_failed_pack_is_asked_for_again(tmp_path, clock):
 
 
 def test_rewrite_waits_for_an_outstanding_pack(tmp_path, clock):
-    cfg = Cfg(max_memory_size=100, max_journal_size=300, min_journal_compact_delay=None)
+    cfg = QueueConfig(max_memory_size=100, max_journal_size=300, min_journal_compact_delay=None)
     q = FakeQueue(journal(tmp_path, clock, inline_pack=False), cfg, clock)
     q.replay()
-    cfg.max_memory_size = 10 ** 6
+    q.config = replace(q.config, max_memory_size=10 ** 6)
     q.add(b"a" * 150)
     q.add(b"b" * 150)
-    cfg.max_memory_size = 100
+    q.config = replace(q.config, max_memory_size=100)
     q.add(b"c" * 150)                  # rotation with checkpoint (bytes >= max memory: no rewrite)
     req = q.storage.pack_due()
     assert req is not None
-    cfg.max_memory_size = 10 ** 6
+    q.config = replace(q.config, max_memory_size=10 ** 6)
     q.add(b"d")                        # rule 2 would rewrite now, but a pack is in flight
     assert q.storage.rewrites == 0
     q.storage.pack_done(pack_files(req.files, req.out_path, now_ms=T))
@@ -568,13 +560,13 @@ def test_rewrite_waits_for_an_outstanding_pack(tmp_path, clock):
 
 
 def test_erase_with_outstanding_pack_drops_the_result(tmp_path, clock):
-    cfg = Cfg(max_memory_size=50, max_journal_size=100, min_journal_compact_delay=60_000)
+    cfg = QueueConfig(max_memory_size=50, max_journal_size=100, min_journal_compact_delay=60_000)
     q = FakeQueue(journal(tmp_path, clock, inline_pack=False), cfg, clock)
     q.replay()
-    cfg.max_memory_size = 10 ** 6
+    q.config = replace(q.config, max_memory_size=10 ** 6)
     q.add(b"a" * 80)
     q.add(b"b" * 80)                   # compacting rewrite, then rate-limited
-    cfg.max_memory_size = 50
+    q.config = replace(q.config, max_memory_size=50)
     q.add(b"c" * 80)
     req = q.storage.pack_due()
     result = pack_files(req.files, req.out_path, now_ms=T)
@@ -595,7 +587,7 @@ class JournalMachine(RuleBasedStateMachine):
         import tempfile
         self.dir = tempfile.mkdtemp(prefix="lanner-jm-")
         self.clock = FakeClock(T)
-        self.cfg = Cfg(max_memory_size=120, max_journal_size=500, default_journal_size=300,
+        self.cfg = QueueConfig(max_memory_size=120, max_journal_size=500, default_journal_size=300,
                        min_journal_compact_delay=300)
         self.inline = True
         self.q = FakeQueue(Journal(self.dir, "q", self.clock, inline_pack=self.inline), self.cfg, self.clock)

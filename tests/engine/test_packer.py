@@ -8,11 +8,11 @@ import struct
 import subprocess
 import sys
 import textwrap
-from dataclasses import dataclass
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from lanner.config import UNBOUNDED_JOURNAL as UNBOUNDED
 from lanner.storage.journal import packer as P
 from lanner.clock import FakeClock
 from lanner.queues.item import QItem
@@ -22,15 +22,6 @@ from lanner.storage.journal.packer import pack_files
 
 T = 1_700_000_000_000
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-@dataclass
-class Cfg:
-    max_memory_size: int = 1 << 40
-    max_journal_size: int = 1 << 50
-    default_journal_size: int = 1 << 40
-    min_journal_compact_delay: int | None = None
-    disable_aggressive_rewrites: bool = False
 
 
 def addx(data, add=T, exp=0):
@@ -45,7 +36,7 @@ def write(path, *chunks):
 def state_of(directory, now=T):
     """What a queue replaying `directory` holds: (queue items, open transactions)."""
     j = Journal(str(directory), "q", FakeClock(now))
-    st = j.replay(Cfg())
+    st = j.replay(UNBOUNDED)
     j.close()
     items = [(i.data, i.add_time, i.expiry) for i in st.items]
     opened = {x: (i.data, i.add_time, i.expiry) for x, i in st.open_transactions.items()}

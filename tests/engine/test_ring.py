@@ -11,8 +11,9 @@ from collections import deque
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from lanner.ipc.ring import (HEADER_SIZE, SLEEP_SEQ, SLEEPING, TAIL, WAITING, Ring, RingError, WakeFd,
-                         clear_sleep_all, duplex, prepare_sleep_all)
+from lanner.ipc.mesh import duplex
+from lanner.ipc.ring import HEADER_SIZE, SLEEP_SEQ, SLEEPING, TAIL, WAITING, Ring, RingError
+from lanner.ipc.wake import WakeFd, clear_sleep_all, prepare_sleep_all
 from tests.engine.forking import CHILD_TIMEOUT, child_result, in_child
 
 
@@ -442,6 +443,39 @@ def test_resync_producer_continues_at_the_published_tail(wake):
     r.write(b"from the replacement")
     r.publish()
     assert drain(r) == [b"published", b"from the replacement"]
+
+
+def test_drop_backlog_forgets_what_a_dead_consumer_was_owed(wake):
+    """A surviving producer whose consumer died: nothing it had not published reaches the
+    replacement consumer, neither unpublished records nor overflow."""
+    space = WakeFd.create()
+    r = Ring.create(128, wake_fd=wake, space_fd=space)
+    r.write(b"published before the death")
+    r.publish()
+    r.write(b"written, not published")
+    r.send(bytes(100))                     # does not fit: overflow
+    r.publish()                            # arms producer_waiting for the overflow
+    assert r.backlog == 1 and r._hdr[WAITING] == 1
+    assert r.drop_backlog() == 1
+    assert r.backlog == 0 and not r.unpublished and r._hdr[WAITING] == 0
+    fresh = Ring(r._mm, r.capacity, r.wake_fd, None, "replacement")
+    fresh.resync_consumer(discard=True)    # the replacement consumer, forked after the drop
+    assert r.publish() is False            # nothing stale left to publish
+    r.write(b"for the replacement")
+    r.publish()
+    assert drain(fresh) == [b"for the replacement"]
+    space.close()
+
+
+def test_sleep_all_with_flag_sleep_and_one_fence(wake):
+    a, b = Ring.create(128, wake_fd=wake), Ring.create(128, wake_fd=wake)
+    assert prepare_sleep_all([a, b])
+    assert a._hdr[SLEEPING] and b._hdr[SLEEPING]
+    clear_sleep_all([a, b])
+    b.write(b"x")
+    b.publish()
+    assert not prepare_sleep_all([a, b])    # data arrived: no flag stays set
+    assert a._hdr[SLEEPING] == 0 and b._hdr[SLEEPING] == 0
 
 
 def test_reset_zeroes_everything(wake):

@@ -1,12 +1,16 @@
 """Shared counters and the shared status block, in one process and across fork()."""
 from __future__ import annotations
 
+import fcntl
+import os
 import select
+import signal
 import struct
+import time
 
 import pytest
 
-from lanner.ipc.shm import CounterBlock, SharedBytes
+from lanner.ipc.shm import CounterBlock, IdBlocks, SharedBytes, SharedCounter
 from tests.engine.forking import child_result, in_child
 
 
@@ -131,3 +135,49 @@ def test_close_unmaps():
     sb.close()
     with pytest.raises(ValueError):
         sb.read()
+
+
+# -- SharedCounter / IdBlocks (thrift read ids, one server-wide sequence) ------------
+
+def test_counter_starts_at_1_and_blocks_do_not_overlap():
+    c = SharedCounter.create()
+    a, b = IdBlocks(c, block=4), IdBlocks(c, block=4)
+    assert [a.next(), a.next()] == [1, 2]
+    assert [b.next() for _ in range(5)] == [5, 6, 7, 8, 9]
+    assert [a.next(), a.next(), a.next()] == [3, 4, 13]
+    assert c.value == 16
+    c.close()
+
+
+def _take_many(counter, n):
+    ids = IdBlocks(counter, block=8)
+    return [ids.next() for _ in range(n)]
+
+
+def test_counter_shared_by_forked_processes_never_repeats():
+    c = SharedCounter.create()
+    kids = [in_child(_take_many, c, 3000) for _ in range(3)]
+    mine = _take_many(c, 3000)
+    got = [child_result(pid, fd) for pid, fd in kids] + [mine]
+    flat = [i for ids in got for i in ids]
+    assert len(flat) == len(set(flat)) == 12000
+    assert all(ids == sorted(ids) for ids in got)
+    c.close()
+
+
+def test_a_process_killed_holding_the_counter_lock_does_not_wedge_it():
+    c = SharedCounter.create()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                   # pragma: no cover - child
+        fcntl.lockf(c.fd, fcntl.LOCK_EX)
+        os.write(w, b"x")
+        time.sleep(60)
+        os._exit(0)
+    assert os.read(r, 1) == b"x"                   # the child holds the lock
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    assert c.take(1) == 1                          # the kernel released it
+    os.close(r)
+    os.close(w)
+    c.close()

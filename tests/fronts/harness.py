@@ -30,7 +30,8 @@ from lanner.fronts.front import Front
 from lanner.fronts.memcache import MemcacheConn
 from lanner.ipc import messages as m
 from lanner.ipc.bodies import Bodies
-from lanner.ipc.ring import Ring, WakeFd
+from lanner.ipc.ring import Ring
+from lanner.ipc.wake import WakeFd
 from lanner.ipc.shm import CounterBlock
 from lanner.server.status import ServerStatus
 

@@ -3,6 +3,7 @@ import time
 
 import pytest
 
+from lanner.queues.placement import worker_of
 from tests.helpers import start_server
 from lanner.perf.thrift_client import KestrelThrift, ThriftAppError
 
@@ -106,3 +107,29 @@ def test_illegal_queue_name(client):
         client.put("../etc", [b"x"])
     assert e.value.type == 6
     assert client.get_version()               # the connection stays usable
+
+
+def test_read_ids_are_one_server_wide_sequence_from_1(tmp_path):
+    """Issue 11, defect 11: the first reliable read anywhere gets id 1, even on worker 1
+    (workers used to deal k*W + index + 1), and ids never repeat across workers."""
+    h = start_server(tmp_path, workers=2, fronts=1, thrift=True,
+                     config="[server]\nmax_open_transactions = 10\n")
+    c = KestrelThrift("127.0.0.1", h.thrift_port)
+    try:
+        q1 = next(f"on1-{i}" for i in range(100) if worker_of(f"on1-{i}", 2) == 1)
+        q0 = next(f"on0-{i}" for i in range(100) if worker_of(f"on0-{i}", 2) == 0)
+        c.put(q1, [b"a", b"b"])
+        c.put(q0, [b"c", b"d"])
+        first = c.get(q1, 1, 0, 60_000)
+        assert [(i.data, i.id) for i in first] == [(b"a", 1)]
+        on0 = [i.id for i in c.get(q0, 2, 0, 60_000)]
+        on1 = [i.id for i in c.get(q1, 1, 0, 60_000)]
+        ids = [1] + on0 + on1
+        assert len(set(ids)) == 4 and all(i > 0 for i in ids)
+        assert on0 == sorted(on0) and on1[0] > 1
+        # one confirm call settles ids held by both workers
+        assert c.confirm(q0, set(ids)) == 4
+        assert c.peek(q0).open_transactions == 0 and c.peek(q1).open_transactions == 0
+    finally:
+        c.close()
+        h.stop()

@@ -1,0 +1,107 @@
+"""Request latency histograms per command family, shared by every front.
+
+Each front owns one row of the shared `CounterBlock` (ipc/shm.py).  The
+columns `COUNTERS` are appended to the front counters: for every family in
+`FAMILIES`, one non-cumulative count per bucket of `BOUNDS` (plus +Inf), then
+the sum of the observed latencies in microseconds.  A front is the only writer
+of its row, so `observe` is two plain stores; readers sum the rows (`read`).
+
+Latency is measured from the moment the request's bytes were read
+(`Conn.t_in`, fronts/conn.py) to the moment its reply is complete and queued for
+writing, so time spent behind a blocking command or waiting on a worker counts.
+A blocking get (`t=`) or a monitor includes its wait.
+"""
+from __future__ import annotations
+
+from bisect import bisect_left
+
+#: command families, in column order
+FAMILIES = ("get", "set", "peek", "monitor", "confirm", "abort", "delete", "flush", "stats",
+            "admin", "other")
+#: bucket upper bounds in seconds (Prometheus `le`); a last +Inf bucket follows
+BOUNDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+          1.0, 2.5, 5.0, 10.0)
+_NB = len(BOUNDS) + 1           # buckets per family, +Inf included
+_STRIDE = _NB + 1               # buckets, then the sum in microseconds
+
+COUNTERS = tuple(
+    name for fam in FAMILIES
+    for name in [f"lat_{fam}_{i}" for i in range(_NB)] + [f"lat_{fam}_sum_us"])
+
+OTHER = FAMILIES.index("other")
+
+# command class name (memcache, text) or thrift method -> family index
+_NAMES = {
+    "get": "get", "set": "set", "sethead": "set", "setrefused": "set", "put": "set", "peek": "peek",
+    "monitor": "monitor", "confirm": "confirm", "abort": "abort", "delete": "delete",
+    "delete_queue": "delete", "flush": "flush", "flushall": "flush", "flushexpired": "flush",
+    "flushallexpired": "flush", "flush_queue": "flush", "flush_all_queues": "flush",
+    "stats": "stats", "dumpstats": "stats", "dumpconfig": "stats", "httprequest": "admin",
+    "httperror": "admin",
+}
+_BY_TYPE: dict[type, int] = {}
+
+
+def family_of(cmd) -> int:
+    """Family index of a parsed command (memcache/text command objects by class,
+    thrift calls by method name, admin requests as `admin`)."""
+    i = _BY_TYPE.get(type(cmd))
+    if i is not None:
+        return i
+    method = getattr(cmd, "method", None)
+    if isinstance(method, str) and type(cmd).__name__ == "Call":
+        return FAMILIES.index(_NAMES.get(method, "other"))
+    i = _BY_TYPE[type(cmd)] = FAMILIES.index(_NAMES.get(type(cmd).__name__.lower(), "other"))
+    return i
+
+
+class Recorder:
+    """One front's writer: `observe(family, seconds)`."""
+
+    __slots__ = ("words", "base")
+
+    def __init__(self, slot, first_column: int) -> None:
+        self.words = slot.words          # the front's row, a memoryview of int64
+        self.base = first_column
+
+    def observe(self, family: int, seconds: float) -> None:
+        if family < 0:
+            return
+        w = self.words
+        col = self.base + family * _STRIDE
+        w[col + bisect_left(BOUNDS, seconds)] += 1
+        w[col + _NB] += int(seconds * 1e6)
+
+
+def read(counters) -> dict[str, tuple[list[int], int]]:
+    """Sum over every front: family -> (per-bucket counts, +Inf last; sum in µs)."""
+    first = counters.column(COUNTERS[0])
+    out = {}
+    for f, fam in enumerate(FAMILIES):
+        col = first + f * _STRIDE
+        buckets = [counters.total(col + i) for i in range(_NB)]
+        out[fam] = (buckets, counters.total(col + _NB))
+    return out
+
+
+def cumulative(buckets: list[int]) -> list[int]:
+    out, run = [], 0
+    for b in buckets:
+        run += b
+        out.append(run)
+    return out
+
+
+def percentile(buckets: list[int], q: float) -> float:
+    """The upper bound (seconds) of the bucket holding quantile q; the last finite
+    bound for +Inf, 0 when empty (Ostrich's histogram percentiles are bucket bounds too)."""
+    total = sum(buckets)
+    if not total:
+        return 0.0
+    rank = q * total
+    run = 0
+    for i, b in enumerate(buckets):
+        run += b
+        if run >= rank and b:
+            return BOUNDS[min(i, len(BOUNDS) - 1)]
+    return BOUNDS[-1]

@@ -1,0 +1,248 @@
+"""The supervisor's logic without forking (gunicorn's test_arbiter is the model): fork,
+reap and kill are replaced, children are played by the test over real control
+socketpairs, and time is a FakeClock.  Covers signal dispatch, the replacement order
+(peer_down acknowledged before the fork), backoff, heartbeats and boot failure.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+import pytest
+
+from lanner.clock import FakeClock
+from lanner.config import load_config
+from lanner.ipc import control
+from lanner.ipc.mesh import FRONT, WORKER
+import lanner.server.supervisor as supervisor_mod
+import lanner.server.worker as worker_mod
+from lanner.server import exits
+from lanner.server.exits import EXIT_BOOT_ERROR
+from lanner.server.heartbeat import Heartbeats
+from lanner.server.supervisor import BACKOFF_FIRST, Supervisor, backoff
+
+KILLED = signal.SIGKILL          # wait status of a child killed by SIGKILL
+
+
+def exited(code: int) -> int:
+    return code << 8
+
+
+class FakeSupervisor(Supervisor):
+    """Forks nothing: each 'child' is the far end of its control socketpair."""
+
+    def __init__(self, config, clock):
+        super().__init__(config, clock)
+        self.next_pid = 1000
+        self.ends: dict[tuple[str, int], control.Reader] = {}
+        self.exits: list[tuple[int, int]] = []
+        self.kills: list[tuple[int, int]] = []
+        self.heartbeats = Heartbeats(self.peers.heartbeat_slots, config.server.heartbeat_timeout)
+
+    def fork_child(self, kind, index, child_sock, parent_sock):
+        self.next_pid += 1
+        self.ends[(kind, index)] = control.Reader(child_sock.dup())
+        return self.next_pid
+
+    def reap(self):
+        out, self.exits = self.exits, []
+        return out
+
+    def kill(self, pid, sig):
+        self.kills.append((pid, sig))
+        if sig == signal.SIGKILL:
+            self.exits.append((pid, KILLED))
+
+    # the test's side of a child
+    def said_to(self, kind, index) -> list[dict]:
+        return self.ends[(kind, index)].read()
+
+    def child_says(self, kind, index, msg) -> None:
+        control.send(self.ends[(kind, index)].sock, msg)
+
+    def die(self, kind, index, status=KILLED) -> int:
+        pid = self.children[(kind, index)].pid
+        self.exits.append((pid, status))
+        self.on_signal(signal.SIGCHLD, None)
+        return pid
+
+    def turn(self) -> None:
+        self.tick(0)
+
+
+@pytest.fixture
+def sup(tmp_path):
+    cfg = tmp_path / "lanner.toml"
+    cfg.write_text('[server]\nheartbeat_timeout = "2s"\n')
+    config = load_config(str(cfg), {"workers": "2", "fronts": "2"})
+    s = FakeSupervisor(config, FakeClock())
+    for i in range(2):
+        s.spawn(WORKER, i)
+    for i in range(2):
+        s.spawn(FRONT, i)
+    for key in list(s.children):
+        s.child_says(*key, {"cmd": "ready"})
+    s.turn()
+    assert all(c.ready for c in s.children.values())
+    yield s
+
+
+def test_signals_are_queued_and_dispatched_by_name(sup, monkeypatch):
+    calls = []
+    monkeypatch.setattr(sup, "reload", lambda exclude=None: calls.append("reload"))
+    sup.on_signal(signal.SIGHUP, None)
+    assert calls == []                     # the handler only queues
+    sup.turn()
+    assert calls == ["reload"]
+    sup.on_signal(signal.SIGTERM, None)
+    sup.turn()
+    assert sup.stopping
+
+
+def test_a_dead_front_is_replaced_only_after_every_worker_acknowledged(sup):
+    old = sup.die(FRONT, 0)
+    sup.turn()
+    assert sup.said_to(WORKER, 0) == [{"cmd": "peer_down", "peer": 0}]
+    assert sup.said_to(WORKER, 1) == [{"cmd": "peer_down", "peer": 0}]
+    assert sup.said_to(FRONT, 1) == []     # fronts share no ring
+    sup.clock.advance(10_000)              # the backoff is long over ...
+    sup.turn()
+    assert sup.children[(FRONT, 0)].pid == 0            # ... but the workers have not answered
+    sup.child_says(WORKER, 0, {"cmd": "ack_down", "peer": 0, "worker": 0})
+    sup.turn()
+    assert sup.children[(FRONT, 0)].pid == 0
+    sup.child_says(WORKER, 1, {"cmd": "ack_down", "peer": 0, "worker": 1})
+    sup.turn()
+    new = sup.children[(FRONT, 0)]
+    assert new.pid not in (0, old)
+    sup.child_says(FRONT, 0, {"cmd": "ready"})
+    sup.turn()
+    assert sup.said_to(WORKER, 0) == [{"cmd": "peer_up", "peer": 0}]
+    assert sup.said_to(WORKER, 1) == [{"cmd": "peer_up", "peer": 0}]
+
+
+def test_a_dead_worker_is_named_the_way_each_peer_numbers_it(sup):
+    sup.die(WORKER, 1)
+    sup.turn()
+    assert sup.said_to(FRONT, 0) == [{"cmd": "peer_down", "peer": 1}]     # fronts: worker index
+    assert sup.said_to(WORKER, 0) == [{"cmd": "peer_down", "peer": 3}]    # workers: F + index
+    assert sup.children[(WORKER, 1)].awaiting_acks == {(FRONT, 0), (FRONT, 1), (WORKER, 0)}
+
+
+def test_backoff_doubles_within_the_window_and_resets_after_it(sup):
+    assert [backoff(n) for n in (1, 2, 3, 4)] == [BACKOFF_FIRST, 2 * BACKOFF_FIRST,
+                                                   4 * BACKOFF_FIRST, 8 * BACKOFF_FIRST]
+    assert backoff(30) == 5.0
+    delays = []
+    for _ in range(3):
+        sup.die(FRONT, 1)
+        sup.turn()
+        c = sup.children[(FRONT, 1)]
+        delays.append(round(c.restart_at - sup.clock.monotonic(), 3))
+        for w in range(2):
+            sup.child_says(WORKER, w, {"cmd": "ack_down", "peer": 1, "worker": w})
+        sup.turn()
+        assert c.pid == 0                  # not before its backoff
+        sup.clock.advance(int(delays[-1] * 1000))
+        sup.turn()
+        assert c.pid != 0
+        for w in range(2):
+            sup.said_to(WORKER, w)
+    assert delays == [0.05, 0.1, 0.2]
+    sup.clock.advance(61_000)
+    sup.die(FRONT, 1)
+    sup.turn()
+    assert round(sup.children[(FRONT, 1)].restart_at - sup.clock.monotonic(), 3) == 0.05
+
+
+def test_a_peer_that_dies_is_not_waited_for_and_newborns_hear_of_the_dead(sup):
+    sup.die(WORKER, 0)
+    sup.turn()
+    sup.die(FRONT, 1)                      # dies before acknowledging worker 0's death
+    sup.turn()
+    w0 = sup.children[(WORKER, 0)]
+    assert (FRONT, 1) not in w0.awaiting_acks
+    sup.child_says(FRONT, 0, {"cmd": "ack_down", "peer": 0, "front": 0})
+    sup.child_says(WORKER, 1, {"cmd": "ack_down", "peer": 2, "worker": 1})   # w0 as workers see it
+    sup.child_says(WORKER, 1, {"cmd": "ack_down", "peer": 1, "worker": 1})   # f1
+    sup.clock.advance(1000)
+    sup.turn()
+    # worker 0 restarts first; born while front 1 is down, it is told so and awaited
+    f1, w0 = sup.children[(FRONT, 1)], sup.children[(WORKER, 0)]
+    assert w0.pid != 0 and f1.pid == 0
+    assert sup.said_to(WORKER, 0) == [{"cmd": "peer_down", "peer": 1}]
+    assert f1.awaiting_acks == {(WORKER, 0)}
+    sup.child_says(WORKER, 0, {"cmd": "ack_down", "peer": 1, "worker": 0})
+    sup.turn()
+    assert f1.pid != 0
+    assert sup.said_to(FRONT, 1) == []     # worker 0 is alive (booting): nothing to hear
+
+
+def test_a_newborn_is_told_of_a_dead_peer_and_holds_its_restart(sup):
+    sup.die(WORKER, 0)
+    sup.turn()
+    sup.child_says(FRONT, 0, {"cmd": "ack_down", "peer": 0, "front": 0})
+    sup.child_says(FRONT, 1, {"cmd": "ack_down", "peer": 0, "front": 1})
+    sup.child_says(WORKER, 1, {"cmd": "ack_down", "peer": 2, "worker": 1})
+    sup.turn()
+    assert sup.children[(WORKER, 0)].awaiting_acks == set()
+    sup.spawn(FRONT, 1)                    # (say a front was replaced meanwhile)
+    assert sup.said_to(FRONT, 1) == [{"cmd": "peer_down", "peer": 0}]
+    sup.clock.advance(1000)
+    sup.turn()
+    assert sup.children[(WORKER, 0)].pid == 0      # waits for the newborn's acknowledgement
+    sup.child_says(FRONT, 1, {"cmd": "ack_down", "peer": 0, "front": 1})
+    sup.turn()
+    assert sup.children[(WORKER, 0)].pid != 0
+
+
+def test_a_silent_child_is_killed_and_the_log_says_for_how_long(sup, caplog):
+    slot = sup.peers.heartbeat_slot
+    now = sup.clock.monotonic()
+    for key in sup.children:
+        sup.heartbeats.stamp(slot(*key), now)
+    sup.clock.advance(1500)
+    for key in sup.children:
+        if key != (WORKER, 1):
+            sup.heartbeats.stamp(slot(*key), sup.clock.monotonic())
+    sup.turn()
+    assert sup.kills == []                 # 1.5 s of silence is within the 2 s timeout
+    sup.clock.advance(1000)
+    for key in sup.children:
+        if key != (WORKER, 1):
+            sup.heartbeats.stamp(slot(*key), sup.clock.monotonic())
+    victim = sup.children[(WORKER, 1)].pid
+    with caplog.at_level(logging.INFO, logger="lanner.supervisor"):
+        sup.turn()
+        assert sup.kills == [(victim, signal.SIGKILL)]
+        sup.on_signal(signal.SIGCHLD, None)
+        sup.turn()
+    text = caplog.text
+    assert f"worker 1 (pid {victim}) stuck: no heartbeat for 2.5 s; killing it" in text
+    assert f"worker 1 (pid {victim}) killed after 2.5 s without a heartbeat; restarting" in text
+    sup.turn()
+    assert sup.kills == [(victim, signal.SIGKILL)]      # killed once, not once per tick
+
+
+def test_a_child_not_yet_ready_is_not_judged_by_its_heartbeat(sup):
+    sup.children[(WORKER, 0)].ready = False  # booting: replaying journals takes what it takes
+    sup.clock.advance(60_000)
+    sup.turn()
+    assert [pid for pid, _ in sup.kills] == [c.pid for k, c in sup.children.items() if k != (WORKER, 0)]
+
+
+def test_a_boot_failure_halts_instead_of_restarting(sup):
+    sup.die(WORKER, 1, status=exited(EXIT_BOOT_ERROR))
+    sup.turn()
+    assert sup.stopping and sup.exit_code == EXIT_BOOT_ERROR
+    sup.clock.advance(10_000)
+    sup.turn()
+    assert sup.children[(WORKER, 1)].pid == 0
+
+
+def test_exit_codes_live_in_one_place():
+    assert supervisor_mod.EXIT_BOOT_ERROR is exits.EXIT_BOOT_ERROR
+    assert worker_mod.EXIT_BOOT_ERROR is exits.EXIT_BOOT_ERROR
+    src = open(os.path.join(os.path.dirname(supervisor_mod.__file__), "worker.py")).read()
+    assert "EXIT_BOOT_ERROR =" not in src
