@@ -9,7 +9,7 @@ raises ConfigError, whose one-line message starts with the dotted key at fault
 and ends with the file.  Nothing is checked later, so code holding a Config can
 trust every value in it.
 
-Values:
+Values (config_values.py reads and checks each one):
 
 * Sizes are int bytes or strings with binary units; `KB`/`MB`/... are binary
   too, as in Kestrel.  They saturate at 2**63-1 (Kestrel's Long.MaxValue), so
@@ -19,6 +19,7 @@ Values:
   millisecond are dropped.
 * Booleans must be TOML booleans; plain integers must be TOML integers.  Only
   command-line overrides may spell integers, ports and "off" as strings.
+* Queue names follow queues/names.py.
 
 Queue names: TOML text is Unicode, but the server sees queue names as the raw
 bytes a client sent, which the rest of Lanner carries as latin-1 decoded `str`.
@@ -37,176 +38,27 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
+import os
+import stat
 import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
-from typing import Any, Callable
+from typing import Any
 
-from lanner.queues.placement import PARTITIONS
+from lanner.config_values import (
+    CMDLOG_FIELDS, INT_MAX, LONG_MAX, QUEUE_FIELDS, SERVER_FIELDS, ZOOKEEPER_FIELDS, Checker,
+    ConfigError, key_part, parse_duration, parse_size, wire_name,
+)
+from lanner.queues.names import validate_queue_name
 
 log = logging.getLogger(__name__)
+
+MAX_CONFIG_BYTES = 1 << 20    # a config file is a few KiB; anything this big is a mistake
 
 __all__ = [
     "CmdlogConfig", "Config", "ConfigError", "QueueConfig", "ServerConfig", "ZooKeeperConfig",
     "config_items", "load_config", "parse_duration", "parse_size", "reload_config",
-    "validate_queue_name",
 ]
-
-INT_MAX = 2147483647          # Kestrel's Int.MaxValue
-LONG_MAX = 2**63 - 1          # Kestrel's Long.MaxValue
-CMDLOG_HEADER_SIZE = 8        # workq segment header; a segment must hold more than that
-
-
-class ConfigError(Exception):
-    """A bad configuration value.  `key` is the dotted TOML key ("" when the
-    fault is the file itself) and `file` the config file, None for built-in
-    defaults or command-line overrides."""
-
-    def __init__(self, key: str, reason: str, file: str | None = None) -> None:
-        self.key = key
-        self.reason = reason
-        self.file = file
-        super().__init__(key, reason, file)
-
-    def __str__(self) -> str:
-        head = f"{self.key}: {self.reason}" if self.key else self.reason
-        return f"{head} (in {self.file})" if self.file else head
-
-    def in_file(self, file: str | None) -> "ConfigError":
-        return ConfigError(self.key, self.reason, file)
-
-
-# --------------------------------------------------------------------------- names
-
-_BAD_NAME = re.compile(r"[/\\~\x00-\x1f\x7f]")
-_BAD_NAME_DOTS = re.compile(r"[/\\~.\x00-\x1f\x7f]")
-
-
-def validate_queue_name(name: str, allow_dots: bool = False) -> None:
-    """Raise ValueError with a reason unless `name` can name a queue.
-
-    Names become file names under queue_path, so path separators, `~` (used by
-    Kestrel's temporary journals `<q>~~<ms>`) and control bytes are refused;
-    `.` separates a journal's name from its timestamp, so only queues stored in
-    a command log (which never use the name as a file name) may contain it.
-    """
-    if not name:
-        raise ValueError("Queue name is empty.")
-    try:
-        size = len(name.encode("latin-1"))
-    except UnicodeEncodeError:
-        raise ValueError("Queue name is not a byte string (characters above U+00FF).") from None
-    if size > 255:
-        raise ValueError(f"Queue name is too long ({size} bytes, at most 255).")
-    if (_BAD_NAME if allow_dots else _BAD_NAME_DOTS).search(name):
-        if allow_dots:
-            raise ValueError("Queue name contains illegal characters (one of: ~ / \\ or a control byte).")
-        raise ValueError("Queue name contains illegal characters (one of: ~ . / \\ or a control byte).")
-
-
-def _wire_name(name: str) -> str:
-    """The latin-1 str of the name's UTF-8 bytes: what a client sending it uses."""
-    return name.encode("utf-8", "surrogatepass").decode("latin-1")
-
-
-_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
-
-
-def _key_part(name: str) -> str:
-    """`name` as a TOML key: bare when it can be, else a basic string with
-    escapes, so an error message stays on one line whatever the name holds."""
-    if _BARE_KEY.fullmatch(name):
-        return name
-    out = []
-    for c in name:
-        if c in '"\\':
-            out.append("\\" + c)
-        elif ord(c) < 0x20 or ord(c) == 0x7F:
-            out.append(f"\\u{ord(c):04x}")
-        else:
-            out.append(c)
-    return '"' + "".join(out) + '"'
-
-
-# ------------------------------------------------------------------- sizes, durations
-
-_NUMBER = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
-
-_SIZE_UNITS: dict[str, int] = {"": 1, "b": 1, "byte": 1, "bytes": 1}
-for _i, _p in enumerate("kmgtpe", start=1):
-    for _suffix in (_p, _p + "b", _p + "ib"):
-        _SIZE_UNITS[_suffix] = 1 << (10 * _i)
-
-_DURATION_UNITS: dict[str, int] = {}
-for _names, _ms in ((("", "ms", "msec", "millis", "millisecond", "milliseconds"), 1),
-                    (("s", "sec", "secs", "second", "seconds"), 1000),
-                    (("m", "min", "mins", "minute", "minutes"), 60_000),
-                    (("h", "hr", "hrs", "hour", "hours"), 3_600_000),
-                    (("d", "day", "days"), 86_400_000)):
-    for _n in _names:
-        _DURATION_UNITS[_n] = _ms
-
-
-def _scaled(text: str, units: dict[str, int]) -> int | None:
-    """`text` as a whole number of base units, or None when it is not a number with a known unit."""
-    m = _NUMBER.fullmatch(text)
-    if m is None:
-        return None
-    mult = units.get(m.group(2).lower())
-    if mult is None:
-        return None
-    try:
-        return int(Decimal(m.group(1)) * mult)
-    except InvalidOperation:
-        return None
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def parse_size(value: object, key: str) -> int:
-    """Bytes from an int or a string such as "512KiB", "1.5MiB", "1GB" or "100".
-
-    Units are binary whatever their spelling, as Kestrel's StorageUnit; results
-    above 2**63-1 saturate there, so "8EiB" means "no limit".
-    """
-    if _is_int(value):
-        n = value
-    elif isinstance(value, str):
-        n = _scaled(value, _SIZE_UNITS)
-        if n is None:
-            raise ConfigError(key, f"expected a size such as 16MiB, got {value!r}")
-    else:
-        raise ConfigError(key, f"expected a size (integer bytes or a string such as \"16MiB\"), got {value!r}")
-    if n < 0:
-        raise ConfigError(key, f"a size cannot be negative, got {value!r}")
-    return min(n, LONG_MAX)
-
-
-def parse_duration(value: object, key: str) -> int | None:
-    """Milliseconds from an int or a string such as "250ms", "1s", "5m", "1h", "1d"; "off" is None.
-
-    Callers decide whether None (and 0) are allowed for their setting.
-    """
-    if _is_int(value):
-        n = value
-    elif isinstance(value, str):
-        if value.strip().lower() == "off":
-            return None
-        n = _scaled(value, _DURATION_UNITS)
-        if n is None:
-            raise ConfigError(key, f"expected a duration such as 250ms, 1s, 5m, 1h, 1d or \"off\", got {value!r}")
-    else:
-        raise ConfigError(key, f"expected a duration (integer milliseconds or a string such as \"1s\"), got {value!r}")
-    if n < 0:
-        raise ConfigError(key, f"a duration cannot be negative, got {value!r}")
-    if n > LONG_MAX:
-        raise ConfigError(key, f"duration too long: {value!r}")
-    return n
-
 
 # ------------------------------------------------------------------- the dataclasses
 
@@ -370,205 +222,6 @@ class Config:
         return name in self.aliases
 
 
-# ------------------------------------------------------------------- value checkers
-# Each checker is (value, key, lenient) -> validated value.  `lenient` is true for
-# command-line overrides, whose numbers arrive as strings.
-
-Checker = Callable[[object, str, bool], object]
-
-
-def _int_value(value: object, key: str, lenient: bool, what: str) -> int:
-    if _is_int(value):
-        return value
-    if lenient and isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
-        return int(value)
-    raise ConfigError(key, f"expected {what}, got {value!r}")
-
-
-def _int(lo: int, hi: int = LONG_MAX) -> Checker:
-    what = f"an integer from {lo} to {hi}" if hi != LONG_MAX else ("an integer" if lo == 0 else f"an integer >= {lo}")
-
-    def check(value, key, lenient):
-        n = _int_value(value, key, lenient, "an integer")
-        if not lo <= n <= hi:
-            raise ConfigError(key, f"expected {what}, got {n}")
-        return n
-    return check
-
-
-def _is_off(value: object, lenient: bool) -> bool:
-    return (lenient and value is None) or (isinstance(value, str) and value.strip().lower() == "off")
-
-
-def _optional(inner: Checker) -> Checker:
-    def check(value, key, lenient):
-        return None if _is_off(value, lenient) else inner(value, key, lenient)
-    return check
-
-
-def _size(lo: int = 0) -> Checker:
-    def check(value, key, lenient):
-        n = parse_size(value, key)
-        if n < lo:
-            raise ConfigError(key, f"must be larger than {lo - 1} bytes, got {value!r}")
-        return n
-    return check
-
-
-def _duration(lo: int = 0, optional: bool = False) -> Checker:
-    def check(value, key, lenient):
-        if lenient and value is None and optional:
-            return None
-        n = parse_duration(value, key)
-        if n is None:
-            if optional:
-                return None
-            raise ConfigError(key, "\"off\" is not allowed here; expected a duration")
-        if n < lo:
-            raise ConfigError(key, f"expected a duration of at least {lo}ms, got {value!r}")
-        return n
-    return check
-
-
-def _bool(value, key, lenient):
-    if isinstance(value, bool):
-        return value
-    if lenient and isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    raise ConfigError(key, f"expected true or false, got {value!r}")
-
-
-def _choice(*names: str) -> Checker:
-    canon = {n.lower(): n for n in names}
-    shown = ", ".join(names)
-
-    def check(value, key, lenient):
-        if isinstance(value, str) and value.strip().lower() in canon:
-            return canon[value.strip().lower()]
-        raise ConfigError(key, f"expected one of {shown}, got {value!r}")
-    return check
-
-
-def _text(value, key, lenient):
-    if isinstance(value, str) and value.strip() and not any(c.isspace() or ord(c) < 0x20 for c in value):
-        return value
-    raise ConfigError(key, f"expected a non-empty string without spaces, got {value!r}")
-
-
-def _path(value, key, lenient):
-    if isinstance(value, str) and value and "\x00" not in value:
-        return value
-    raise ConfigError(key, f"expected a non-empty path, got {value!r}")
-
-
-def _sync_journal(value, key, lenient):
-    """"never", "always", or an fsync period in ms; a period of 0 is "always" (§6.6)."""
-    if isinstance(value, str) and value.strip().lower() in ("never", "always"):
-        return value.strip().lower()
-    try:
-        n = parse_duration(value, key)
-    except ConfigError:
-        n = None
-    if n is None:
-        raise ConfigError(key, f"expected \"never\", \"always\" or a period such as \"100ms\", got {value!r}")
-    return "always" if n == 0 else n
-
-
-def _queue_name_ref(value, key, lenient):
-    if _is_off(value, lenient):
-        return None
-    if not isinstance(value, str):
-        raise ConfigError(key, f"expected a queue name or \"off\", got {value!r}")
-    name = _wire_name(value)
-    try:
-        validate_queue_name(name, allow_dots=True)
-    except ValueError as e:
-        raise ConfigError(key, f"{e} ({value!r})") from None
-    return name
-
-
-_port = _optional(_int(1, 65535))
-
-QUEUE_FIELDS: dict[str, Checker] = {
-    "max_items": _int(0, INT_MAX),
-    "max_size": _size(),
-    "max_item_size": _size(),
-    "max_age": _duration(optional=True),
-    "default_journal_size": _size(),
-    "max_memory_size": _size(),
-    "max_journal_size": _size(),
-    "min_journal_compact_delay": _duration(optional=True),
-    "discard_old_when_full": _bool,
-    "keep_journal": _bool,
-    "sync_journal": _sync_journal,
-    "expire_to_queue": _queue_name_ref,
-    "max_expire_sweep": _int(0, INT_MAX),
-    "fanout_only": _bool,
-    "max_queue_age": _duration(optional=True),
-    "disable_aggressive_rewrites": _bool,
-    "open_transaction_timeout": _duration(optional=True),
-    "storage": _choice("journal", "cmdlog"),
-}
-
-SERVER_FIELDS: dict[str, Checker] = {
-    "listen_address": _text,
-    "memcache_port": _port,
-    "text_port": _port,
-    "thrift_port": _port,
-    "admin_port": _port,
-    "queue_path": _path,
-    "status_file": _path,
-    "default_status": _choice("Up", "ReadOnly", "Quiescent", "WriteAvoid"),
-    "status_change_grace_period": _duration(),
-    "max_open_transactions": _int(0, INT_MAX),
-    "expiration_timer_frequency": _duration(lo=1, optional=True),
-    "client_timeout": _duration(lo=1, optional=True),
-    "connection_limit_refuse_writes": _optional(_int(0)),
-    "connection_limit_refuse_reads": _optional(_int(0)),
-    "heartbeat_timeout": _duration(lo=1, optional=True),
-    "workers": _int(1, PARTITIONS),
-    "fronts": _int(1, 1024),
-    "log_level": _choice("debug", "info", "warning", "error"),
-    "log_file": _optional(_path),
-}
-
-
-def _zk_hosts(value, key, lenient):
-    if isinstance(value, list) and value and all(isinstance(h, str) for h in value):
-        value = ",".join(value)
-    if isinstance(value, str) and value.strip() and not any(c.isspace() for c in value):
-        return value
-    raise ConfigError(key, f"expected \"host:port,host:port\" or a list of them, got {value!r}")
-
-
-def _zk_path(value, key, lenient):
-    if isinstance(value, str) and value.startswith("/") and value != "/" and not value.endswith("/") \
-            and "//" not in value and not any(c.isspace() for c in value):
-        return value
-    raise ConfigError(key, f"expected an absolute ZooKeeper path such as \"/lanner/prod\", got {value!r}")
-
-
-def _zk_digest(value, key, lenient):
-    if isinstance(value, str) and value.partition(":")[0] and ":" in value:
-        return value
-    raise ConfigError(key, "expected \"user:password\"")
-
-
-ZOOKEEPER_FIELDS: dict[str, Checker] = {
-    "hosts": _zk_hosts,
-    "path_prefix": _zk_path,
-    "session_timeout": _duration(lo=1000),
-    "digest": _optional(_zk_digest),
-    "advertise_host": _optional(_text),
-}
-
-CMDLOG_FIELDS: dict[str, Checker] = {
-    "segment_size": _size(lo=CMDLOG_HEADER_SIZE + 1),
-    "sync": _choice("interval", "os", "always"),
-    "sync_interval": _duration(lo=1),
-    "clean_interval": _duration(lo=1),
-}
-
 assert set(QUEUE_FIELDS) == {f.name for f in dataclasses.fields(QueueConfig)}
 assert set(SERVER_FIELDS) == {f.name for f in dataclasses.fields(ServerConfig)}
 assert set(CMDLOG_FIELDS) == {f.name for f in dataclasses.fields(CmdlogConfig)}
@@ -587,7 +240,7 @@ def _fields(table: Mapping[str, Any], checkers: Mapping[str, Checker], prefix: s
             lenient: bool = False) -> dict[str, object]:
     out: dict[str, object] = {}
     for k, v in table.items():
-        key = f"{prefix}.{_key_part(k)}"
+        key = f"{prefix}.{key_part(k)}"
         checker = checkers.get(k)
         if checker is None:
             raise ConfigError(key, "unknown key")
@@ -596,9 +249,22 @@ def _fields(table: Mapping[str, Any], checkers: Mapping[str, Checker], prefix: s
 
 
 def _read_toml(path: str) -> dict:
+    """The parsed file.  Opened without blocking and read only when it is a regular file of at
+    most MAX_CONFIG_BYTES, so pointing the config at a FIFO, a device or a huge file is an
+    error, not a hang of every process at `reload`."""
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ConfigError("", "the config file is not a regular file", path)
+            if st.st_size > MAX_CONFIG_BYTES:
+                raise ConfigError("", f"the config file is larger than {MAX_CONFIG_BYTES} bytes", path)
+            with os.fdopen(os.dup(fd), "rb") as f:
+                text = f.read(MAX_CONFIG_BYTES + 1)
+        finally:
+            os.close(fd)
+        return tomllib.loads(text.decode("utf-8"))
     except OSError as e:
         raise ConfigError("", f"cannot read config file: {e.strerror or e}", path) from None
     except tomllib.TOMLDecodeError as e:
@@ -611,7 +277,7 @@ def _build(doc: Mapping[str, Any], path: str | None) -> Config:
     unknown = set(doc) - {"server", "default", "queues", "aliases", "cmdlog", "zookeeper"}
     if unknown:
         k = sorted(unknown)[0]
-        raise ConfigError(_key_part(k), "unknown table" if isinstance(doc[k], dict) else "unknown key")
+        raise ConfigError(key_part(k), "unknown table" if isinstance(doc[k], dict) else "unknown key")
 
     server = _fields(_table(doc.get("server", {}), "server"), SERVER_FIELDS, "server")
     default = QueueConfig(**_fields(_table(doc.get("default", {}), "default"), QUEUE_FIELDS, "default"))
@@ -619,8 +285,8 @@ def _build(doc: Mapping[str, Any], path: str | None) -> Config:
     queues: dict[str, dict[str, object]] = {}
     raw_names: dict[str, str] = {}
     for raw, table in _table(doc.get("queues", {}), "queues").items():
-        prefix = f"queues.{_key_part(raw)}"
-        name = _wire_name(raw)
+        prefix = f"queues.{key_part(raw)}"
+        name = wire_name(raw)
         queues[name] = _fields(_table(table, prefix), QUEUE_FIELDS, prefix)
         raw_names[name] = raw
 
@@ -629,16 +295,16 @@ def _build(doc: Mapping[str, Any], path: str | None) -> Config:
     aliases: dict[str, tuple[str, ...]] = {}
     raw_alias: dict[str, str] = {}
     for raw, table in _table(doc.get("aliases", {}), "aliases").items():
-        prefix = f"aliases.{_key_part(raw)}"
+        prefix = f"aliases.{key_part(raw)}"
         table = _table(table, prefix)
         for k in table:
             if k != "destinations":
-                raise ConfigError(f"{prefix}.{_key_part(k)}", "unknown key")
+                raise ConfigError(f"{prefix}.{key_part(k)}", "unknown key")
         dests = table.get("destinations", [])
         if not isinstance(dests, list) or not all(isinstance(d, str) for d in dests):
             raise ConfigError(f"{prefix}.destinations", f"expected a list of queue names, got {dests!r}")
-        aliases[_wire_name(raw)] = tuple(_wire_name(d) for d in dests)
-        raw_alias[_wire_name(raw)] = raw
+        aliases[wire_name(raw)] = tuple(wire_name(d) for d in dests)
+        raw_alias[wire_name(raw)] = raw
 
     zookeeper = None
     if "zookeeper" in doc:
@@ -656,9 +322,9 @@ def _build(doc: Mapping[str, Any], path: str | None) -> Config:
         try:
             validate_queue_name(name, allow_dots=config.queue_config(name).storage == "cmdlog")
         except ValueError as e:
-            raise ConfigError(f"queues.{_key_part(raw)}", str(e)) from None
+            raise ConfigError(f"queues.{key_part(raw)}", str(e)) from None
     for name, raw in raw_alias.items():
-        prefix = f"aliases.{_key_part(raw)}"
+        prefix = f"aliases.{key_part(raw)}"
         try:
             validate_queue_name(name)
         except ValueError as e:

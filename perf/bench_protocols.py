@@ -5,6 +5,7 @@ Each benchmark feeds one request and drains the parser, as a front does per requ
 the batched variants show the per-request cost when 100 pipelined requests arrive in one read.
 """
 from lanner.protocols import memcache as mc
+from lanner.protocols import memcache_replies as mr
 from lanner.protocols import text as tx
 
 SET64 = b"set q 0 0 64\r\n" + b"x" * 64 + b"\r\n"
@@ -54,7 +55,7 @@ def test_memcache_get_pipelined_x100(benchmark):
 
 def test_memcache_value_block_64(benchmark):
     data = b"x" * 64
-    assert benchmark(mc.value_block, "q", data).startswith(b"VALUE q 0 64\r\n")
+    assert benchmark(mr.value_block, "q", data).startswith(b"VALUE q 0 64\r\n")
 
 
 def test_text_get(benchmark):

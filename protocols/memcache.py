@@ -1,6 +1,7 @@
-"""Kestrel's memcache dialect: an incremental request parser and the reply encoders.
+"""Kestrel's memcache dialect: an incremental request parser (the reply encoders are in
+memcache_replies.py).
 
-Pure: bytes in, command objects out; reply values in, bytes out.  No sockets, no
+Pure: bytes in, command objects out.  No sockets, no
 clock, no queue access, so the front can drive it from any event loop and the
 tests can replay raw byte streams (reference §1, deviations 1-4 and 8).
 
@@ -35,6 +36,9 @@ Memory bounds (Kestrel had none; a front facing the network needs them):
   arrive, without being buffered (`feed` drops them before they reach the
   buffer).  The same streaming skip serves every data block whose command has
   already failed.
+* with `stream_over` set, a `set` body larger than that is not buffered whole either: the
+  parser yields `SetHead` at once, then `SetPiece`s of at least STREAM_PIECE bytes (the
+  last may be shorter) as the bytes arrive, so the front can pass them on.
 
 The buffer invariant: `_buf` holds only bytes not yet consumed; in the LINE
 state `_scan` is how far it is already known to contain no LF, so feeding a
@@ -46,16 +50,15 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+from lanner.protocols.memcache_replies import client_error
+
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "MemcacheParser", "GetKey", "Get", "Set", "SetRefused", "Delete", "Flush", "FlushAll",
-    "FlushExpired", "FlushAllExpired", "Stats", "DumpStats", "DumpConfig", "Monitor", "Confirm",
-    "Status", "Version", "Reload", "Shutdown", "Quit", "ProtocolError", "Command",
-    "parse_int", "parse_get_key", "STATUS_NAMES",
-    "END", "STORED", "NOT_STORED", "DELETED", "ERROR", "CLIENT_ERROR", "SERVER_ERROR",
-    "FLUSHED_ALL", "RELOADED", "value_block", "client_error", "server_error", "count_line",
-    "version_line", "status_line", "encode_stats", "encode_dump_stats", "encode_dump_config",
+    "MemcacheParser", "GetKey", "Get", "Set", "SetHead", "SetPiece", "SetRefused", "Delete", "Flush",
+    "FlushAll", "FlushExpired", "FlushAllExpired", "Stats", "DumpStats", "DumpConfig", "Monitor",
+    "Confirm", "Status", "Version", "Reload", "Shutdown", "Quit", "ProtocolError", "Command",
+    "parse_int", "parse_get_key", "STATUS_NAMES", "STREAM_PIECE",
 ]
 
 INT_MIN = -(1 << 31)
@@ -92,6 +95,24 @@ class Set:
     exptime: int
     data: bytes
     noreply: bool = False
+
+
+@dataclass(slots=True)
+class SetHead:
+    """A `set` whose body is streamed (larger than the parser's `stream_over`): the body follows
+    as SetPiece commands, the last one with `last` true.  Nothing of it is buffered whole."""
+    queue: str
+    flags: int
+    exptime: int
+    size: int
+    noreply: bool = False
+
+
+@dataclass(slots=True)
+class SetPiece:
+    """The next bytes of the body announced by the last SetHead."""
+    data: bytes
+    last: bool
 
 
 @dataclass(slots=True)
@@ -196,104 +217,9 @@ class ProtocolError:
     close: bool
 
 
-Command = (Get | Set | SetRefused | Delete | Flush | FlushAll | FlushExpired | FlushAllExpired
+Command = (Get | Set | SetHead | SetPiece | SetRefused | Delete | Flush | FlushAll | FlushExpired | FlushAllExpired
            | Stats | DumpStats | DumpConfig | Monitor | Confirm | Status | Version | Reload
            | Shutdown | Quit | ProtocolError)
-
-
-# --------------------------------------------------------------------------- encoders
-
-END = b"END\r\n"
-STORED = b"STORED\r\n"
-NOT_STORED = b"NOT_STORED\r\n"
-DELETED = b"DELETED\r\n"
-ERROR = b"ERROR\r\n"
-CLIENT_ERROR = b"CLIENT_ERROR\r\n"
-SERVER_ERROR = b"SERVER_ERROR\r\n"
-FLUSHED_ALL = b"Flushed all queues.\r\n"
-RELOADED = b"Reloaded config.\r\n"
-
-
-def value_block(key_raw: str, data: bytes) -> bytes:
-    """`VALUE <key> 0 <len>\\r\\n<data>\\r\\n`; the caller appends END once after all keys."""
-    return b"VALUE %s 0 %d\r\n%s\r\n" % (key_raw.encode("latin-1"), len(data), data)
-
-
-def _reason_bytes(reason: str) -> bytes:
-    # A reason ends up inside one reply line: it must never carry CR or LF.
-    return reason.replace("\r", "\\r").replace("\n", "\\n").encode("latin-1", "backslashreplace")
-
-
-def client_error(reason: str = "") -> bytes:
-    """`CLIENT_ERROR <reason>\\r\\n`, or the bare Kestrel keyword when no reason is given."""
-    if not reason:
-        return CLIENT_ERROR
-    return b"CLIENT_ERROR " + _reason_bytes(reason) + b"\r\n"
-
-
-def server_error(reason: str = "") -> bytes:
-    if not reason:
-        return SERVER_ERROR
-    return b"SERVER_ERROR " + _reason_bytes(reason) + b"\r\n"
-
-
-def count_line(n: int) -> bytes:
-    """Reply of `flush_expired` / `flush_all_expired`."""
-    return b"%d\r\n" % n
-
-
-def version_line(version: str) -> bytes:
-    return b"VERSION " + version.encode("latin-1") + b"\r\n"
-
-
-def status_line(status: str) -> bytes:
-    """Reply of bare `status`: the status name upper-cased (`UP`, `READONLY`, ...)."""
-    return status.upper().encode("latin-1") + b"\r\n"
-
-
-def _text(v) -> bytes:
-    if isinstance(v, bytes):
-        return v
-    return str(v).encode("latin-1")
-
-
-def encode_stats(global_stats: list[tuple[str, object]],
-                 queues: list[tuple[str, list[tuple[str, object]]]]) -> bytes:
-    """§4.1: `STAT <k> <v>` lines joined by CRLF, then `\\r\\nEND\\r\\n`; per-queue keys become
-    `queue_<name>_<key>`.  Values are written with str() (or as-is if bytes)."""
-    lines = [b"STAT %s %s" % (_text(k), _text(v)) for k, v in global_stats]
-    for name, stats in queues:
-        prefix = b"STAT queue_" + _text(name) + b"_"
-        lines.extend(prefix + b"%s %s" % (_text(k), _text(v)) for k, v in stats)
-    return b"\r\n".join(lines) + b"\r\nEND\r\n"
-
-
-def _blocks(entries) -> list[bytes]:
-    lines = []
-    for name, stats in entries:
-        lines.append(b"queue '" + _text(name) + b"' {")
-        lines.append(b"  " + b"\r\n  ".join(b"%s=%s" % (_text(k), _text(v)) for k, v in (stats or ())))
-        lines.append(b"}")
-    return lines
-
-
-def encode_dump_stats(entries: list[tuple[str, list[tuple[str, object]] | None]]) -> bytes:
-    """§4.4, quirks included: an unknown name (stats None or empty) gives a stats line of two
-    spaces, and no entries at all gives `\\r\\nEND\\r\\n` (Kestrel's mkString)."""
-    return b"\r\n".join(_blocks(entries)) + b"\r\nEND\r\n"
-
-
-def encode_dump_config(entries: list[tuple[str, list[tuple[str, object]]]]) -> bytes:
-    """Deviation 8: `queue '<name>' {`, `  <key>=<value>` lines, `}` per queue, then `END`.
-    Kestrel never shipped this command, so it is written without dump_stats's quirks: no
-    blank stats line for an empty block and a plain `END\\r\\n` when there are no queues."""
-    out = []
-    for name, config in entries:
-        out.append(b"queue '" + _text(name) + b"' {\r\n")
-        out.extend(b"  %s=%s\r\n" % (_text(k), _text(v)) for k, v in config)
-        out.append(b"}\r\n")
-    out.append(END)
-    return b"".join(out)
 
 
 # --------------------------------------------------------------------------- parsing helpers
@@ -470,7 +396,10 @@ _SIMPLE = {
 _STORAGE = frozenset((b"set", b"add", b"replace", b"append", b"prepend", b"cas"))
 _MAY_STOP = frozenset((ProtocolError, Quit, Shutdown))
 
-_LINE, _DATA, _SKIP, _STOPPED = 0, 1, 2, 3
+_LINE, _DATA, _SKIP, _STOPPED, _BODY = 0, 1, 2, 3, 4
+
+#: A streamed body is yielded in pieces of at least this many bytes (the last may be shorter).
+STREAM_PIECE = 64 << 10
 
 
 # --------------------------------------------------------------------------- the parser
@@ -479,18 +408,24 @@ class MemcacheParser:
     """Feed socket bytes with `feed`, take commands with `next` until it returns None.
 
     `item_limit(queue_name) -> int | None` gives the queue's max item size (inclusive);
-    None for the callable or its result means unlimited."""
+    None for the callable or its result means unlimited.  A `set` body larger than
+    `stream_over` bytes is yielded as SetHead then SetPiece commands as it arrives, never
+    buffered whole (None: every body is buffered and yielded as one Set)."""
 
-    __slots__ = ("max_line", "item_limit", "_buf", "_scan", "_state", "_need", "_set", "_after")
+    __slots__ = ("max_line", "item_limit", "stream_over", "_buf", "_scan", "_state", "_need",
+                 "_set", "_after")
 
     def __init__(self, max_line: int = 1 << 20,
-                 item_limit: Callable[[str], int | None] | None = None) -> None:
+                 item_limit: Callable[[str], int | None] | None = None,
+                 stream_over: int | None = None) -> None:
         self.max_line = max_line
         self.item_limit = item_limit
+        self.stream_over = stream_over
         self._buf = bytearray()
         self._scan = 0          # LINE: _buf[:_scan] is known to hold no LF
         self._state = _LINE
-        self._need = 0          # DATA: bytes to wait for (data + 2); SKIP: bytes still to drop
+        self._need = 0          # DATA: bytes to wait for (data + 2); SKIP: bytes still to drop;
+                                # BODY: body bytes not yet yielded
         self._set: Set | None = None       # DATA: the Set waiting for its data
         self._after = None      # SKIP: what to yield once the skipped block is past
 
@@ -556,6 +491,22 @@ class MemcacheParser:
                 self._set = None
                 self._state = _LINE
                 return cmd
+            elif state == _BODY:
+                need = self._need
+                n = len(buf)
+                if n < need and n < STREAM_PIECE:
+                    return None
+                if n <= need:
+                    piece = bytes(buf)
+                    buf.clear()
+                else:
+                    piece = bytes(buf[:need])
+                    del buf[:need]
+                self._need = need - len(piece)
+                if self._need:
+                    return SetPiece(piece, False)
+                self._skip(2, None)          # the 2 bytes after the data, unchecked
+                return SetPiece(piece, True)
             elif state == _SKIP:
                 n = self._need
                 if n:
@@ -625,6 +576,10 @@ class MemcacheParser:
         if limit is not None and size > limit:
             self._skip(size + 2, None)
             return SetRefused(queue, size, noreply)
+        if self.stream_over is not None and size > self.stream_over:
+            self._state = _BODY
+            self._need = size
+            return SetHead(queue, flags, exptime, size, noreply)
         self._set = Set(queue, flags, exptime, b"", noreply)
         self._need = size + 2
         self._state = _DATA

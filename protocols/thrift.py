@@ -50,6 +50,7 @@ from __future__ import annotations
 import logging
 import struct
 from dataclasses import dataclass
+from typing import Iterator
 
 log = logging.getLogger(__name__)
 
@@ -389,9 +390,24 @@ class ThriftParser:
         self._buf = bytearray()
         self._stopped = False
 
+    @property
+    def buffered(self) -> int:
+        """Bytes held and not yet decoded (the front watches this for back-pressure)."""
+        return len(self._buf)
+
+    @property
+    def stopped(self) -> bool:
+        """True once a ProtocolError was returned: the connection must close."""
+        return self._stopped
+
     def feed(self, data: bytes) -> None:
         if not self._stopped:
             self._buf += data
+
+    def commands(self) -> Iterator[Call | Upgrade | BadCall | ProtocolError]:
+        """Every outcome the buffered bytes complete, in order."""
+        while (cmd := self.next()) is not None:
+            yield cmd
 
     def next(self) -> Call | Upgrade | BadCall | ProtocolError | None:
         """The outcome of the next complete frame, or None until one has fully arrived."""

@@ -11,22 +11,15 @@ import time
 from lanner.protocols import admin
 
 from lanner import __version__
-from lanner.fronts.front import BaseConn, Slot
+from lanner.fronts.conn import Conn, Slot
 from lanner.ops import endpoints
 
 
-class AdminConn(BaseConn):
+class AdminConn(Conn):
     count_bytes = False
     counts_connection = False
     def __init__(self, front):
-        super().__init__(front)
-        self.parser = admin.AdminParser()
-
-    def feed(self, data: bytes) -> None:
-        self.parser.feed(data)
-
-    def next_command(self):
-        return self.parser.next()
+        super().__init__(front, admin.AdminParser())
 
     def unavailable(self, slot: Slot, reason: str) -> None:
         slot.out = admin.response(503, b'{"error":"%s"}' % reason.encode("ascii", "replace"),

@@ -8,41 +8,36 @@ reason, noreply is honoured, VALUE echoes the key as sent, multi-key get).
 from __future__ import annotations
 
 from lanner.protocols import memcache as mc
+from lanner.protocols import memcache_replies as mr
 
 from lanner import __version__
-from lanner.fronts.front import C_GET, C_PEEK, C_SET, BaseConn, Slot, expiry_at
-from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_NOREPLY, F_OPEN, F_PEEK, OP_ALIAS_PUT, OP_CONFIRM,
+from lanner.fronts.conn import Conn, Slot, expiry_at
+from lanner.fronts.counters import C_GET, C_PEEK, C_SET
+from lanner.server.status import StatusError
+from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_NOREPLY, F_OPEN, F_PEEK, F_STREAM, OP_ALIAS_PUT, OP_CONFIRM,
                        OP_DELETE, OP_FLUSH, OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED, OP_FLUSH_EXPIRED,
                        OP_GET, OP_MONITOR, OP_SET, R_CLIENT_ERROR, R_EMPTY, R_END, R_ERROR, R_ITEM, R_OK,
                        R_SERVER_ERROR, R_VALUE, RF_CLOSE)
 
-_VERSION = mc.version_line(__version__)
-PIPELINE_LIMIT = 1 << 20
+_VERSION = mr.version_line(__version__)
+#: Set bodies larger than this go to the worker in pieces as they arrive (never whole here).
+STREAM_OVER = 64 << 10
 
 
-class MemcacheConn(BaseConn):
+class MemcacheConn(Conn):
     def __init__(self, front):
-        super().__init__(front)
-        cfg = front.config
-        self.parser = mc.MemcacheParser(item_limit=lambda q: cfg.queue_config(q).max_item_size)
+        super().__init__(front, mc.MemcacheParser(item_limit=self.item_limit,
+                                                  stream_over=STREAM_OVER))
 
-    def feed(self, data: bytes) -> None:
-        self.parser.feed(data)
-        if self.blocked is not None and self.parser.buffered > PIPELINE_LIMIT \
-                and not self.reading_paused:
-            # a blocked command holds back a pipeline: stop reading until it completes (an
-            # unblocked connection only ever holds one incomplete command, however large)
-            self.reading_paused = True
-            self.transport.pause_reading()
-
-    def next_command(self):
-        return self.parser.next()
+    def item_limit(self, queue: str) -> int:
+        """The queue's max_item_size under the config in force now (it changes on reload)."""
+        return self.front.config.queue_config(queue).max_item_size
 
     def handle(self, cmd) -> None:
         _HANDLERS[type(cmd)](self, cmd)
 
     def unavailable(self, slot: Slot, reason: str) -> None:
-        slot.out = mc.server_error(reason)
+        slot.out = mr.server_error(reason)
         slot.close = True
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -50,21 +45,21 @@ class MemcacheConn(BaseConn):
         reason = self.check_name(queue)
         if reason is None:
             return False
-        self.reply_now(mc.client_error(reason), close=True)
+        self.reply_now(mr.client_error(reason), close=True)
         return True
 
     def writes_blocked(self) -> bool:
         why = self.write_refusal()
         if why is None:
             return False
-        self.reply_now(mc.server_error(why), close=True)
+        self.reply_now(mr.server_error(why), close=True)
         return True
 
     def reads_blocked(self) -> bool:
         why = self.read_refusal()
         if why is None:
             return False
-        self.reply_now(mc.server_error(why), close=True)
+        self.reply_now(mr.server_error(why), close=True)
         return True
 
     def first_failure(self, slot: Slot) -> bool:
@@ -72,70 +67,74 @@ class MemcacheConn(BaseConn):
         for p in slot.parts:
             st = p.status
             if st == R_SERVER_ERROR:
-                slot.out = mc.server_error(p.payload.decode("latin-1", "replace"))
+                slot.out = mr.server_error(p.payload.decode("latin-1", "replace"))
                 slot.close = True
                 return True
             if st == R_CLIENT_ERROR:
-                slot.out = mc.client_error(p.payload.decode("latin-1", "replace"))
+                slot.out = mr.client_error(p.payload.decode("latin-1", "replace"))
                 slot.close = bool(p.flags & RF_CLOSE)
                 return True
             if st == R_ERROR:
-                slot.out = mc.ERROR
+                slot.out = mr.ERROR
                 slot.close = bool(p.flags & RF_CLOSE)
                 return True
         return False
 
     # -- storage ---------------------------------------------------------------------------------
     def on_set(self, cmd: mc.Set) -> None:
-        q = cmd.queue
+        self.store(cmd.queue, cmd.exptime, cmd.noreply, len(cmd.data), cmd.data)
+
+    def on_set_head(self, cmd: mc.SetHead) -> None:
+        self.store(cmd.queue, cmd.exptime, cmd.noreply, cmd.size, None)
+
+    def on_set_piece(self, cmd: mc.SetPiece) -> None:
+        self.body_piece(cmd.data, cmd.last)
+
+    def store(self, q: str, exptime: int, noreply: bool, size: int, data: bytes | None) -> None:
+        """One set: its body whole (`data`), or None when it follows in SetPieces, which go to
+        the same worker(s) as they arrive (F_STREAM, then OP_SET_DATA; ipc/bodies.py)."""
         if self.bad_name(q) or self.writes_blocked():
             return
         f = self.front
         f.my.incr(C_SET)
-        exptime = cmd.exptime
         if exptime == 0:
             expiry = 0
         elif exptime < 1_000_000:
             expiry = expiry_at(f.clock.now_ms() + exptime * 1000)
         else:
             expiry = exptime * 1000
-        flags = F_NOREPLY if cmd.noreply else 0
+        stream = data is None
+        flags = F_STREAM if stream else 0
+        payload = b"" if stream else data
         dests = f.config.aliases.get(q)
-        if dests is not None:
-            self.alias_set(q, dests, cmd.data, expiry, cmd.noreply)
-            return
-        if cmd.noreply:
+        if dests is None and noreply:
             # nothing to wait for: fire and forget, no slot
-            self.touched |= 1 << f.owner(q)
-            f.send(f.owner(q), self.id, 0, OP_SET, flags, q.encode("latin-1"), expiry, 0, cmd.data)
-            return
-        slot = self.new_slot(_finish_stored)
-        self.request(slot, f.owner(q), OP_SET, 0, q.encode("latin-1"), expiry, 0, cmd.data)
-        self.seal(slot)
-
-    def alias_set(self, alias: str, dests, data: bytes, expiry: int, noreply: bool) -> None:
-        f = self.front
-
-        def finish(slot):
-            if any(p.status == R_SERVER_ERROR for p in slot.parts):
-                self.first_failure(slot)
+            w = f.owner(q)
+            targets = [(w, self.notify(w, OP_SET, flags | F_NOREPLY, q.encode("latin-1"), expiry,
+                                       size, payload))]
+        else:
+            if dests is None:
+                names = (q,)
+                slot = self.new_slot(_finish_stored)
             else:
-                slot.out = mc.STORED if all(p.status == R_OK for p in slot.parts) else mc.NOT_STORED
-            if noreply and not slot.close:
-                slot.out = b""
-        slot = self.new_slot(finish)
-        a = alias.encode("latin-1")
-        f.send(f.owner(alias), self.id, 0, OP_ALIAS_PUT, 0, a, 1, len(data))
-        for d in dests:
-            self.request(slot, f.owner(d), OP_SET, 0, d.encode("latin-1"), expiry, 0, data)
-        self.seal(slot)
+                names = dests
+                slot = self.new_slot(lambda s: _finish_alias_set(self, s, noreply))
+                f.send(f.owner(q), self.id, 0, OP_ALIAS_PUT, 0, q.encode("latin-1"), 1, size)
+            targets = []
+            for d in names:
+                part = self.request(slot, f.owner(d), OP_SET, flags, d.encode("latin-1"), expiry,
+                                    size, payload)
+                targets.append((part.worker, part.req))
+            self.seal(slot)
+        if stream:
+            self.begin_body(targets)
 
     def on_set_refused(self, cmd: mc.SetRefused) -> None:
         if self.bad_name(cmd.queue) or self.writes_blocked():
             return
         self.front.my.incr(C_SET)
         if not cmd.noreply:
-            self.reply_now(mc.NOT_STORED)
+            self.reply_now(mr.NOT_STORED)
 
     # -- get -------------------------------------------------------------------------------------
     def on_get(self, cmd: mc.Get) -> None:
@@ -152,7 +151,7 @@ class MemcacheConn(BaseConn):
                     return
                 f.my.incr(C_GET)
                 if f.config.aliases.get(q) is not None:
-                    self.reply_now(mc.END)
+                    self.reply_now(mr.END)
                     return
                 raw = k.raw
                 slot = self.new_slot(lambda s: _finish_get1(self, s, raw))
@@ -180,9 +179,7 @@ class MemcacheConn(BaseConn):
                     plan.append((k, F_CLOSE, -1))
                 for pk, pflags, _ in plan:
                     if pflags is not None:
-                        w = f.owner(pk.queue)
-                        self.touched |= 1 << w
-                        f.send(w, self.id, 0, OP_GET, pflags, pk.queue.encode("latin-1"), -1)
+                        self.notify(f.owner(pk.queue), OP_GET, pflags, pk.queue.encode("latin-1"), -1)
                 self.reads_blocked()
                 return
             flags = (F_OPEN if k.open else 0) | (F_CLOSE if k.close else 0) | (F_PEEK if k.peek else 0)
@@ -201,7 +198,7 @@ class MemcacheConn(BaseConn):
         if len(plan) == 1:
             k, flags, timeout = plan[0]
             if flags is None:
-                self.reply_now(mc.END)
+                self.reply_now(mr.END)
                 return
             raw = k.raw
             slot = self.new_slot(lambda s: _finish_get1(self, s, raw), blocking=blocking)
@@ -216,8 +213,8 @@ class MemcacheConn(BaseConn):
             out = []
             for raw, p in keys:
                 if p is not None and p.status == R_ITEM:
-                    out.append(mc.value_block(raw, p.payload))
-            out.append(mc.END)
+                    out.append(mr.value_block(raw, p.payload))
+            out.append(mr.END)
             slot.out = b"".join(out)
         slot = self.new_slot(finish, blocking=blocking)
         for k, flags, timeout in plan:
@@ -235,17 +232,17 @@ class MemcacheConn(BaseConn):
             return
         f = self.front
         if f.config.aliases.get(q) is not None or cmd.seconds <= 0:
-            self.reply_now(mc.END)
+            self.reply_now(mr.END)
             return
 
         def stream(slot, part, data):
             if part.status == R_ITEM:
-                return mc.value_block(q, data) + mc.END
+                return mr.value_block(q, data) + mr.END
             return b""
 
         def finish(slot):
             if not self.first_failure(slot):
-                slot.out += mc.END
+                slot.out += mr.END
         slot = self.new_slot(finish, stream=stream, blocking=True)
         max_items = cmd.max_items if cmd.max_items is not None else -1
         self.request(slot, f.owner(q), OP_MONITOR, 0, q.encode("latin-1"), cmd.seconds * 1000, max_items)
@@ -253,15 +250,15 @@ class MemcacheConn(BaseConn):
 
     def on_confirm(self, cmd: mc.Confirm) -> None:
         if cmd.count < 0:
-            self.reply_now(mc.client_error("negative confirm count"), close=True)
+            self.reply_now(mr.client_error("negative confirm count"), close=True)
             return
         f = self.front
 
         def finish(slot):
             if slot.parts[0].status == R_OK:
-                slot.out = mc.END
+                slot.out = mr.END
             elif not self.first_failure(slot):
-                slot.out = mc.ERROR
+                slot.out = mr.ERROR
         slot = self.new_slot(finish)
         self.request(slot, f.owner(cmd.queue), OP_CONFIRM, 0, cmd.queue.encode("latin-1"), cmd.count)
         self.seal(slot)
@@ -276,8 +273,7 @@ class MemcacheConn(BaseConn):
                 self.reply_now(ok)          # aliases and names that cannot exist: a no-op
             return
         if noreply:
-            self.touched |= 1 << f.owner(queue)
-            f.send(f.owner(queue), self.id, 0, op, F_NOREPLY, queue.encode("latin-1"))
+            self.notify(f.owner(queue), op, F_NOREPLY, queue.encode("latin-1"))
             return
 
         def finish(slot):
@@ -288,10 +284,10 @@ class MemcacheConn(BaseConn):
         self.seal(slot)
 
     def on_delete(self, cmd: mc.Delete) -> None:
-        self.simple_queue_op(OP_DELETE, cmd.queue, cmd.noreply, mc.DELETED)
+        self.simple_queue_op(OP_DELETE, cmd.queue, cmd.noreply, mr.DELETED)
 
     def on_flush(self, cmd: mc.Flush) -> None:
-        self.simple_queue_op(OP_FLUSH, cmd.queue, cmd.noreply, mc.END)
+        self.simple_queue_op(OP_FLUSH, cmd.queue, cmd.noreply, mr.END)
 
     def on_flush_all(self, cmd: mc.FlushAll) -> None:
         if self.writes_blocked():
@@ -299,7 +295,7 @@ class MemcacheConn(BaseConn):
 
         def finish(slot):
             if not self.first_failure(slot):
-                slot.out = b"" if cmd.noreply else mc.FLUSHED_ALL
+                slot.out = b"" if cmd.noreply else mr.FLUSHED_ALL
         self.broadcast(self.new_slot(finish), OP_FLUSH_ALL)
 
     def on_flush_expired(self, cmd: mc.FlushExpired) -> None:
@@ -308,12 +304,12 @@ class MemcacheConn(BaseConn):
         q = cmd.queue
         f = self.front
         if f.config.aliases.get(q) is not None or self.check_name(q) is not None:
-            self.reply_now(mc.count_line(0))
+            self.reply_now(mr.count_line(0))
             return
 
         def finish(slot):
             if not self.first_failure(slot):
-                slot.out = mc.count_line(slot.parts[0].value)
+                slot.out = mr.count_line(slot.parts[0].value)
         slot = self.new_slot(finish)
         self.request(slot, f.owner(q), OP_FLUSH_EXPIRED, 0, q.encode("latin-1"))
         self.seal(slot)
@@ -321,50 +317,49 @@ class MemcacheConn(BaseConn):
     def on_flush_all_expired(self, cmd) -> None:
         def finish(slot):
             if not self.first_failure(slot):
-                slot.out = mc.count_line(sum(p.value for p in slot.parts if p.status == R_VALUE))
+                slot.out = mr.count_line(sum(p.value for p in slot.parts if p.status == R_VALUE))
         self.broadcast(self.new_slot(finish), OP_FLUSH_ALL_EXPIRED)
 
     # -- stats and admin commands ----------------------------------------------------------------
     def on_stats(self, cmd) -> None:
-        self.stats_slot(lambda g, queues: mc.encode_stats(g, list(queues.items())))
+        self.stats_slot(lambda g, queues: mr.encode_stats(g, list(queues.items())))
 
     def on_dump_stats(self, cmd: mc.DumpStats) -> None:
         names = cmd.names or None
 
         def fmt(g, queues):
             if names is None:
-                return mc.encode_dump_stats(list(queues.items()))
-            return mc.encode_dump_stats([(n, queues.get(n)) for n in names])
+                return mr.encode_dump_stats(list(queues.items()))
+            return mr.encode_dump_stats([(n, queues.get(n)) for n in names])
         self.stats_slot(fmt, names)
 
     def on_dump_config(self, cmd) -> None:
-        self.config_slot(mc.encode_dump_config)
+        self.config_slot(mr.encode_dump_config)
 
     def on_status(self, cmd: mc.Status) -> None:
         st = self.front.status
         if cmd.name is None:
-            self.reply_now(mc.status_line(st.reported()))
+            self.reply_now(mr.status_line(st.reported()))
             return
-        from lanner.server.status import StatusError
         try:
             st.set(cmd.name)
         except StatusError as e:
-            self.reply_now(mc.client_error(str(e)), close=True)
+            self.reply_now(mr.client_error(str(e)), close=True)
             return
-        self.reply_now(mc.END)
+        self.reply_now(mr.END)
 
     def on_version(self, cmd) -> None:
         self.reply_now(_VERSION)
 
     def on_reload(self, cmd) -> None:
-        self.reload_slot(mc.RELOADED)
+        self.reload_slot(mr.RELOADED, mr.server_error)
 
     def on_shutdown(self, cmd) -> None:
-        self.closing = True
+        self.close_after_replies()
         self.front.request_shutdown()
 
     def on_quit(self, cmd) -> None:
-        self.closing = True
+        self.close_after_replies()
 
     def on_protocol_error(self, cmd: mc.ProtocolError) -> None:
         self.reply_now(cmd.reply, close=cmd.close)
@@ -374,30 +369,41 @@ def _finish_stored(slot: Slot) -> None:
     p = slot.parts[0]
     st = p.status
     if st == R_OK:
-        slot.out = mc.STORED
+        slot.out = mr.STORED
     elif st == R_SERVER_ERROR:
-        slot.out = mc.server_error(p.payload.decode("latin-1", "replace"))
+        slot.out = mr.server_error(p.payload.decode("latin-1", "replace"))
         slot.close = True
     elif st == R_CLIENT_ERROR:
-        slot.out = mc.client_error(p.payload.decode("latin-1", "replace"))
+        slot.out = mr.client_error(p.payload.decode("latin-1", "replace"))
         slot.close = True
     else:
-        slot.out = mc.NOT_STORED
+        slot.out = mr.NOT_STORED
+
+
+def _finish_alias_set(conn: MemcacheConn, slot: Slot, noreply: bool) -> None:
+    """STORED only if every destination stored it (§1.3)."""
+    if any(p.status == R_SERVER_ERROR for p in slot.parts):
+        conn.first_failure(slot)
+    else:
+        slot.out = mr.STORED if all(p.status == R_OK for p in slot.parts) else mr.NOT_STORED
+    if noreply and not slot.close:
+        slot.out = b""
 
 
 def _finish_get1(conn: MemcacheConn, slot: Slot, raw: str) -> None:
     p = slot.parts[0]
     st = p.status
     if st == R_ITEM:
-        slot.out = mc.value_block(raw, p.payload) + mc.END
+        slot.out = mr.value_block(raw, p.payload) + mr.END
     elif st == R_END or st == R_EMPTY:
-        slot.out = mc.END
+        slot.out = mr.END
     else:
         conn.first_failure(slot)
 
 
 _HANDLERS = {
     mc.Get: MemcacheConn.on_get, mc.Set: MemcacheConn.on_set, mc.SetRefused: MemcacheConn.on_set_refused,
+    mc.SetHead: MemcacheConn.on_set_head, mc.SetPiece: MemcacheConn.on_set_piece,
     mc.Delete: MemcacheConn.on_delete, mc.Flush: MemcacheConn.on_flush,
     mc.FlushAll: MemcacheConn.on_flush_all, mc.FlushExpired: MemcacheConn.on_flush_expired,
     mc.FlushAllExpired: MemcacheConn.on_flush_all_expired, mc.Stats: MemcacheConn.on_stats,

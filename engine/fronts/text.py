@@ -10,9 +10,11 @@ from __future__ import annotations
 from lanner.protocols import text as tx
 
 from lanner import __version__
-from lanner.fronts.front import C_GET, C_PEEK, C_SET, BaseConn, Slot, expiry_at
+from lanner.fronts.conn import Conn, Slot, expiry_at
+from lanner.fronts.counters import C_GET, C_PEEK, C_SET
+from lanner.server.status import StatusError
 from lanner.ipc.messages import (F_CONFIRM_ALL, F_OPEN, F_PEEK, OP_ALIAS_PUT, OP_CONFIRM, OP_DELETE,
-                       OP_FLUSH, OP_GET, OP_MONITOR, OP_SET, R_ERROR, R_ITEM, R_OK, R_SERVER_ERROR)
+                       OP_FLUSH, OP_GET, OP_MONITOR, OP_SET, R_ERROR, R_ITEM, R_OK, R_SERVER_ERROR, RF_CLOSE)
 
 _VERSION = tx.string(__version__)
 
@@ -21,20 +23,9 @@ def _blocked(op: str) -> bytes:
     return tx.error("Server not available for operation " + op)
 
 
-class TextConn(BaseConn):
+class TextConn(Conn):
     def __init__(self, front):
-        super().__init__(front)
-        self.parser = tx.TextParser()
-
-    def feed(self, data: bytes) -> None:
-        self.parser.feed(data)
-        if self.blocked is not None and self.parser.buffered > (1 << 20) \
-                and not self.reading_paused:
-            self.reading_paused = True
-            self.transport.pause_reading()
-
-    def next_command(self):
-        return self.parser.next()
+        super().__init__(front, tx.TextParser())
 
     def handle(self, cmd) -> None:
         _HANDLERS[type(cmd)](self, cmd)
@@ -50,9 +41,12 @@ class TextConn(BaseConn):
         return True
 
     def failure(self, slot: Slot) -> bool:
+        """A worker failure becomes an error line; if the worker said RF_CLOSE (it rolled the
+        connection's open reads back and takes nothing more from it), the connection closes."""
         for p in slot.parts:
             if p.status == R_SERVER_ERROR:
                 slot.out = tx.error(p.payload.decode("latin-1", "replace"))
+                slot.close = bool(p.flags & RF_CLOSE)
                 return True
         return False
 
@@ -193,7 +187,6 @@ class TextConn(BaseConn):
         if cmd.name is None:
             self.reply_now(tx.string(st.reported().upper()))
             return
-        from lanner.server.status import StatusError
         try:
             st.set(cmd.name)
         except StatusError as e:
@@ -209,7 +202,7 @@ class TextConn(BaseConn):
         self.front.request_shutdown()
 
     def on_quit(self, cmd) -> None:
-        self.closing = True
+        self.close_after_replies()
 
     def on_reply(self, cmd: tx.Reply) -> None:
         self.reply_now(cmd.reply)

@@ -15,7 +15,8 @@ import msgpack
 from lanner.protocols import thrift as th
 
 from lanner import __version__
-from lanner.fronts.front import C_PEEK, C_SET, BaseConn, Slot, expiry_at
+from lanner.fronts.conn import Conn, Slot, expiry_at
+from lanner.fronts.counters import C_PEEK, C_SET
 from lanner.ipc.messages import (F_THRIFT, OP_DELETE, OP_FLUSH, OP_FLUSH_ALL, OP_PUT_MANY,
                        OP_SET, OP_TABORT, OP_TCONFIRM, OP_TGET, OP_TPEEK, R_DATA, R_OK,
                        R_SERVER_ERROR, R_VALUE)
@@ -26,19 +27,12 @@ _STATUS_OUT = {"Up": th.STATUS_UP, "ReadOnly": th.STATUS_READ_ONLY, "Quiescent":
 _STATUS_IN = {th.STATUS_UP: "up", th.STATUS_READ_ONLY: "readonly", th.STATUS_QUIESCENT: "quiescent"}
 
 
-class ThriftConn(BaseConn):
+class ThriftConn(Conn):
     count_bytes = False          # bytes_read / bytes_written cover memcache and text only (§9.5)
-    disconnect_flags = F_THRIFT
+    conn_flags = F_THRIFT          # its open reads outlive it; it never pipelines past an error
 
     def __init__(self, front):
-        super().__init__(front)
-        self.parser = th.ThriftParser()
-
-    def feed(self, data: bytes) -> None:
-        self.parser.feed(data)
-
-    def next_command(self):
-        return self.parser.next()
+        super().__init__(front, th.ThriftParser())
 
     def unavailable(self, slot: Slot, reason: str) -> None:
         call = slot.call
@@ -66,9 +60,7 @@ class ThriftConn(BaseConn):
                     self.unavailable(slot, p.payload.decode("latin-1", "replace"))
                     return
             slot.out = th.encode_reply(call, finish(slot), up)
-        slot = self.new_slot(done, blocking=True)
-        slot.call = call
-        return slot
+        return self.new_slot(done, blocking=True, call=call)
 
     # -- calls -----------------------------------------------------------------------------------
     def handle(self, cmd) -> None:
@@ -81,8 +73,8 @@ class ThriftConn(BaseConn):
         elif t is th.BadCall:
             self.reply_now(th.encode_exception(cmd.method, cmd.seqid, cmd.exc_type, cmd.message,
                                                self.parser.upgraded))
-        else:
-            self.closing = True
+        else:                     # a ProtocolError: Kestrel's finagle server closed, saying nothing
+            self.close_after_replies()
 
     def queue_ok(self, call, queue: str) -> bool:
         reason = self.check_name(queue)

@@ -45,6 +45,8 @@ OP_TGET = 17          # thrift get: a = timeout ms, b = max items, payload = i64
 OP_TCONFIRM = 18      # payload = msgpack list of server-wide ids; R_VALUE = how many were pending
 OP_TABORT = 19
 OP_TPEEK = 20         # R_DATA = msgpack [head or None, items, bytes, logsize, age, waiters, open]
+OP_SET_DATA = 21      # payload = the next piece of a streamed set body (see bodies.py); the
+                      # reply to the set comes after the last piece
 
 # -- request flags ---------------------------------------------------------------------------
 F_OPEN = 1
@@ -53,7 +55,9 @@ F_ABORT = 4
 F_PEEK = 8
 F_CONFIRM_ALL = 16    # text protocol: confirm every open read on the queue first
 F_NOREPLY = 32
-F_THRIFT = 64         # DISCONNECT of a thrift connection: its open reads outlive it (§3.3)
+F_THRIFT = 64         # every request of a thrift connection: on DISCONNECT its open reads
+                      # outlive it (§3.3); its calls are serial, never sent behind an error
+F_STREAM = 128        # SET: b = body size, the body follows in OP_SET_DATA pieces (bodies.py)
 
 # -- response statuses -----------------------------------------------------------------------
 R_OK = 0              # STORED / DELETED / END ...

@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from importlib import resources
 
 from lanner import __version__
-from lanner.fronts.front import BaseConn
+from lanner.fronts.conn import Conn
 from lanner.protocols import admin
 
 from . import latency, metrics, ostrich, procs
@@ -66,23 +66,17 @@ def _status(front) -> tuple[str, str]:
     return front.status.reported(), front.status.enforced()
 
 
-def _finish_later(conn: BaseConn, keep: bool):
+def _finish_later(conn: Conn, keep: bool):
     """A slot that holds the reply's place; returns `done(status, body, content_type)`."""
     slot = conn.new_slot()
     slot.close = not keep
 
     def done(status: int, body: bytes, content_type: str) -> None:
-        slot.out = admin.response(status, body, keep, content_type)
-        slot.done = True
-        conn.front.latency.observe(slot.fam, time.monotonic() - slot.t0)
-        if conn.closing and not conn.slots:
-            return
-        conn.drain_slots()
-        conn.flush_out()
+        conn.fill(slot, admin.response(status, body, keep, content_type))
     return done
 
 
-def _gather_render(conn: BaseConn, keep: bool, content_type: str, render) -> None:
+def _gather_render(conn: Conn, keep: bool, content_type: str, render) -> None:
     """stats_slot, then `render(global_stats, queues) -> bytes`: inline for a few queues,
     on the executor for more (see INLINE_QUEUES)."""
     loop = conn.front.loop
@@ -117,7 +111,7 @@ def _gather_render(conn: BaseConn, keep: bool, content_type: str, render) -> Non
 
 # ------------------------------------------------------------------ routes
 
-def handle(conn: BaseConn, routed: str, req) -> bool:
+def handle(conn: Conn, routed: str, req) -> bool:
     """Serve `routed` if it is one of ours; False when it is not."""
     fn = _ROUTES.get(routed)
     if fn is None:
@@ -243,14 +237,17 @@ _ROUTES = {"metrics": _metrics, "stats": _stats, "stats_txt": _stats_txt,
 
 # ------------------------------------------------------------------ period latches
 
-class _InternalConn(BaseConn):
+class _InternalConn(Conn):
     """A connection with no socket, for the latches' own stats requests."""
     count_bytes = False
     counts_connection = False
 
     def __init__(self, front):
-        super().__init__(front)
+        super().__init__(front, admin.AdminParser())
         front.conns[self.id] = self
+
+    def handle(self, cmd) -> None:
+        raise AssertionError("an internal connection reads no commands")
 
     def unavailable(self, slot, reason: str) -> None:
         log.warning("front %d: period stats not latched: %s", self.front.index, reason)

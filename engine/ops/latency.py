@@ -7,7 +7,7 @@ the sum of the observed latencies in microseconds.  A front is the only writer
 of its row, so `observe` is two plain stores; readers sum the rows (`read`).
 
 Latency is measured from the moment the request's bytes were read
-(`BaseConn.last_activity`) to the moment its reply is complete and queued for
+(`Conn.t_in`, fronts/conn.py) to the moment its reply is complete and queued for
 writing, so time spent behind a blocking command or waiting on a worker counts.
 A blocking get (`t=`) or a monitor includes its wait.
 """
@@ -32,7 +32,7 @@ OTHER = FAMILIES.index("other")
 
 # command class name (memcache, text) or thrift method -> family index
 _NAMES = {
-    "get": "get", "set": "set", "setrefused": "set", "put": "set", "peek": "peek",
+    "get": "get", "set": "set", "sethead": "set", "setrefused": "set", "put": "set", "peek": "peek",
     "monitor": "monitor", "confirm": "confirm", "abort": "abort", "delete": "delete",
     "delete_queue": "delete", "flush": "flush", "flushall": "flush", "flushexpired": "flush",
     "flushallexpired": "flush", "flush_queue": "flush", "flush_all_queues": "flush",

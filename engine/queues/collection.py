@@ -61,8 +61,8 @@ from functools import partial
 from typing import Callable
 
 from lanner.clock import SYSTEM_CLOCK
-from lanner.config import validate_queue_name
 from lanner.queues.item import QItem
+from lanner.queues.names import validate_queue_name
 from lanner.queues.queue import PersistentQueue
 from lanner.queues.sessions import Session
 from lanner.queues.undo import Undone, UndoLog
@@ -72,8 +72,6 @@ from lanner.storage.journal.files import queue_names_in
 from lanner.queues.waiters import TimerHeap, Waiter
 
 log = logging.getLogger(__name__)
-
-CMDLOG_DIR = "cmdlog"
 
 
 class QueueCollection:
@@ -181,9 +179,6 @@ class QueueCollection:
         validate_queue_name(name, allow_dots=True)      # no path in it: safe to look for its files
         self._check_home(name, qc)                      # its items are not stored elsewhere
         validate_queue_name(name, allow_dots=qc.storage == "cmdlog")
-        if name == CMDLOG_DIR and qc.storage == "journal" and qc.keep_journal:
-            raise ValueError(f"Queue name {name!r} is reserved: {self.queue_path}/{CMDLOG_DIR} "
-                             "holds the command logs.")
         if self._owns is not None and not self._owns(name):
             raise ValueError(f"queue {name!r} belongs to another worker")
         storage = self._factory(name, qc)

@@ -40,15 +40,17 @@ import msgpack
 
 from lanner.clock import SYSTEM_CLOCK
 from lanner.config import ConfigError, config_items, reload_config
+from lanner.errors import describe_os_error
 from lanner.ipc import control
+from lanner.ipc.bodies import Bodies
 from lanner.ipc.mesh import Peers
 from lanner.ipc.wake import clear_sleep_all, prepare_sleep_all
 from lanner.ipc.shm import IdBlocks, SharedCounter
 from lanner.queues.collection import CloseError, QueueCollection
-from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_PEEK, F_THRIFT,
+from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_PEEK, F_STREAM, F_THRIFT,
                        OP_ALIAS_PUT, OP_CONFIRM, OP_DELETE, OP_DISCONNECT, OP_DUMP_CONFIG, OP_FLUSH,
                        OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED, OP_FLUSH_EXPIRED, OP_FORWARD_ADD, OP_GET,
-                       OP_MONITOR, OP_PUT_MANY, OP_RELOAD, OP_SET, OP_STATS, OP_TABORT, OP_TCONFIRM,
+                       OP_MONITOR, OP_PUT_MANY, OP_RELOAD, OP_SET, OP_SET_DATA, OP_STATS, OP_TABORT, OP_TCONFIRM,
                        OP_TGET, OP_TPEEK, R_CLIENT_ERROR, R_DATA, R_EMPTY, R_END, R_ERROR,
                        R_ITEM, R_NOT_STORED, R_OK, R_SERVER_ERROR, R_VALUE, REQ_SIZE, RF_CLOSE, RF_MORE,
                        Reassembler, pack_req, pack_resp, send, unpack_req, unpack_resp)
@@ -138,6 +140,8 @@ class Worker:
         self.tcounts: dict[tuple, int] = {}                   # (src, conn, queue) -> open reads
         self.tids_supply = ids if ids is not None else IdBlocks(SharedCounter.create())
         self.taborts: list[tuple[int, int]] = []              # heap of (deadline ms, id)
+        self.bodies = Bodies()                                # streamed set bodies, in pieces
+        self.closed_conns: set[tuple[int, int]] = set()       # told to close, DISCONNECT to come
 
     # -- start-up --------------------------------------------------------------------------------
     def owns(self, name: str) -> bool:
@@ -260,11 +264,12 @@ class Worker:
                         continue
                     try:
                         self.handle(src, msg)
-                    except OSError as e:   # a full disk, an I/O error: the log says which file
-                        log.error("worker %d: %s", self.index, e)
-                        conn, req = unpack_req(msg, 0)[:2]
+                    except OSError as e:   # a full disk, an I/O error: the log names the file
+                        conn, req, _, _, qlen = unpack_req(msg, 0)[:5]
+                        queue = bytes(msg[REQ_SIZE:REQ_SIZE + qlen]).decode("latin-1")
+                        log.error("worker %d: queue %r: %s", self.index, queue, e)
                         self.reply(src, conn, req, R_SERVER_ERROR, RF_CLOSE, 0,
-                                   public_reason("I/O error", e).encode("latin-1", "replace"))
+                                   describe_os_error(e, queue).encode("latin-1", "replace"))
                     except Exception:   # one bad request must not take the shard down
                         log.exception("worker %d: request from peer %d failed", self.index, src)
                         conn, req = unpack_req(msg, 0)[:2]
@@ -298,10 +303,11 @@ class Worker:
     def reply(self, dst: int, conn: int, req: int, status: int, flags: int = 0, value: int = 0,
               payload: bytes = b"") -> None:
         self.replies.append((dst, pack_resp(conn, req, status, flags, 0, value), payload))
-        if flags & RF_CLOSE:
+        if flags & RF_CLOSE and self.peers.is_front(dst):
             # The front will close this connection: roll its open reads back now, so a
             # client that reconnects through another front already finds them (§1.5).
             self.disconnect(dst, conn)
+            self.closed_conns.add((dst, conn))
 
     def finish_batch(self) -> None:
         """Flush journals, then publish replies or hold them for a group fsync.  A storage
@@ -316,7 +322,7 @@ class Worker:
                 st.flush()
             except OSError as e:
                 log.error("worker %d: %s", self.index, e)      # the file is named here, not to clients
-                self.undo_replies(coll.rollback(st), public_reason("write failed", e))
+                self.undo_replies(coll.rollback(st), describe_os_error(e, getattr(st, "name", None)))
                 continue
             if coll.sync_schedule.written(st, now):      # sync "always": replies wait for it
                 needs_sync.append(st)
@@ -371,7 +377,8 @@ class Worker:
         self.sync_inflight = False
         failed, self.sync_failed = self.sync_failed, []
         for st, e in failed:                # not durable: cut it off, undo it, tell the clients
-            self.undo_replies(self.coll.rollback(st, unsynced=True), public_reason("fsync failed", e))
+            self.undo_replies(self.coll.rollback(st, unsynced=True),
+                              describe_os_error(e, getattr(st, "name", None)))
         self.coll.undo.trim()
         self.publish(self.sync_batch)
         self.sync_batch = []
@@ -394,10 +401,11 @@ class Worker:
 
     def undo_replies(self, undone, reason: str) -> None:
         """Changes were rolled back because their records were lost (queues/undo.py): make
-        every reply that reported one an error (SERVER_ERROR, the connection closes), take
-        undone open reads out of their sessions, and strand undone confirms and aborts (the
-        item is reserved again; nobody holds it, so `run_timers` aborts it again later).
-        A thrift get keeps the items that were not undone and drops the others."""
+        every reply that reported one an error (SERVER_ERROR; the connection closes, and is
+        disconnected here as `reply` does), take undone open reads out of their sessions, and
+        strand undone confirms and aborts (the item is reserved again; nobody holds it, so
+        `run_timers` aborts it again later).  A thrift get keeps the items that were not
+        undone and drops the others."""
         coll = self.coll
         failed = set()
         thrift: dict[Pending, set[int]] = {}
@@ -421,12 +429,10 @@ class Worker:
             self.next_strand_ms = self.clock.now_ms() + STRAND_RETRY_MS
         if not failed:
             return
-        for key in failed:                  # a monitor whose item failed stops here
-            for p in list(self.pending_by_conn.get(key[:2], ())):
-                if p.req == key[2]:
-                    if p.waiter is not None:
-                        coll.cancel_wait(p.waiter)
-                    self.unpark(p)
+        for dst, conn in {key[:2] for key in failed}:
+            if self.peers.is_front(dst):    # the error closes the connection, as reply() does
+                self.disconnect(dst, conn)
+                self.closed_conns.add((dst, conn))
         why = reason.encode("latin-1", "replace")
         seen: set = set()
         self.sync_batch = _fail_requests(self.sync_batch, failed, why, seen)
@@ -448,14 +454,31 @@ class Worker:
     # -- requests --------------------------------------------------------------------------------
     def handle(self, src: int, rec) -> None:
         conn, req, op, flags, qlen, a, b = unpack_req(rec, 0)
+        if self.closed_conns and (src, conn) in self.closed_conns:
+            # This worker told the connection to close; what its front sent before learning it
+            # is void (Kestrel never ran a command after the one that closed).  Its DISCONNECT
+            # ends that; so does a thrift call, which is only ever sent after the last reply.
+            if op != OP_DISCONNECT and not flags & F_THRIFT:
+                return
+            self.closed_conns.discard((src, conn))
         queue = bytes(rec[REQ_SIZE:REQ_SIZE + qlen]).decode("latin-1")
         payload = rec[REQ_SIZE + qlen:]
         coll = self.coll
         coll.undo.ctx = (src, conn, req)    # whose reply a rolled-back change must fail
         if op == OP_SET:
+            if flags & F_STREAM:             # the body follows in OP_SET_DATA pieces
+                self.bodies.begin(src, conn, req, queue, a, b, flags)
+                return
             ok = coll.add(queue, bytes(payload), a or None)
             if not flags & F_NOREPLY:
                 self.reply(src, conn, req, R_OK if ok else R_NOT_STORED)
+        elif op == OP_SET_DATA:
+            whole = self.bodies.more(src, conn, req, payload)
+            if whole is not None:
+                queue, data, expiry, flags = whole
+                ok = coll.add(queue, data, expiry or None)
+                if not flags & F_NOREPLY:
+                    self.reply(src, conn, req, R_OK if ok else R_NOT_STORED)
         elif op == OP_GET:
             self.op_get(src, conn, req, queue, flags, a)
         elif op == OP_MONITOR:
@@ -503,8 +526,11 @@ class Worker:
         elif op == OP_FORWARD_ADD:
             coll.add_forwarded(queue, bytes(payload), self.clock.now_ms())
         elif op == OP_RELOAD:
-            self.reload()
-            self.reply(src, conn, req, R_OK)
+            err = self.reload()
+            if err is None:
+                self.reply(src, conn, req, R_OK)
+            else:
+                self.reply(src, conn, req, R_SERVER_ERROR, 0, 0, err.encode("latin-1", "replace"))
         elif op == OP_PUT_MANY:
             added = 0
             for data in msgpack.unpackb(bytes(payload)):
@@ -671,6 +697,7 @@ class Worker:
 
     def disconnect(self, src: int, conn: int, thrift: bool = False) -> None:
         self.coll.undo.ctx = None           # the aborts below are nobody's reply
+        self.bodies.drop(src, conn)
         for p in self.pending_by_conn.pop((src, conn), ()):
             p.done = True
             if p.waiter is not None:
@@ -836,14 +863,16 @@ class Worker:
                    for name in self.coll.names()]
         return msgpack.packb(entries)
 
-    def reload(self) -> None:
+    def reload(self) -> str | None:
+        """Re-read the config; on failure keep the old one and return why (no file path)."""
         try:
             self.config = reload_config(self.config)
         except ConfigError as e:
             log.error("worker %d: reload failed: %s", self.index, e)
-            return
+            return e.brief
         self.coll.reload(self.config)
         log.info("worker %d: configuration reloaded", self.index)
+        return None
 
     # -- supervisor and cleaner messages ---------------------------------------------------------
     def on_control(self, msg) -> None:
@@ -868,10 +897,12 @@ class Worker:
         if ring is not None:
             ring.resync_consumer(discard=True)
             self.asm[peer].reset()
+            self.bodies.drop(peer)
         out = self.outbound[peer]
         if out is not None:
             out.drop_backlog()
         if self.peers.is_front(peer):
+            self.closed_conns = {k for k in self.closed_conns if k[0] != peer}
             for key in [k for k in self.sessions if k[0] == peer]:
                 self.disconnect(*key)
             for key in [k for k in self.pending_by_conn if k[0] == peer]:
@@ -921,12 +952,6 @@ class Worker:
             return EXIT_UNSAVED
         log.info("worker %d: everything written", self.index)
         return EXIT_OK
-
-
-def public_reason(what: str, e: OSError) -> str:
-    """A failure as a client may see it: the system's reason, never a server path."""
-    why = os.strerror(e.errno) if isinstance(e.errno, int) and e.errno else type(e).__name__
-    return f"{what}: {why}"
 
 
 def _fail_requests(replies, failed: set, why: bytes, seen: set):

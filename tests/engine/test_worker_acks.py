@@ -2,7 +2,8 @@
 import errno
 
 from lanner.ipc.messages import R_ITEM, R_OK, R_SERVER_ERROR, RF_CLOSE, RF_MORE, pack_resp, unpack_resp
-from lanner.server.worker import _fail_requests, public_reason
+from lanner.errors import describe_os_error
+from lanner.server.worker import _fail_requests
 from lanner.storage.journal.files import JournalError
 
 
@@ -25,7 +26,7 @@ def test_failed_requests_become_server_errors_and_others_stay():
     assert _fail_requests([replies[3]], {(0, 7, 2)}, b"x", seen) == []
 
 
-def test_public_reason_names_no_path():
+def test_a_journal_failure_is_described_without_its_path():
     e = JournalError("/srv/lanner/queues/jobs", "write of 26 bytes failed: No space left on device",
                      errno.ENOSPC)
-    assert public_reason("write failed", e) == "write failed: No space left on device"
+    assert describe_os_error(e, "jobs") == "write of 26 bytes failed: No space left on device (queue 'jobs')"

@@ -2,6 +2,7 @@
 import pytest
 
 from lanner.protocols import memcache as mc
+from lanner.protocols import memcache_replies as mr
 from lanner.protocols.memcache import (
     Get, GetKey, MemcacheParser, ProtocolError, Set, SetRefused, Version, parse_get_key, parse_int,
 )
@@ -211,30 +212,30 @@ def test_default_line_cap_is_one_mib():
 # ----------------------------------------------------------------------------- encoders
 
 def test_value_block():
-    assert mc.value_block("q/t=10/open", b"hello") == b"VALUE q/t=10/open 0 5\r\nhello\r\n"
-    assert mc.value_block("\xe9", b"") == b"VALUE \xe9 0 0\r\n\r\n"
+    assert mr.value_block("q/t=10/open", b"hello") == b"VALUE q/t=10/open 0 5\r\nhello\r\n"
+    assert mr.value_block("\xe9", b"") == b"VALUE \xe9 0 0\r\n\r\n"
 
 
 def test_constants():
-    assert (mc.END, mc.STORED, mc.NOT_STORED, mc.DELETED, mc.ERROR) == (
+    assert (mr.END, mr.STORED, mr.NOT_STORED, mr.DELETED, mr.ERROR) == (
         b"END\r\n", b"STORED\r\n", b"NOT_STORED\r\n", b"DELETED\r\n", b"ERROR\r\n")
-    assert mc.CLIENT_ERROR == b"CLIENT_ERROR\r\n" and mc.SERVER_ERROR == b"SERVER_ERROR\r\n"
-    assert mc.FLUSHED_ALL == b"Flushed all queues.\r\n" and mc.RELOADED == b"Reloaded config.\r\n"
+    assert mr.CLIENT_ERROR == b"CLIENT_ERROR\r\n" and mr.SERVER_ERROR == b"SERVER_ERROR\r\n"
+    assert mr.FLUSHED_ALL == b"Flushed all queues.\r\n" and mr.RELOADED == b"Reloaded config.\r\n"
 
 
 def test_error_encoders():
-    assert mc.client_error() == b"CLIENT_ERROR\r\n"
-    assert mc.client_error("bad t= value") == b"CLIENT_ERROR bad t= value\r\n"
-    assert mc.server_error() == b"SERVER_ERROR\r\n"
-    assert mc.server_error("reads are blocked") == b"SERVER_ERROR reads are blocked\r\n"
-    assert mc.client_error("a\r\nb") == b"CLIENT_ERROR a\\r\\nb\r\n"
-    assert mc.client_error("\u20ac") == b"CLIENT_ERROR \\u20ac\r\n"
+    assert mr.client_error() == b"CLIENT_ERROR\r\n"
+    assert mr.client_error("bad t= value") == b"CLIENT_ERROR bad t= value\r\n"
+    assert mr.server_error() == b"SERVER_ERROR\r\n"
+    assert mr.server_error("reads are blocked") == b"SERVER_ERROR reads are blocked\r\n"
+    assert mr.client_error("a\r\nb") == b"CLIENT_ERROR a\\r\\nb\r\n"
+    assert mr.client_error("\u20ac") == b"CLIENT_ERROR \\u20ac\r\n"
 
 
 def test_line_encoders():
-    assert mc.count_line(3) == b"3\r\n"
-    assert mc.version_line("lanner 0.1.0") == b"VERSION lanner 0.1.0\r\n"
-    assert mc.status_line("readonly") == b"READONLY\r\n"
+    assert mr.count_line(3) == b"3\r\n"
+    assert mr.version_line("lanner 0.1.0") == b"VERSION lanner 0.1.0\r\n"
+    assert mr.status_line("readonly") == b"READONLY\r\n"
 
 
 def test_unknown_command_reason_is_short_and_printable():
@@ -251,7 +252,7 @@ QUEUE_KEYS = ["items", "bytes", "total_items", "logsize", "expired_items", "mem_
 def test_encode_stats_matches_the_reference_example():
     glob = [("uptime", 3), ("time", 1700000000), ("version", "v"), ("curr_items", 1)]
     q = [(k, 0) for k in QUEUE_KEYS]
-    out = mc.encode_stats(glob, [("q", q)])
+    out = mr.encode_stats(glob, [("q", q)])
     lines = out.split(b"\r\n")
     assert lines[:4] == [b"STAT uptime 3", b"STAT time 1700000000", b"STAT version v", b"STAT curr_items 1"]
     assert lines[4] == b"STAT queue_q_items 0" and lines[19] == b"STAT queue_q_journal_rotations 0"
@@ -259,39 +260,39 @@ def test_encode_stats_matches_the_reference_example():
 
 
 def test_encode_stats_alias_and_children():
-    out = mc.encode_stats([("uptime", 1)], [("a", [("put_items", 2), ("put_bytes", 9), ("children", "x,y")])])
+    out = mr.encode_stats([("uptime", 1)], [("a", [("put_items", 2), ("put_bytes", 9), ("children", "x,y")])])
     assert out == (b"STAT uptime 1\r\nSTAT queue_a_put_items 2\r\nSTAT queue_a_put_bytes 9\r\n"
                    b"STAT queue_a_children x,y\r\nEND\r\n")
 
 
 def test_encode_stats_with_nothing():
-    assert mc.encode_stats([], []) == b"\r\nEND\r\n"
+    assert mr.encode_stats([], []) == b"\r\nEND\r\n"
 
 
 def test_encode_dump_stats():
-    out = mc.encode_dump_stats([("q", [("items", 1), ("bytes", 5)]), ("r", [("items", 0)])])
+    out = mr.encode_dump_stats([("q", [("items", 1), ("bytes", 5)]), ("r", [("items", 0)])])
     assert out == (b"queue 'q' {\r\n  items=1\r\n  bytes=5\r\n}\r\n"
                    b"queue 'r' {\r\n  items=0\r\n}\r\nEND\r\n")
 
 
 def test_encode_dump_stats_unknown_name_gives_a_two_space_line():
     expected = b"queue 'x' {\r\n  \r\n}\r\nEND\r\n"
-    assert mc.encode_dump_stats([("x", None)]) == expected
-    assert mc.encode_dump_stats([("x", [])]) == expected
+    assert mr.encode_dump_stats([("x", None)]) == expected
+    assert mr.encode_dump_stats([("x", [])]) == expected
 
 
 def test_encode_dump_stats_with_no_queues_has_the_leading_crlf():
-    assert mc.encode_dump_stats([]) == b"\r\nEND\r\n"
+    assert mr.encode_dump_stats([]) == b"\r\nEND\r\n"
 
 
 def test_encode_dump_config():
-    out = mc.encode_dump_config([("q", [("max_items", 10), ("keep_journal", "true")]), ("e", [])])
+    out = mr.encode_dump_config([("q", [("max_items", 10), ("keep_journal", "true")]), ("e", [])])
     assert out == (b"queue 'q' {\r\n  max_items=10\r\n  keep_journal=true\r\n}\r\n"
                    b"queue 'e' {\r\n}\r\nEND\r\n")
-    assert mc.encode_dump_config([]) == b"END\r\n"
+    assert mr.encode_dump_config([]) == b"END\r\n"
 
 
 def test_high_byte_queue_names_round_trip_through_encoders():
     name = b"\xe9\xff".decode("latin-1")
-    assert mc.encode_dump_stats([(name, [("items", 0)])]).startswith(b"queue '\xe9\xff' {")
-    assert b"STAT queue_\xe9\xff_items 0" in mc.encode_stats([], [(name, [("items", 0)])])
+    assert mr.encode_dump_stats([(name, [("items", 0)])]).startswith(b"queue '\xe9\xff' {")
+    assert b"STAT queue_\xe9\xff_items 0" in mr.encode_stats([], [(name, [("items", 0)])])

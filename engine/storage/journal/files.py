@@ -27,7 +27,7 @@ import logging
 import os
 import re
 
-from lanner.config import validate_queue_name
+from lanner.queues.names import validate_queue_name
 from lanner.storage.journal.codec import (ADD_OPS, CHUNK, OP_CONFIRM_REMOVE, OP_CONTINUE, OP_REMOVE,
                                           OP_REMOVE_TENTATIVE, OP_REMOVE_TENTATIVE_XID, OP_UNREMOVE,
                                           Cursor, JournalCorrupt)

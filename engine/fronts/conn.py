@@ -1,0 +1,520 @@
+"""What every client connection of a front shares: the in-order reply queue, routing, flow control.
+
+A connection parses its bytes into commands (protocols/), turns each into one or more
+protocol-neutral requests (ipc/messages.py) for the worker that owns the queue, and writes the
+replies back in request order: each command takes a `Slot` in the connection's reply queue,
+filled when its response(s) arrive, and completed slots leave from the head.  A command that may
+block (a get with `t=`, monitor, every thrift call) holds back the commands after it until it
+completes, as Kestrel's serial per-connection processing does; everything else pipelines.
+Commands that span workers (stats, flush_all, multi-key get, alias writes) send one part to each
+worker and complete when every part has answered.
+
+A protocol's connection class (memcache.py, text.py, thrift.py, admin.py) gives `Conn` its
+parser and implements the two hooks `Conn` declares: `handle` and `unavailable`.
+"""
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+import socket
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+import msgpack
+
+from lanner.fronts.counters import C_CURR, C_READ, C_TOTAL, C_WRITTEN
+from lanner.ops.latency import family_of
+from lanner.queues.names import validate_queue_name
+from lanner.ipc.messages import (OP_DISCONNECT, OP_DUMP_CONFIG, OP_RELOAD, OP_SET_DATA, OP_STATS, R_DATA,
+                                 R_OK, R_SERVER_ERROR, RF_CLOSE, RF_MORE)
+
+#: Unsent reply bytes a connection may have before it stops taking commands (see Conn).
+REPLY_BUDGET = 4 << 20
+#: The transport's low-water mark: below it a connection that stopped takes commands again.
+WRITE_LOW = 1 << 20
+#: Commands in flight (sent, reply not yet written) per connection, whatever their size.
+MAX_INFLIGHT = 1024
+#: Unparsed bytes a connection holds while it cannot take commands, before it stops reading.
+INPUT_LIMIT = 64 << 10
+
+if TYPE_CHECKING:                 # the loop imports the connection classes, not the reverse
+    from lanner.fronts.front import Front
+
+log = logging.getLogger(__name__)
+
+
+class Part:
+    """One request sent to one worker on behalf of a slot."""
+    __slots__ = ("slot", "index", "worker", "req", "status", "flags", "value", "payload", "done")
+
+    def __init__(self, slot, index, worker, req):
+        self.slot = slot
+        self.index = index
+        self.worker = worker
+        self.req = req
+        self.done = False
+        self.status = self.flags = self.value = 0
+        self.payload = b""
+
+
+class Slot:
+    """A place in a connection's in-order reply queue."""
+    __slots__ = ("parts", "remaining", "out", "close", "finish", "stream", "blocking", "done", "call",
+                 "fam", "t0")
+
+    def __init__(self, finish=None, stream=None, blocking=False, call=None, fam=-1, t0=0.0):
+        self.parts: list[Part] = []
+        self.remaining = 0
+        self.out = b""
+        self.close = False
+        self.finish = finish      # finish(slot) -> None: builds slot.out from its parts
+        self.stream = stream      # stream(slot, part, data) -> bytes: monitor items, as they come
+        self.blocking = blocking
+        self.done = False
+        self.call = call          # thrift: the call this slot answers
+        self.fam = fam            # latency family (ops/latency.py); -1: not measured
+        self.t0 = t0              # monotonic time its command's bytes were read
+
+
+def expiry_at(ms: int) -> int:
+    """An expiry computed from a client's relative or absolute time: never 0 (which means
+    "no expiry") and never negative (an instant before the epoch is simply expired)."""
+    return ms if ms > 0 else 1
+
+
+class Conn(asyncio.Protocol, abc.ABC):
+    """One client connection.  A subclass passes its protocol's parser (`feed(bytes)`, `next()`
+    -> command or None, `buffered` -> bytes held) and implements `handle` and `unavailable`.
+
+    Replies and the close.  Every reply takes its place in `slots`, in command order, and leaves
+    from the head.  A reply that closes the connection (an error, `quit`) is a slot like any
+    other: the commands before it are answered first, in order, then the error line is written,
+    then the connection closes; no command after it is taken (`stopped`).
+
+    Flow control.  The connection takes a command only while its unsent replies stay under
+    REPLY_BUDGET: the transport's buffer, finished replies held behind an unfinished one
+    (`held`), and the replies still in flight at the workers, estimated from the sizes replies
+    have had so far (`reply_size`, pessimistic at first), with at most MAX_INFLIGHT in flight.
+    While it cannot take commands the parser keeps what arrives, up to INPUT_LIMIT bytes; then
+    the connection stops reading (the kernel's buffers and TCP push back on the client).
+    A client that does not read its replies fills the transport's buffer past REPLY_BUDGET:
+    `pause_writing` stops both taking commands and reading until it drains to WRITE_LOW.
+    """
+
+    count_bytes = True           # bytes_read / bytes_written (thrift is not counted, §9.5)
+    counts_connection = True     # curr/total_connections cover memcache, text and thrift
+    conn_flags = 0               # thrift: F_THRIFT on every request (ipc/messages.py)
+
+    def __init__(self, front: Front, parser):
+        self.front = front
+        self.parser = parser
+        self.id = front.next_conn
+        front.next_conn = (front.next_conn + 1) & 0xFFFFFFFF or 1
+        self.transport = None
+        self.slots: deque[Slot] = deque()
+        self.parts: dict[int, Part] = {}
+        self.next_req = 1
+        self.blocked: Slot | None = None
+        self.stopped = False           # a closing reply is queued: take no further command
+        self.closing = False           # the closing reply is out (or the peer left): close now
+        self.out: list[bytes] = []
+        self.held = 0                  # bytes of the slots' replies not yet handed to `out`
+        self.reply_size = REPLY_BUDGET // 16     # running estimate of one reply's size
+        self.body: list[tuple[int, int]] | None = None    # while a streamed set body arrives:
+                                       # the (worker, request) pairs its pieces go to
+        self.touched = 0               # bitmask of workers this connection sent requests to
+        self.refuse_reads = False
+        self.refuse_writes = False
+        self.paused_writing = False
+        self.reading_paused = False
+        self.last_activity = 0.0
+        self.cur_fam = -1              # latency family of the command being handled
+        self.t_in = 0.0                # monotonic time of the last bytes read (latency start)
+
+    # -- the protocol hooks ----------------------------------------------------------------------
+    @abc.abstractmethod
+    def handle(self, cmd) -> None:
+        """Act on one command: reply at once (`reply_now`) or take a slot and send requests."""
+
+    @abc.abstractmethod
+    def unavailable(self, slot: Slot, reason: str) -> None:
+        """Make `slot` the protocol's availability error (a worker failed or restarted)."""
+
+    # -- asyncio callbacks -----------------------------------------------------------------------
+    def connection_made(self, transport):
+        self.transport = transport
+        transport.set_write_buffer_limits(high=REPLY_BUDGET, low=WRITE_LOW)
+        f = self.front
+        f.conns[self.id] = self
+        if self.counts_connection:
+            f.my.incr(C_CURR)
+            f.my.incr(C_TOTAL)
+        sessions = f.counters.total(C_CURR)
+        srv = f.config.server
+        if srv.connection_limit_refuse_writes is not None and sessions > srv.connection_limit_refuse_writes:
+            self.refuse_writes = True
+        if srv.connection_limit_refuse_reads is not None and sessions > srv.connection_limit_refuse_reads:
+            self.refuse_reads = True
+        self.last_activity = f.loop.time()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("front %d: %s connection %d from %s", f.index, type(self).__name__, self.id,
+                      transport.get_extra_info("peername"))
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+
+    def data_received(self, data: bytes):
+        f = self.front
+        if self.count_bytes:
+            f.my.incr(C_READ, len(data))
+        self.last_activity = f.loop.time()
+        self.t_in = time.monotonic()
+        self.parser.feed(data)
+        self.pump()
+
+    def connection_lost(self, exc):
+        f = self.front
+        self.closing = self.stopped = True
+        f.conns.pop(self.id, None)
+        f.ring_waiters.discard(self)
+        if self.counts_connection:
+            f.my.decr(C_CURR)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("front %d: connection %d closed (%s)", f.index, self.id, exc or "clean")
+        self.send_disconnects()
+        self.slots.clear()
+        self.parts.clear()
+        self.held = 0
+
+    def pause_writing(self):
+        self.paused_writing = True
+        self.update_reading()
+
+    def resume_writing(self):
+        self.paused_writing = False
+        self.pump()
+
+    # -- flow ------------------------------------------------------------------------------------
+    def pump(self) -> None:
+        """Write what is ready (so the budget sees it), take what commands the budget allows,
+        write again, then read or not."""
+        if self.out:
+            self.flush_out()
+        self.process()
+        self.flush_out()
+        self.update_reading()
+
+    def process(self) -> None:
+        parser = self.parser
+        while self.can_take():
+            cmd = parser.next()
+            if cmd is None:
+                return
+            self.cur_fam = family_of(cmd)
+            self.handle(cmd)
+
+    def can_take(self) -> bool:
+        if self.stopped:
+            return False
+        if self.body is not None:      # a body's pieces go on whatever the budget, ring room permitting
+            return self.front.ring_room(self.body, self)
+        if self.blocked is not None or self.paused_writing:
+            return False
+        if not self.front.room_for_commands(self):
+            return False
+        n = len(self.slots)
+        if n == 0:
+            return True
+        if n >= MAX_INFLIGHT:
+            return False
+        t = self.transport
+        queued = t.get_write_buffer_size() if t is not None else 0
+        return self.held + queued + n * self.reply_size < REPLY_BUDGET
+
+    def update_reading(self) -> None:
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        want = not self.stopped and not self.paused_writing and \
+            (self.parser.buffered <= INPUT_LIMIT or self.can_take())
+        if want and self.reading_paused:
+            self.reading_paused = False
+            t.resume_reading()
+        elif not want and not self.reading_paused:
+            self.reading_paused = True
+            t.pause_reading()
+
+    def send_disconnects(self) -> None:
+        """Tell every worker this connection touched that it is gone (once)."""
+        f = self.front
+        touched, self.touched = self.touched, 0
+        w = 0
+        while touched:
+            if touched & 1:
+                f.send(w, self.id, 0, OP_DISCONNECT, self.conn_flags, b"")
+            touched >>= 1
+            w += 1
+
+    def read_refusal(self) -> str | None:
+        """Why reads are refused on this connection right now (status or connection limit)."""
+        if self.refuse_reads:
+            return "reads refused: connection limit"
+        if self.front.status.blocks_reads():
+            return "server is " + self.front.status.enforced()
+        return None
+
+    def write_refusal(self) -> str | None:
+        if self.refuse_writes:
+            return "writes refused: connection limit"
+        if self.front.status.blocks_writes():
+            return "server is " + self.front.status.enforced()
+        return None
+
+    # -- streamed set bodies --------------------------------------------------------------------
+    def begin_body(self, targets: list[tuple[int, int]]) -> None:
+        """The pieces of the body just announced go to these (worker, request) pairs."""
+        self.body = targets
+
+    def body_piece(self, data: bytes, last: bool) -> None:
+        f = self.front
+        for w, req in self.body:
+            f.send(w, self.id, req, OP_SET_DATA, 0, b"", 0, 0, data)
+        if last:
+            self.body = None
+
+    # -- the reply queue -------------------------------------------------------------------------
+    def new_slot(self, finish=None, stream=None, blocking=False, call=None) -> Slot:
+        s = Slot(finish, stream, blocking, call, self.cur_fam, self.t_in)
+        self.slots.append(s)
+        return s
+
+    def reply_now(self, data: bytes, close: bool = False) -> None:
+        """A reply that needs no worker; `close`: the connection closes once it is written."""
+        s = Slot()
+        s.out = data
+        s.close = close
+        s.done = True
+        if close:
+            self.stopped = True
+        self.held += len(data)
+        self.slots.append(s)
+        self.front.latency.observe(self.cur_fam, time.monotonic() - self.t_in)
+        self.drain_slots()
+
+    def close_after_replies(self) -> None:
+        """`quit`: close once every reply already earned is written, saying nothing more."""
+        self.reply_now(b"", close=True)
+
+    def notify(self, worker: int, op: int, flags: int, queue: bytes, a=0, b=0,
+               payload: bytes = b"") -> int:
+        """Send a request whose response nobody waits for (noreply); returns its number."""
+        req = self.next_req
+        self.next_req = (req + 1) & 0xFFFFFFFF or 1
+        self.touched |= 1 << worker
+        self.front.send(worker, self.id, req, op, flags | self.conn_flags, queue, a, b, payload)
+        return req
+
+    def request(self, slot: Slot, worker: int, op: int, flags: int, queue: bytes, a=0, b=0,
+                payload: bytes = b"") -> Part:
+        """Send one request whose response becomes a part of `slot`'s reply."""
+        req = self.next_req
+        self.next_req = (req + 1) & 0xFFFFFFFF or 1
+        self.touched |= 1 << worker
+        part = Part(slot, len(slot.parts), worker, req)
+        slot.parts.append(part)
+        slot.remaining += 1
+        if self.front.send(worker, self.id, req, op, flags | self.conn_flags, queue, a, b, payload):
+            self.parts[req] = part
+        else:
+            part.status = R_SERVER_ERROR
+            part.payload = b"worker %d is restarting" % worker
+            part.done = True
+            slot.remaining -= 1
+        return part
+
+    def seal(self, slot: Slot) -> None:
+        """All parts are sent: complete now if they all failed fast, else maybe block."""
+        if slot.remaining == 0:
+            self.complete(slot)
+        elif slot.blocking:
+            self.blocked = slot
+
+    def on_response(self, req: int, status: int, flags: int, value: int, payload) -> None:
+        part = self.parts.get(req)
+        if part is None or self.closing:
+            return
+        slot = part.slot
+        if flags & RF_MORE:
+            part.status, part.flags, part.value = status, flags, value
+            if slot.stream is not None:
+                data = slot.stream(slot, part, bytes(payload))
+                if data:
+                    if self.slots and self.slots[0] is slot:
+                        self.out.append(data)
+                    else:
+                        slot.out += data
+                        self.held += len(data)
+                    self.front.write_pending.add(self)
+            return
+        del self.parts[req]
+        part.status, part.flags, part.value = status, flags, value
+        part.payload = bytes(payload) if payload else b""
+        part.done = True
+        slot.remaining -= 1
+        if slot.remaining == 0:
+            self.complete(slot)
+
+    def complete(self, slot: Slot) -> None:
+        before = len(slot.out)
+        if slot.finish is not None:
+            slot.finish(slot)
+            slot.finish = None
+        slot.parts.clear()      # parts point back at their slot: free them by refcount, not GC
+        slot.done = True
+        n = len(slot.out)
+        self.held += n - before
+        self.reply_size += (n - self.reply_size) >> 3
+        if slot.fam >= 0:
+            self.front.latency.observe(slot.fam, time.monotonic() - slot.t0)
+        if slot.close:
+            self.stopped = True
+        if self.blocked is slot:
+            self.blocked = None
+        self.drain_slots()
+        self.front.write_pending.add(self)
+
+    def fill(self, slot: Slot, data: bytes) -> None:
+        """Complete `slot` with a reply made elsewhere (no worker part: e.g. rendered on a
+        thread), then write what is ready."""
+        if self.closing:
+            return
+        slot.out = data
+        slot.finish = None
+        self.held += len(data)
+        self.complete(slot)
+        self.pump()
+
+    def drain_slots(self) -> None:
+        slots = self.slots
+        while slots and slots[0].done:
+            s = slots.popleft()
+            if s.out:
+                self.out.append(s.out)
+                self.held -= len(s.out)
+            if s.close:
+                self.closing = self.stopped = True
+                slots.clear()           # what was sent after the closing command goes unanswered
+                self.held = 0
+                break
+
+    def flush_out(self) -> None:
+        t = self.transport
+        if self.closing and self.touched:
+            # roll back open reads before the client can see the reply and reconnect
+            self.send_disconnects()
+            self.front.flush_rings()
+        if self.out and t is not None and not t.is_closing():
+            data = b"".join(self.out) if len(self.out) > 1 else self.out[0]
+            self.out.clear()
+            if self.count_bytes:
+                self.front.my.incr(C_WRITTEN, len(data))
+            t.write(data)
+        else:
+            self.out.clear()
+        if self.closing and t is not None and not t.is_closing():
+            t.close()
+
+    def worker_down(self, w: int) -> None:
+        failed = [req for req, p in self.parts.items() if p.worker == w]
+        for req in failed:
+            self.on_response(req, R_SERVER_ERROR, RF_CLOSE, 0, b"worker %d restarted" % w)
+        if failed:
+            self.front.write_pending.add(self)
+        self.touched &= ~(1 << w)
+
+    # -- helpers for subclasses ------------------------------------------------------------------
+    def broadcast(self, slot: Slot, op: int, payload: bytes = b"", flags: int = 0) -> None:
+        for w in range(self.front.nworkers):
+            self.request(slot, w, op, flags, b"", 0, 0, payload)
+        self.seal(slot)
+
+    def check_name(self, queue: str) -> str | None:
+        """Why a queue name is illegal, or None.  Cmdlog-stored queues may contain dots."""
+        f = self.front
+        if queue in f.valid_names:
+            return None
+        cfg = f.config
+        try:
+            validate_queue_name(queue, allow_dots=cfg.queue_config(queue).storage == "cmdlog")
+        except ValueError as e:
+            return str(e)
+        if len(f.valid_names) > 100_000:      # bounded: names are client-chosen
+            f.valid_names.clear()
+        f.valid_names.add(queue)
+        return None
+
+    def stats_slot(self, finish_bytes, names=None) -> None:
+        """Ask every worker (or the owners of `names`) for stats and let finish_bytes format them."""
+        f = self.front
+
+        def finish(slot):
+            worker_globals, queues = [], {}
+            err = None
+            for p in slot.parts:
+                if p.status != R_DATA:
+                    err = p
+                    continue
+                d = msgpack.unpackb(p.payload)
+                if "global" in d:
+                    worker_globals.append(d["global"])
+                for name, st in d["queues"]:
+                    queues[name] = st
+            if err is not None:
+                self.unavailable(slot, err.payload.decode("latin-1", "replace") or "worker unavailable")
+                return
+            slot.out = finish_bytes(f.global_stats(worker_globals), queues)
+
+        slot = self.new_slot(finish)
+        if names is None:
+            self.broadcast(slot, OP_STATS)
+            return
+        by_worker: dict[int, list[str]] = {}
+        for n in names:
+            by_worker.setdefault(f.owner(n), []).append(n)
+        for w, ns in by_worker.items():
+            self.request(slot, w, OP_STATS, 0, b"", 0, 0, msgpack.packb(ns))
+        self.seal(slot)
+
+    def config_slot(self, finish_bytes) -> None:
+        def finish(slot):
+            entries = []
+            for p in slot.parts:
+                if p.status == R_DATA:
+                    entries.extend(msgpack.unpackb(p.payload))
+            slot.out = finish_bytes(sorted(entries))
+        slot = self.new_slot(finish)
+        self.broadcast(slot, OP_DUMP_CONFIG)
+
+    def reload_slot(self, ok: bytes, error) -> None:
+        """`reload`: this front checks the file first; if it is bad, the answer is
+        `error(reason)` at once and nothing changes anywhere.  Otherwise every worker reloads,
+        and the answer is `ok` only if every one of them succeeded."""
+        err = self.front.request_reload()
+        if err is not None:
+            self.reply_now(error("reload failed: " + err))
+            return
+
+        def finish(slot):
+            for p in slot.parts:
+                if p.status != R_OK:
+                    why = p.payload.decode("latin-1", "replace") or "worker %d failed" % p.worker
+                    slot.out = error("reload failed: " + why)
+                    return
+            slot.out = ok
+        slot = self.new_slot(finish)
+        self.broadcast(slot, OP_RELOAD)

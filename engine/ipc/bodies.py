@@ -1,0 +1,47 @@
+"""Set bodies that reach a worker in pieces, assembled per request.
+
+A front streams a large `set` body to the worker as it arrives from the client instead of
+buffering it whole: first an OP_SET with F_STREAM (a = expiry, b = the body's size, no payload),
+then OP_SET_DATA messages with the same (connection, request) carrying the pieces in order.
+Pieces of different connections interleave freely on the ring, which is why they are keyed here
+and not reassembled by the ring's own chunking (`messages.Reassembler`, which needs a message's
+records to be contiguous).  When the last piece is in, the worker adds the item and replies as
+for a plain set.  A connection that goes away mid-body (OP_DISCONNECT), or a front that dies,
+drops its partial bodies.
+"""
+from __future__ import annotations
+
+
+class Bodies:
+    """Partial set bodies, keyed by (peer, connection, request)."""
+
+    __slots__ = ("_open",)
+
+    def __init__(self) -> None:
+        self._open: dict[tuple[int, int, int], list] = {}
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def begin(self, src: int, conn: int, req: int, queue: str, expiry: int, size: int,
+              flags: int) -> None:
+        self._open[(src, conn, req)] = [queue, expiry, size, flags, bytearray()]
+
+    def more(self, src: int, conn: int, req: int, piece) -> tuple[str, bytes, int, int] | None:
+        """Append a piece; when the body is complete return (queue, data, expiry, flags).
+        Pieces of a body that was dropped (its connection left) are ignored."""
+        key = (src, conn, req)
+        entry = self._open.get(key)
+        if entry is None:
+            return None
+        buf = entry[4]
+        buf += piece
+        if len(buf) < entry[2]:
+            return None
+        del self._open[key]
+        return entry[0], bytes(buf[:entry[2]]), entry[1], entry[3]
+
+    def drop(self, src: int, conn: int | None = None) -> None:
+        """Forget the partial bodies of one connection, or of every connection of a peer."""
+        for key in [k for k in self._open if k[0] == src and (conn is None or k[1] == conn)]:
+            del self._open[key]

@@ -1,0 +1,76 @@
+"""Issue 11, defect 8 and issue 12's reload bug, against a real server: `reload` of a bad file
+answers an error naming the key (never the file's path) and keeps the old config everywhere;
+a file that is not TOML, or not a file at all, is an error, not a hang; connections opened
+before a reload follow the new queue settings."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.helpers import start_server
+from tests.server.conftest import Client
+
+pytestmark = pytest.mark.integration
+
+CONFIG = "[default]\nmax_item_size = 10\n"
+
+
+@pytest.fixture
+def server(tmp_path):
+    h = start_server(tmp_path, workers=2, fronts=2, config=CONFIG)
+    yield h
+    h.stop()
+
+
+def config_path(server) -> str:
+    return server.args[server.args.index("--config") + 1]
+
+
+def client(server) -> Client:
+    return Client(server.connect())
+
+
+def set20(c: Client) -> bytes:
+    return c.ask(b"set r 0 0 20\r\n" + b"x" * 20 + b"\r\n")
+
+
+def test_a_connection_opened_before_reload_follows_the_new_max_item_size(server):
+    old = client(server)
+    assert set20(old) == b"NOT_STORED\r\n"
+    with open(config_path(server), "w") as f:
+        f.write("[default]\nmax_item_size = 100\n")
+    assert client(server).ask(b"reload\r\n") == b"Reloaded config.\r\n"
+    assert set20(old) == b"STORED\r\n"            # main: NOT_STORED until reconnecting
+    assert set20(client(server)) == b"STORED\r\n"
+
+
+@pytest.mark.parametrize("content, reason", [
+    (b"[default]\nmax_item_size = 100\nbogus_key = 1\n", b"default.bogus_key: unknown key"),
+    (b"[queues.r]\nmax_itemsize = 100\n", b"queues.r.max_itemsize: unknown key"),
+    (b"this is not toml {{{\n", b"invalid TOML"),
+    (bytes(range(256)) * 8, b"invalid TOML: not UTF-8"),
+])
+def test_a_bad_file_is_an_error_naming_the_key_and_changes_nothing(server, content, reason):
+    c = client(server)
+    with open(config_path(server), "wb") as f:
+        f.write(content)
+    reply = c.ask(b"reload\r\n")
+    assert reply.startswith(b"SERVER_ERROR reload failed: " + reason), reply
+    assert reply.endswith(b"\r\n") and reply.count(b"\r\n") == 1
+    assert os.path.dirname(config_path(server)).encode() not in reply     # no server path
+    assert c.ask(b"version\r\n").startswith(b"VERSION ")      # the connection stays open
+    # the old config is in force everywhere: fronts (the parser's item limit) and workers
+    for _ in range(4):
+        assert set20(client(server)) == b"NOT_STORED\r\n"
+    assert "reload failed" in server.log()
+
+
+def test_a_config_path_that_is_not_a_regular_file_does_not_hang(server):
+    path = config_path(server)
+    os.unlink(path)
+    os.mkfifo(path)                   # opening a FIFO for reading blocks until a writer comes
+    c = client(server)
+    reply = c.ask(b"reload\r\n")
+    assert reply == b"SERVER_ERROR reload failed: the config file is not a regular file\r\n"
+    assert set20(client(server)) == b"NOT_STORED\r\n"
