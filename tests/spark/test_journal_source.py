@@ -13,6 +13,7 @@ from lanner.clock import FakeClock                                       # noqa:
 from lanner.spark import _journal as JR                                  # noqa: E402
 from lanner.spark.journal_source import ITEMS_SCHEMA, JournalReader      # noqa: E402
 from lanner.storage.journal.codec import JournalCorrupt, read_records    # noqa: E402
+from lanner.storage.journal.replay import JournalReplayError             # noqa: E402
 
 from .journals import T0, build_spool, open_queue, close, payload, server_items  # noqa: E402
 
@@ -54,6 +55,8 @@ def test_items_match_the_servers_replay(spark, spool):
     assert [bytes(r.data) for r in got["legacy"]] == [b"a", b"e", b"g"]
     assert len(got["torn"]) == 9
     assert len(got["broken"]) < 25
+    with pytest.raises(JournalReplayError, match="queue 'broken': archived journal"):
+        server_items(path, "broken", now, tmp, cut=False)   # the server itself refuses it
     # reading never touches the spool: the pack is still uninstalled, nothing truncated
     assert {n: os.path.getsize(os.path.join(path, n)) for n in os.listdir(path)} == before
 
