@@ -404,6 +404,9 @@ STREAM_PIECE = 64 << 10
 
 # --------------------------------------------------------------------------- the parser
 
+BINARY_MAGIC = b"\x80"   # starts every binary request; its client would wait forever for a newline
+
+
 class MemcacheParser:
     """Feed socket bytes with `feed`, take commands with `next` until it returns None.
 
@@ -464,6 +467,9 @@ class MemcacheParser:
         while True:
             state = self._state
             if state == _LINE:
+                if not self._scan and buf[:1] == BINARY_MAGIC:
+                    return self._stop(ProtocolError(client_error(
+                        "the memcache binary protocol is not supported; use the text protocol"), True))
                 i = buf.find(b"\n", self._scan)
                 if i < 0:
                     if len(buf) > self.max_line + 1:  # + 1: room for the CR of CRLF
