@@ -442,6 +442,12 @@ class MemcacheParser:
         """True once a closing error, `quit` or `shutdown` was yielded."""
         return self._state == _STOPPED
 
+    def unparsed(self) -> bytes | None:
+        """The bytes fed and not parsed yet, when a fresh parser fed them would continue exactly
+        where this one stands (between commands); None inside a command's data.  A connection
+        handed to another process carries them along."""
+        return bytes(self._buf) if self._state == _LINE else None
+
     def feed(self, data: bytes) -> None:
         state = self._state
         if state == _SKIP and not self._buf:

@@ -73,6 +73,8 @@ class ShardStorage:
     # -- timers the worker drives --------------------------------------------------------------
     def next_deadlines(self) -> list[int]:
         out = [self._next_cmdlog_sync] if self._next_cmdlog_sync is not None else []
+        if self.cleaner is not None:     # checkpoints to pack, packs the cleaner never answered
+            out.append(self._next_pack_check)
         for plog in self._logs.values():
             due = plog.next_due()
             if due is not None:
