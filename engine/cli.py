@@ -32,7 +32,9 @@ def serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--thrift-port", dest="thrift_port", help="port, or off")
     p.add_argument("--admin-port", dest="admin_port", help="port, or off")
     p.add_argument("--workers", help="shard worker processes")
-    p.add_argument("--fronts", help="protocol front processes")
+    p.add_argument("--fronts", help="dedicated protocol front processes (default 0)")
+    p.add_argument("--worker-fronts", dest="worker_fronts",
+                   help="on (default) or off: whether workers also accept and serve clients")
     p.add_argument("--log-level", dest="log_level", help="debug, info, warning, error")
     p.add_argument("--log-file", dest="log_file",
                    help="log here instead of stderr; reopened on SIGUSR1 (logrotate)")

@@ -50,6 +50,7 @@ from lanner.config_values import (
     ConfigError, key_part, parse_duration, parse_size, wire_name,
 )
 from lanner.queues.names import validate_queue_name
+from lanner.queues.placement import PARTITIONS
 
 log = logging.getLogger(__name__)
 
@@ -115,10 +116,32 @@ class ServerConfig:
     connection_limit_refuse_writes: int | None = None
     connection_limit_refuse_reads: int | None = None
     heartbeat_timeout: int | None = 30_000
-    workers: int = 2
-    fronts: int = 2
+    workers: int = field(default_factory=lambda: default_layout()[0])
+    fronts: int = field(default_factory=lambda: default_layout()[1])
+    worker_fronts: bool = True          # every worker also accepts and serves clients
     log_level: str = "info"
     log_file: str | None = None             # None: stderr; reopened on SIGUSR1 (ops/logfile.py)
+
+    def __post_init__(self) -> None:
+        if not self.fronts and not self.worker_fronts:
+            raise ConfigError("server.fronts", "0 dedicated fronts and worker_fronts = false: "
+                                               "nothing would accept clients")
+
+
+def default_layout(cpus: int | None = None) -> tuple[int, int]:
+    """(workers, dedicated fronts) for `lanner serve` without --workers/--fronts.
+
+    Measured on the 2-core VM (perf/README.md, "Layouts"): workers that serve their own
+    clients beat every layout with dedicated fronts, because a request that never crosses a
+    process pays no wakeup.  So one worker per core and no dedicated fronts, the
+    shard-per-core shape; dedicated fronts (`--fronts N`) stay available for machines where
+    connections, not queues, are the load."""
+    if cpus is None:
+        try:
+            cpus = len(os.sched_getaffinity(0))     # honours taskset and cgroup cpusets
+        except (AttributeError, OSError):
+            cpus = os.cpu_count() or 1
+    return max(1, min(cpus, PARTITIONS)), 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -215,8 +215,8 @@ def _duration(lo: int = 0, optional: bool = False) -> Checker:
 def _bool(value, key, lenient):
     if isinstance(value, bool):
         return value
-    if lenient and isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
+    if lenient and isinstance(value, str) and value.strip().lower() in ("true", "false", "on", "off"):
+        return value.strip().lower() in ("true", "on")
     raise ConfigError(key, f"expected true or false, got {value!r}")
 
 
@@ -309,7 +309,8 @@ SERVER_FIELDS: dict[str, Checker] = {
     "connection_limit_refuse_reads": _optional(_int(0)),
     "heartbeat_timeout": _duration(lo=1, optional=True),
     "workers": _int(1, PARTITIONS),
-    "fronts": _int(1, 1024),
+    "fronts": _int(0, 1024),
+    "worker_fronts": _bool,
     "log_level": _choice("debug", "info", "warning", "error"),
     "log_file": _optional(_path),
 }

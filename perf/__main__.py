@@ -28,8 +28,8 @@ def add_common(p: argparse.ArgumentParser, default_port: int) -> None:
                    help="kestrel: a queue server (payloads are checked); memcached: a plain cache")
     g.add_argument("--start", choices=("lanner", "memcached"),
                    help="start this server on free ports for the run, and stop it afterwards")
-    g.add_argument("--workers", type=int, default=1, help="with --start lanner: shard workers (default 1)")
-    g.add_argument("--fronts", type=int, default=1, help="with --start lanner: protocol fronts (default 1)")
+    g.add_argument("--workers", type=int, help="with --start lanner: shard workers (default: lanner serve's)")
+    g.add_argument("--fronts", type=int, help="with --start lanner: dedicated fronts (default: lanner serve's)")
     g.add_argument("--lanner-config", metavar="FILE", help="with --start lanner: TOML config file")
     g.add_argument("--lanner-arg", action="append", default=[], metavar="ARG",
                    help="with --start lanner: extra `lanner serve` argument (repeatable)")

@@ -29,8 +29,8 @@ def add_parser(sub) -> None:
     p.add_argument("--a-kind", choices=("kestrel", "memcached"), help="kind of a HOST:PORT server A")
     p.add_argument("--b-kind", choices=("kestrel", "memcached"), help="kind of a HOST:PORT server B")
     p.add_argument("--rounds", type=int, default=2, help="A B rounds (default 2)")
-    p.add_argument("--workers", type=int, default=1, help="lanner: shard workers (default 1)")
-    p.add_argument("--fronts", type=int, default=1, help="lanner: protocol fronts (default 1)")
+    p.add_argument("--workers", type=int, help="lanner: shard workers (default: lanner serve's)")
+    p.add_argument("--fronts", type=int, help="lanner: dedicated fronts (default: lanner serve's)")
     p.add_argument("--lanner-config", metavar="FILE", help="lanner: TOML config file")
     p.add_argument("--lanner-arg", action="append", default=[], metavar="ARG", help="lanner: extra serve argument")
     p.add_argument("--procs", type=int, default=1, help="load-generator processes (default 1)")
@@ -85,8 +85,10 @@ def combine(args, mod, primary: str, targets, runs: list[list[Report]]) -> Repor
                              ("a_p99_us", "A p99 µs", "{:,.0f}"), ("b_p99_us", "B p99 µs", "{:,.0f}"),
                              ("a_client_us_op", "A client µs/op", "{:.1f}"),
                              ("a_server_us_op", "A server µs/op", "{:.1f}"),
+                             ("a_server_us_op_by_role", "A by role", "{:.1f}"),
                              ("b_client_us_op", "B client µs/op", "{:.1f}"),
-                             ("b_server_us_op", "B server µs/op", "{:.1f}")])
+                             ("b_server_us_op", "B server µs/op", "{:.1f}"),
+                             ("server_ratio", "A/B server µs/op", "{:.1f}")])
     for row in runs[0][0].rows:
         label = row["label"]
         a_rows = [r for rep in runs[0] for r in rep.rows if r["label"] == label]
@@ -98,7 +100,10 @@ def combine(args, mod, primary: str, targets, runs: list[list[Report]]) -> Repor
         for side, rows in (("a", a_rows), ("b", b_rows)):
             for key in ("p50_us", "p99_us", "client_us_op", "server_us_op"):
                 out[f"{side}_{key}"] = _median(rows, key)
+            out[f"{side}_server_us_op_by_role"] = _median_roles(rows)
             out[f"{side}_rounds"] = [r.get(primary) for r in rows]
+        out["server_ratio"] = (round(out["a_server_us_op"] / out["b_server_us_op"], 2)
+                               if out["a_server_us_op"] and out["b_server_us_op"] else None)
         report.rows.append(out)
     for side, reps in (("A", runs[0]), ("B", runs[1])):
         failed = [f"round {n}: {name}: {c.detail}" for n, rep in enumerate(reps, 1)
@@ -123,3 +128,12 @@ def combine(args, mod, primary: str, targets, runs: list[list[Report]]) -> Repor
 def _median(rows: list[dict], key: str):
     values = [r[key] for r in rows if r.get(key) is not None]
     return round(statistics.median(values), 2) if values else None
+
+
+def _median_roles(rows: list[dict]) -> dict | None:
+    """Median server µs/op per process role over rounds."""
+    per = [r["server_us_op_by_role"] for r in rows if r.get("server_us_op_by_role")]
+    if not per:
+        return None
+    roles = sorted({k for d in per for k in d})
+    return {k: round(statistics.median([d.get(k, 0.0) for d in per]), 2) for k in roles}

@@ -36,13 +36,16 @@ class Context:
             bar.refresh()
 
         tree = self.target.tree
-        cpu0 = tree.cpu_seconds() if tree else None
+        roles0 = tree.cpu_by_role() if tree else None
         try:
             res = loadgen.run(load, progress=on_progress)
         finally:
             bar.close()
-        server_cpu = tree.cpu_seconds() - cpu0 if tree else None
-        return row_from(res, server_cpu), res
+        roles = None
+        if tree:
+            roles1 = tree.cpu_by_role()
+            roles = {r: s - roles0.get(r, 0.0) for r, s in roles1.items()}
+        return row_from(res, roles), res
 
     def require_queues(self, scenario: str) -> None:
         if not self.target.queues:
@@ -72,9 +75,11 @@ class Context:
         return {k[len(prefix):]: v for k, v in stats.items() if k.startswith(prefix)}
 
 
-def row_from(res: loadgen.Result, server_cpu_s: float | None) -> dict:
+def row_from(res: loadgen.Result, server_roles: dict[str, float] | None) -> dict:
+    """`server_roles`: the server's CPU seconds during the run per process role (or None)."""
     lat = res["latency_us"]
     ops = res["ops"]
+    server_cpu_s = sum(server_roles.values()) if server_roles is not None else None
     return {
         "ops": ops, "elapsed_s": round(res["elapsed_s"], 4), "ops_s": round(res["ops_per_s"], 1),
         "items_s": round(res["items_per_s"], 1),
@@ -83,6 +88,8 @@ def row_from(res: loadgen.Result, server_cpu_s: float | None) -> dict:
         "set_p99_us": res["set_latency_us"]["p99"], "get_p99_us": res["get_latency_us"]["p99"],
         "client_us_op": round(res["cpu_us_per_op"], 2),
         "server_us_op": round(server_cpu_s * 1e6 / ops, 2) if server_cpu_s is not None and ops else None,
+        "server_us_op_by_role": ({r: round(s * 1e6 / ops, 2) for r, s in sorted(server_roles.items()) if s > 0}
+                                 if server_roles is not None and ops else None),
         "client_cpu_s": round(res["cpu_user_s"] + res["cpu_sys_s"], 4),
         "server_cpu_s": round(server_cpu_s, 4) if server_cpu_s is not None else None,
         "conns": res["conns"], "depth": res["depth"], "value_size": res["value_size"],

@@ -20,7 +20,8 @@ import psutil
 # Columns most scenarios print: (row key, header, format).
 RATE_COLUMNS = [("ops_s", "ops/s", "{:,.0f}"), ("p50_us", "p50 µs", "{:,.0f}"), ("p99_us", "p99 µs", "{:,.0f}"),
                 ("p999_us", "p99.9 µs", "{:,.0f}"), ("client_us_op", "client µs/op", "{:.1f}"),
-                ("server_us_op", "server µs/op", "{:.1f}")]
+                ("server_us_op", "server µs/op", "{:.1f}"),
+                ("server_us_op_by_role", "by role (w/f/c/s)", "{:.1f}")]
 
 
 @dataclass(slots=True)
@@ -93,6 +94,8 @@ def format_table(columns: list[tuple], rows: list[dict]) -> str:
 def _fmt(fmt: str, value) -> str:
     if value is None:
         return "-"
+    if isinstance(value, dict):      # per role: "w 12.3 f 8.1" (first letter of the role)
+        return " ".join(f"{k[0]} {fmt.format(v)}" for k, v in value.items())
     try:
         return fmt.format(value)
     except (ValueError, TypeError):

@@ -50,6 +50,7 @@ class ProcTree:
     root_pid: int
     _procs: dict = field(default_factory=dict)
     _last_cpu: dict = field(default_factory=dict)
+    _roles: dict = field(default_factory=dict)
 
     def processes(self) -> list[psutil.Process]:
         try:
@@ -69,9 +70,21 @@ class ProcTree:
             try:
                 t = p.cpu_times()
                 self._last_cpu[p.pid] = t.user + t.system
+                if p.pid not in self._roles:
+                    self._roles[p.pid] = role_of(p, self.root_pid)
             except psutil.NoSuchProcess:
                 pass
         return sum(self._last_cpu.values())
+
+    def cpu_by_role(self) -> dict[str, float]:
+        """`cpu_seconds()` split by process role (worker, front, cleaner, supervisor; one
+        process server: main), read at the same instant."""
+        self.cpu_seconds()
+        out: dict[str, float] = {}
+        for pid, s in self._last_cpu.items():
+            role = self._roles.get(pid, "other")
+            out[role] = out.get(role, 0.0) + s
+        return out
 
     def memory(self) -> dict:
         """Summed RSS, PSS and USS in bytes.  PSS splits shared pages fairly between the forks."""
@@ -86,6 +99,23 @@ class ProcTree:
             pss += getattr(m, "pss", m.rss)
             uss += getattr(m, "uss", m.rss)
         return {"rss": rss, "pss": pss, "uss": uss, "processes": len(procs)}
+
+
+def role_of(p: psutil.Process, root_pid: int) -> str:
+    """A Lanner child names itself lanner-w0 / lanner-f1 / lanner-cleaner (PR_SET_NAME)."""
+    try:
+        name = p.name()
+    except psutil.Error:
+        return "other"
+    if name.startswith("lanner-w"):
+        return "worker"
+    if name.startswith("lanner-f"):
+        return "front"
+    if name == "lanner-cleaner":
+        return "cleaner"
+    if p.pid == root_pid:
+        return "supervisor" if name.startswith("python") or "lanner" in name else "main"
+    return "other"
 
 
 @dataclass(slots=True)
@@ -155,7 +185,7 @@ def start_memcached(port: int | None = None, extra: list[str] | None = None) -> 
                   settings={"args": " ".join(args[1:])})
 
 
-def start_lanner(workers: int = 1, fronts: int = 1, config: str | None = None, thrift: bool = False,
+def start_lanner(workers: int | None = None, fronts: int | None = None, config: str | None = None, thrift: bool = False,
                  extra: list[str] | None = None, queue_path: str | None = None) -> Target:
     """`lanner serve` on free 127.0.0.1 ports with its data in a fresh temporary directory."""
     workdir = tempfile.mkdtemp(prefix="lanner-perf-")
@@ -165,7 +195,11 @@ def start_lanner(workers: int = 1, fronts: int = 1, config: str | None = None, t
             "--queue-path", queue_path or os.path.join(workdir, "queues"),
             "--status-file", os.path.join(workdir, "status"), "--listen", "127.0.0.1",
             "--memcache-port", str(mc), "--text-port", "off", "--admin-port", "off",
-            "--thrift-port", str(th) if th else "off", "--workers", str(workers), "--fronts", str(fronts)]
+            "--thrift-port", str(th) if th else "off"]
+    if workers is not None:          # None: `lanner serve`'s own default layout
+        args += ["--workers", str(workers)]
+    if fronts is not None:
+        args += ["--fronts", str(fronts)]
     if config:
         args += ["--config", os.path.abspath(config)]
     args += list(extra or [])
@@ -183,7 +217,7 @@ def start_lanner(workers: int = 1, fronts: int = 1, config: str | None = None, t
     except BaseException:
         target.stop()
         raise
-    log.info("lanner serve pid %d on 127.0.0.1:%d (workers %d, fronts %d)", proc.pid, mc, workers, fronts)
+    log.info("lanner serve pid %d on 127.0.0.1:%d (workers %s, fronts %s)", proc.pid, mc, workers, fronts)
     return target
 
 

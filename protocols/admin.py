@@ -107,7 +107,7 @@ def route(req: HttpRequest) -> bytes | str:
 
 _COUNTERS = frozenset(("total_items", "total_connections", "cmd_get", "cmd_set", "cmd_peek", "get_hits",
                        "get_misses", "bytes_read", "bytes_written", "queue_creates", "queue_deletes",
-                       "queue_expires"))
+                       "queue_expires", "routed_requests", "handoffs"))
 _GLOBAL_RENAME = {"curr_connections": "connections"}
 _GLOBAL_SKIP = frozenset(("time", "version"))
 _QUEUE_COUNTERS = frozenset(("total_items", "put_items", "transactions", "canceled_transactions",

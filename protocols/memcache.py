@@ -404,6 +404,9 @@ STREAM_PIECE = 64 << 10
 
 # --------------------------------------------------------------------------- the parser
 
+BINARY_MAGIC = b"\x80"   # starts every binary request; its client would wait forever for a newline
+
+
 class MemcacheParser:
     """Feed socket bytes with `feed`, take commands with `next` until it returns None.
 
@@ -439,6 +442,12 @@ class MemcacheParser:
         """True once a closing error, `quit` or `shutdown` was yielded."""
         return self._state == _STOPPED
 
+    def unparsed(self) -> bytes | None:
+        """The bytes fed and not parsed yet, when a fresh parser fed them would continue exactly
+        where this one stands (between commands); None inside a command's data.  A connection
+        handed to another process carries them along."""
+        return bytes(self._buf) if self._state == _LINE else None
+
     def feed(self, data: bytes) -> None:
         state = self._state
         if state == _SKIP and not self._buf:
@@ -464,6 +473,9 @@ class MemcacheParser:
         while True:
             state = self._state
             if state == _LINE:
+                if not self._scan and buf[:1] == BINARY_MAGIC:
+                    return self._stop(ProtocolError(client_error(
+                        "the memcache binary protocol is not supported; use the text protocol"), True))
                 i = buf.find(b"\n", self._scan)
                 if i < 0:
                     if len(buf) > self.max_line + 1:  # + 1: room for the CR of CRLF

@@ -287,6 +287,12 @@ class TextParser:
     def stopped(self) -> bool:
         return self._state == _STOPPED
 
+    def unparsed(self) -> bytes | None:
+        """The bytes fed and not parsed yet, when a fresh parser fed them would continue exactly
+        where this one stands (between commands); None inside a command's data.  A connection
+        handed to another process carries them along."""
+        return bytes(self._buf) if self._state == _LINE else None
+
     def feed(self, data: bytes) -> None:
         if self._state != _STOPPED:
             self._buf += data

@@ -54,10 +54,18 @@ class ServerHandle:
         return self.proc.returncode
 
 
-def start_server(tmp_path, *extra: str, workers: int = 1, fronts: int = 1, config: str | None = None,
+# (workers, dedicated fronts, worker_fronts) of every process layout `lanner serve` offers
+LAYOUTS = {"embedded": (2, 0, True), "dedicated": (2, 2, False), "both": (2, 2, True)}
+
+
+def start_server(tmp_path, *extra: str, workers: int = 1, fronts: int = 0, config: str | None = None,
                  thrift: bool = False, admin: bool = False, queue_path: str | None = None,
-                 env: dict | None = None, cwd: str | None = None) -> ServerHandle:
-    """Start `lanner serve` and wait for its ready line.  Ports not asked for are turned off."""
+                 env: dict | None = None, cwd: str | None = None, worker_fronts: bool = True,
+                 layout: str | None = None) -> ServerHandle:
+    """Start `lanner serve` and wait for its ready line.  Ports not asked for are turned off.
+    `layout` (a LAYOUTS key) overrides workers, fronts and worker_fronts."""
+    if layout is not None:
+        workers, fronts, worker_fronts = LAYOUTS[layout]
     qp = queue_path or os.path.join(str(tmp_path), "queues")
     status_file = os.path.join(str(tmp_path), "status", "status")
     mc, tx = free_port(), free_port()
@@ -67,7 +75,8 @@ def start_server(tmp_path, *extra: str, workers: int = 1, fronts: int = 1, confi
             "--queue-path", qp, "--status-file", status_file, "--listen", "127.0.0.1",
             "--memcache-port", str(mc), "--text-port", str(tx),
             "--thrift-port", str(th) if th else "off", "--admin-port", str(ad) if ad else "off",
-            "--workers", str(workers), "--fronts", str(fronts)]
+            "--workers", str(workers), "--fronts", str(fronts),
+            "--worker-fronts", "on" if worker_fronts else "off"]
     if config:
         path = os.path.join(str(tmp_path), "lanner.toml")
         with open(path, "w") as f:

@@ -10,15 +10,17 @@ import psutil
 from lanner import __version__
 from lanner.ops import latency
 
-# the first seven, then the latency histogram columns (ops/latency.py)
+# the first nine, then the latency histogram columns (ops/latency.py); routed_requests: requests
+# a worker's own front sent over a ring to another worker, handoffs: connections a worker
+# adopted from another worker's front (server/local.py)
 FRONT_COUNTERS = ("curr_connections", "total_connections", "bytes_read", "bytes_written",
-                  "cmd_get", "cmd_set", "cmd_peek") + latency.COUNTERS
-C_CURR, C_TOTAL, C_READ, C_WRITTEN, C_GET, C_SET, C_PEEK = range(7)
+                  "cmd_get", "cmd_set", "cmd_peek", "routed_requests", "handoffs") + latency.COUNTERS
+C_CURR, C_TOTAL, C_READ, C_WRITTEN, C_GET, C_SET, C_PEEK, C_ROUTED, C_HANDOFFS = range(9)
 
 GLOBAL_STAT_ORDER = ("uptime", "time", "version", "curr_items", "total_items", "bytes",
                      "reserved_memory_ratio", "curr_connections", "total_connections", "cmd_get",
                      "cmd_set", "cmd_peek", "get_hits", "get_misses", "bytes_read", "bytes_written",
-                     "queue_creates", "queue_deletes", "queue_expires")
+                     "queue_creates", "queue_deletes", "queue_expires", "routed_requests", "handoffs")
 
 
 def global_stats(counters, started_at: float, now: float,
@@ -48,5 +50,7 @@ def global_stats(counters, started_at: float, now: float,
         "queue_creates": wsum("queue_creates"),
         "queue_deletes": wsum("queue_deletes"),
         "queue_expires": wsum("queue_expires"),
+        "routed_requests": counters.total(C_ROUTED),
+        "handoffs": counters.total(C_HANDOFFS),
     }
     return [(k, str(vals[k])) for k in GLOBAL_STAT_ORDER]

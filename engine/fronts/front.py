@@ -73,6 +73,9 @@ class Front:
         self.ring_waiters: set[Conn] = set()     # connections waiting for room in a request ring
         self.congested = False                   # some request ring holds over BACKLOG_LIMIT
         self.asm = [Reassembler() for _ in resp_rings]
+        # (worker, ring) of the rings that exist: a worker's own front has none to that worker
+        self.live_req = [(w, r) for w, r in enumerate(req_rings) if r is not None]
+        self.live_resp = [(w, r) for w, r in enumerate(resp_rings) if r is not None]
         self.valid_names: set[str] = set()     # names already checked (cleared on reload)
         self.owners: dict[str, int] = {}       # queue -> worker, a cache of placement
 
@@ -102,7 +105,8 @@ class Front:
         no overflow.  If one does, `conn` is pumped again when the workers make room: a streamed
         body waits for its worker instead of piling up in this process."""
         for w, _ in targets:
-            if self.req_rings[w].backlog:
+            r = self.req_rings[w]
+            if r is not None and r.backlog:
                 self.ring_waiters.add(conn)
                 return False
         return True
@@ -127,7 +131,7 @@ class Front:
             self.loop.call_soon(self.wake_ring_waiters)
 
     def update_congestion(self) -> None:
-        self.congested = any(r.backlog > BACKLOG_LIMIT for r in self.req_rings)
+        self.congested = any(r.backlog > BACKLOG_LIMIT for _, r in self.live_req)
 
     def wake_ring_waiters(self) -> None:
         if self.ring_waiters:
@@ -140,35 +144,42 @@ class Front:
             os.eventfd_read(self.wake_fd)
         except BlockingIOError:
             pass
-        for w, ring in enumerate(self.req_rings):
+        self.push_overflow()
+        while True:
+            self.drain_responses()
+            if prepare_sleep_all(r for _, r in self.live_resp):
+                break
+        self.flush_writes()
+
+    def push_overflow(self) -> None:
+        for _, ring in self.live_req:
             if ring.backlog:             # space freed in a full ring: push the overflow on
                 ring.publish()
         self.update_congestion()
         self.wake_ring_waiters()
+
+    def drain_responses(self) -> None:
+        """Hand every published response to its connection (the rings stay unflagged)."""
         conns = self.conns
-        while True:
-            for w, ring in enumerate(self.resp_rings):
-                ring.clear_sleep()
-                if w in self.down_workers:
-                    continue
-                asm = self.asm[w]
-                while True:
-                    batch = ring.read_batch()
-                    if not batch:
-                        break
-                    for rec in batch:
-                        msg = asm.feed(rec)
-                        if msg is None:
-                            continue
-                        conn_id, req, status, flags, _, value = unpack_resp(msg, 0)
-                        c = conns.get(conn_id)
-                        if c is not None:
-                            c.on_response(req, status, flags, value, msg[RESP_SIZE:])
-                    del batch
-                    ring.release()
-            if prepare_sleep_all(self.resp_rings):
-                break
-        self.flush_writes()
+        for w, ring in self.live_resp:
+            ring.clear_sleep()
+            if w in self.down_workers:
+                continue
+            asm = self.asm[w]
+            while True:
+                batch = ring.read_batch()
+                if not batch:
+                    break
+                for rec in batch:
+                    msg = asm.feed(rec)
+                    if msg is None:
+                        continue
+                    conn_id, req, status, flags, _, value = unpack_resp(msg, 0)
+                    c = conns.get(conn_id)
+                    if c is not None:
+                        c.on_response(req, status, flags, value, msg[RESP_SIZE:])
+                del batch
+                ring.release()
 
     def flush_writes(self) -> None:
         if self.write_pending:
@@ -181,17 +192,8 @@ class Front:
         for msg in self.ctl_reader.read():
             cmd = msg.get("cmd")
             if cmd == "peer_down":
-                w = msg["peer"]
-                self.down_workers.add(w)
-                self.req_rings[w].drop_backlog()   # its parts fail below: never deliver them later
-                ring = self.resp_rings[w]
-                ring.resync_consumer(discard=True)
-                ring.prepare_sleep()       # resync cleared our flag: the new worker must signal us
-                self.asm[w].reset()
-                for c in list(self.conns.values()):
-                    c.worker_down(w)
-                self.flush_writes()
-                control.send(self.control, {"cmd": "ack_down", "peer": w, "front": self.index})
+                self.worker_down(msg["peer"])
+                control.send(self.control, {"cmd": "ack_down", "peer": msg["peer"], "front": self.index})
             elif cmd == "peer_up":
                 self.down_workers.discard(msg["peer"])
                 self.on_wake()
@@ -202,6 +204,18 @@ class Front:
         if self.ctl_reader.eof and not self.stopping:
             log.warning("front %d: supervisor gone, exiting", self.index)
             self.begin_stop()
+
+    def worker_down(self, w: int) -> None:
+        """Worker `w` died: what it left unread is void, its requests in flight fail."""
+        self.down_workers.add(w)
+        self.req_rings[w].drop_backlog()   # its parts fail below: never deliver them later
+        ring = self.resp_rings[w]
+        ring.resync_consumer(discard=True)
+        ring.prepare_sleep()       # resync cleared our flag: the new worker must signal us
+        self.asm[w].reset()
+        for c in list(self.conns.values()):
+            c.worker_down(w)
+        self.flush_writes()
 
     def reload_local(self) -> str | None:
         """Re-read the config file; on failure keep the old config and return why (the key and
@@ -240,6 +254,26 @@ class Front:
                             worker_globals)
 
 
+async def serve_listeners(front: Front) -> None:
+    """Accept on the front's listeners and close connections idle for longer than
+    client_timeout (a front process, or a worker serving its own clients: local.py)."""
+    loop = front.loop
+    for kind, sock in front.listeners.items():
+        cls = CONN_CLASSES[kind]
+        srv = await loop.create_server(lambda cls=cls: cls(front), sock=sock, backlog=1024)
+        front.servers.append(srv)
+    timeout = front.config.server.client_timeout
+    if timeout:
+        def sweep():
+            limit = loop.time() - timeout / 1000.0
+            for c in list(front.conns.values()):
+                if c.last_activity < limit and c.transport is not None:
+                    c.transport.close()
+            if not front.stopping:
+                loop.call_later(max(timeout / 4000.0, 0.05), sweep)
+        loop.call_later(max(timeout / 4000.0, 0.05), sweep)
+
+
 def front_main(index, config, status, counters, req_rings, resp_rings, wake_fd, control_sock,
                listeners, started_at, clock, heart=None) -> int:
     """Entry point in the forked child."""
@@ -255,22 +289,7 @@ def front_main(index, config, status, counters, req_rings, resp_rings, wake_fd, 
     loop.add_reader(wake_fd, front.on_wake)
     loop.add_reader(control_sock.fileno(), front.on_control)
 
-    async def start():
-        for kind, sock in listeners.items():
-            cls = CONN_CLASSES[kind]
-            srv = await loop.create_server(lambda cls=cls: cls(front), sock=sock, backlog=1024)
-            front.servers.append(srv)
-    loop.run_until_complete(start())
-    timeout = config.server.client_timeout
-    if timeout:
-        def sweep():
-            limit = loop.time() - timeout / 1000.0
-            for c in list(front.conns.values()):
-                if c.last_activity < limit and c.transport is not None:
-                    c.transport.close()
-            if not front.stopping:
-                loop.call_later(max(timeout / 4000.0, 0.05), sweep)
-        loop.call_later(max(timeout / 4000.0, 0.05), sweep)
+    loop.run_until_complete(serve_listeners(front))
     if heart is not None:
         def beat():      # the supervisor kills a front whose loop stops turning (heartbeat.py)
             heart.beat(clock.monotonic())

@@ -2,9 +2,11 @@
 
 The one place that knows the numbering (issue 12: "peer numbering in one place"):
 
-* a worker indexes its inbound/outbound ring lists by peer: fronts 0..F-1, then
-  workers F..F+W-1 (its own slot holds None);
-* a front indexes its request/response rings by worker 0..W-1;
+* front slots: the F dedicated fronts 0..F-1, then, when workers serve clients
+  (`embedded`, server/local.py), worker w's own front at F+w; S = F (+ W) slots;
+* a worker indexes its inbound/outbound ring lists by peer: front slots 0..S-1, then
+  workers S..S+W-1 (its own worker slot and its own front slot hold None);
+* a front indexes its request/response rings by worker 0..W-1 (None: its own worker);
 * control messages (`peer_down`, `peer_up`) name a peer the way the receiver numbers it;
 * every child has one heartbeat slot: the cleaner 0, workers 1..W, fronts W+1..W+F.
 
@@ -32,20 +34,35 @@ FRONT = "front"
 
 @dataclass(frozen=True, slots=True)
 class Peers:
-    """The numbering of W workers and F fronts."""
+    """The numbering of W workers and F dedicated fronts (and, `embedded`, the front each
+    worker runs for its own clients)."""
     workers: int
     fronts: int
+    embedded: bool = False
+
+    @property
+    def slots(self) -> int:
+        """Front slots: every front, dedicated or inside a worker."""
+        return self.fronts + (self.workers if self.embedded else 0)
 
     def of_front(self, f: int) -> int:
         """A front's number in a worker's ring lists."""
         return f
 
-    def of_worker(self, w: int) -> int:
-        """A worker's number in another worker's ring lists."""
+    def of_embedded(self, w: int) -> int:
+        """The front slot of worker `w`'s own front."""
         return self.fronts + w
 
+    def own(self, slot: int, w: int) -> bool:
+        """Whether front slot `slot` is worker `w`'s own front (no ring joins them)."""
+        return self.embedded and slot == self.fronts + w
+
+    def of_worker(self, w: int) -> int:
+        """A worker's number in another worker's ring lists."""
+        return self.slots + w
+
     def is_front(self, peer: int) -> bool:
-        return peer < self.fronts
+        return peer < self.slots
 
     def as_seen_by(self, listener_kind: str, kind: str, index: int) -> int:
         """How a `listener_kind` process numbers the child (`kind`, `index`) in control messages."""
@@ -57,7 +74,7 @@ class Peers:
         """The child (kind, index) that a `listener_kind` process calls `peer`."""
         if listener_kind == FRONT:
             return (WORKER, peer)
-        return (FRONT, peer) if self.is_front(peer) else (WORKER, peer - self.fronts)
+        return (FRONT, peer) if self.is_front(peer) else (WORKER, peer - self.slots)
 
     def talk(self, kind: str) -> tuple[str, ...]:
         """The kinds of process a `kind` exchanges ring traffic with."""
@@ -83,13 +100,18 @@ class Mesh:
 
     def __init__(self, peers: Peers, capacity: int = RING_CAPACITY,
                  fwd_capacity: int = FWD_RING_CAPACITY) -> None:
-        W, F = peers.workers, peers.fronts
+        W, F = peers.workers, peers.slots
         self.peers = peers
         self.worker_wake = [WakeFd.create() for _ in range(W)]
-        self.front_wake = [WakeFd.create() for _ in range(F)]
-        self.req = [[Ring.create(capacity, wake_fd=self.worker_wake[w], space_fd=self.front_wake[f],
+        # a worker's own front shares its worker's eventfd: one process, one wakeup
+        self.front_wake = [WakeFd.create() for _ in range(peers.fronts)] + \
+            (self.worker_wake if peers.embedded else [])
+        own = peers.own
+        self.req = [[None if own(f, w) else
+                     Ring.create(capacity, wake_fd=self.worker_wake[w], space_fd=self.front_wake[f],
                                  name=f"f{f}->w{w}") for w in range(W)] for f in range(F)]
-        self.resp = [[Ring.create(capacity, wake_fd=self.front_wake[f], space_fd=self.worker_wake[w],
+        self.resp = [[None if own(f, w) else
+                      Ring.create(capacity, wake_fd=self.front_wake[f], space_fd=self.worker_wake[w],
                                   name=f"w{w}->f{f}") for f in range(F)] for w in range(W)]
         self.fwd = [[None if a == b else
                      Ring.create(fwd_capacity, wake_fd=self.worker_wake[b], space_fd=self.worker_wake[a],
@@ -97,11 +119,15 @@ class Mesh:
 
     def inbound_of(self, kind: str, index: int) -> list[Ring]:
         """Every ring the process (`kind`, `index`) consumes."""
+        p = self.peers
         if kind == WORKER:
-            return [self.req[f][index] for f in range(self.peers.fronts)] + \
-                   [self.fwd[a][index] for a in range(self.peers.workers) if a != index]
+            rings = [self.req[f][index] for f in range(p.slots)] + \
+                [self.fwd[a][index] for a in range(p.workers)]
+            if p.embedded:          # its own front's responses
+                rings += [self.resp[w][p.of_embedded(index)] for w in range(p.workers)]
+            return [r for r in rings if r is not None]
         if kind == FRONT:
-            return [self.resp[w][index] for w in range(self.peers.workers)]
+            return [self.resp[w][index] for w in range(p.workers)]
         return []
 
     def discard_unread(self, kind: str, index: int) -> None:
@@ -115,7 +141,7 @@ class Mesh:
     def worker_rings(self, w: int) -> tuple[list[Ring | None], list[Ring | None]]:
         """(inbound, outbound) of worker `w`, indexed by peer number, adopted by a new
         process at the shared positions (`discard_unread` ran before the fork)."""
-        F, W = self.peers.fronts, self.peers.workers
+        F, W = self.peers.slots, self.peers.workers
         inbound = [self.req[f][w] for f in range(F)] + [self.fwd[a][w] for a in range(W)]
         outbound = [self.resp[w][f] for f in range(F)] + [self.fwd[w][b] for b in range(W)]
         for r in inbound:
@@ -126,14 +152,17 @@ class Mesh:
                 r.resync_producer()
         return inbound, outbound
 
-    def front_rings(self, f: int) -> tuple[list[Ring], list[Ring]]:
-        """(requests, responses) of front `f`, indexed by worker, adopted likewise."""
+    def front_rings(self, f: int) -> tuple[list[Ring | None], list[Ring | None]]:
+        """(requests, responses) of front slot `f`, indexed by worker, adopted likewise
+        (a worker's own front: None for that worker)."""
         req = self.req[f]
         resp = [self.resp[w][f] for w in range(self.peers.workers)]
         for r in req:
-            r.resync_producer()
+            if r is not None:
+                r.resync_producer()
         for r in resp:
-            r.resync_consumer(discard=False)
+            if r is not None:
+                r.resync_consumer(discard=False)
         return req, resp
 
 

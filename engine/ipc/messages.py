@@ -47,6 +47,9 @@ OP_TABORT = 19
 OP_TPEEK = 20         # R_DATA = msgpack [head or None, items, bytes, logsize, age, waiters, open]
 OP_SET_DATA = 21      # payload = the next piece of a streamed set body (see bodies.py); the
                       # reply to the set comes after the last piece
+OP_HANDOFF = 22       # worker to worker: adopt this connection (local.py); flags = connection kind,
+                      # a = handoff seq (its fd travels on the handoff channel), payload = unparsed
+                      # input; R_OK adopted, R_ERROR declined (the sender keeps it)
 
 # -- request flags ---------------------------------------------------------------------------
 F_OPEN = 1

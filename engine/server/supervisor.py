@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from lanner.clock import SYSTEM_CLOCK
 from lanner.config import ConfigError, reload_config
 from lanner.fronts.front import FRONT_COUNTERS, front_main
-from lanner.ipc import control
+from lanner.ipc import control, handoff
 from lanner.ipc.mesh import CLEANER, FRONT, WORKER, Mesh, Peers
 
 ZK = "zk"                    # the ZooKeeper server-set child (ops/serverset.py): no rings, no heartbeat
@@ -117,7 +117,8 @@ class Supervisor:
         self.config = config
         self.clock = clock
         srv = config.server
-        self.peers = Peers(srv.workers, srv.fronts)
+        # front slots: the dedicated fronts, then each serving worker's own (mesh.Peers)
+        self.peers = Peers(srv.workers, srv.fronts, srv.worker_fronts)
         self.nworkers = srv.workers
         self.nfronts = srv.fronts
         self.children: dict[tuple[str, int], Child] = {}
@@ -158,16 +159,19 @@ class Supervisor:
         self.status_mem = mmap.mmap(-1, ServerStatus.SIZE, flags=mmap.MAP_SHARED)
         self.status = ServerStatus.create(self.status_mem, srv.status_file, srv.default_status,
                                           self.clock, srv.status_change_grace_period)
-        self.counters = CounterBlock.create(self.nfronts, FRONT_COUNTERS)
+        self.counters = CounterBlock.create(self.peers.slots, FRONT_COUNTERS)
         self.heartbeats = Heartbeats(self.peers.heartbeat_slots, srv.heartbeat_timeout)
         self.thrift_ids = SharedCounter.create("lanner-thrift-ids")
         self.mesh = Mesh(self.peers)
         self.cleaner_socks = [socket.socketpair() for _ in range(self.nworkers)]
+        # serving workers hand connections to each other (ipc/handoff.py)
+        self.handoff = handoff.channels(self.nworkers) if self.peers.embedded and self.nworkers > 1 \
+            else None
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
 
     def bind(self, kind: str, host: str, port: int) -> list[socket.socket]:
-        """One SO_REUSEPORT socket per front, so the kernel spreads connections evenly and a
-        restarted front finds its backlog waiting.  A probe bind without SO_REUSEPORT first
+        """One SO_REUSEPORT socket per front slot, so the kernel spreads connections evenly and a
+        restarted front or worker finds its backlog waiting.  A probe bind without SO_REUSEPORT first
         makes a port held by anyone, another Lanner included, a start-up error."""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         probe = socket.socket(family)
@@ -179,7 +183,7 @@ class Supervisor:
         finally:
             probe.close()
         socks = []
-        for _ in range(self.nfronts):
+        for _ in range(self.peers.slots):
             s = socket.socket(family)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
@@ -265,15 +269,23 @@ class Supervisor:
         gc.set_threshold(50_000, 20, 20)
         for socks in self.listeners.values():
             for i, s in enumerate(socks):
-                if kind != FRONT or i != index:
+                if i != self.listener_slot(kind, index):
                     s.close()
         slot = self.peers.heartbeat_slot(kind, index)
         heart = self.heartbeats.heart(slot) if slot is not None else None
         if kind == WORKER:
             inbound, outbound = self.mesh.worker_rings(index)
+            front = None
+            if self.peers.embedded:
+                slot = self.peers.of_embedded(index)
+                req, resp = self.mesh.front_rings(slot)
+                self.counters.slot(slot).set(0, 0)    # curr_connections of a dead worker's clients
+                mine = {k: socks[slot] for k, socks in self.listeners.items()}
+                front = (slot, req, resp, self.mesh.front_wake[slot].fd, mine, self.counters,
+                         self.started_at, self.handoff)
             return worker_main(index, self.peers, self.config, self.status_view(), inbound, outbound,
                                self.mesh.worker_wake[index].fd, sock, self.cleaner_socks[index][0],
-                               heart=heart, ids=IdBlocks(self.thrift_ids))
+                               heart=heart, ids=IdBlocks(self.thrift_ids), front=front)
         if kind == FRONT:
             req, resp = self.mesh.front_rings(index)
             self.counters.slot(index).set(0, 0)    # curr_connections of a dead front
@@ -286,6 +298,15 @@ class Supervisor:
             from lanner.ops.serverset import serverset_main
             return serverset_main(self.config, self.status_view(), self.ports, sock)
         return cleaner_main(self.config, [p[1] for p in self.cleaner_socks], sock, heart=heart)
+
+    def listener_slot(self, kind: str, index: int) -> int | None:
+        """Which of the listening sockets a child serves: a front its own, a worker that
+        serves clients its front slot's; None for the others."""
+        if kind == FRONT:
+            return index
+        if kind == WORKER and self.peers.embedded:
+            return self.peers.of_embedded(index)
+        return None
 
     def status_view(self) -> ServerStatus:
         srv = self.config.server
@@ -404,8 +425,8 @@ class Supervisor:
             down = self.children.get(self.peers.named_by(child.kind, msg["peer"]))
             if down is not None:
                 down.awaiting_acks.discard(child.key)
-        elif cmd == "reload_all":
-            self.reload(exclude=(FRONT, child.index))
+        elif cmd == "reload_all":        # from a front, or from a worker's own front
+            self.reload(exclude=child.key)
 
     # -- peers -----------------------------------------------------------------------------------
     def tell(self, target: Child, what: str, about: Child) -> None:

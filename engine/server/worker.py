@@ -1,25 +1,28 @@
-"""A shard worker: one plain event loop that owns a shard of the queues.
+"""A shard worker: one event loop (uvloop, shardloop.py) that owns a shard of the queues.
 
 The worker owns every queue whose partition maps to it (placement.py), with
 their journals and command-log segments, the per-connection open reads of
-every client that touched them (keyed by (front, connection)), and the waiters
-of blocking gets and monitors, so fairness is FIFO per queue across all fronts.
+every client that touched them (keyed by (front slot, connection)), and the
+waiters of blocking gets and monitors, so fairness is FIFO per queue across all
+fronts.  With worker_fronts (the default) it also serves clients itself
+(local.py): requests for its own queues run inline, the rest go over the rings.
 
-Loop, one iteration:
-  1. drain every inbound ring (one per front, one per other worker) and run
-     each request against the QueueCollection, collecting replies;
-  2. retry the waiters that adds and aborts woke;
-  3. hand every dirty journal/segment's buffered records to the OS in one
-     write each (so an acknowledged item survives `kill -9` of this process);
-  4. replies that depend on an fsync (sync "always") are held while a helper
+A turn (shardloop.py):
+  1. requests arrive from the worker's own clients (inline, `local_request`) and
+     from every inbound ring (one per front slot, one per other worker), and run
+     against the QueueCollection, collecting replies;
+  2. at the end of the turn: retry the waiters that adds and aborts woke; hand
+     every dirty journal/segment's buffered records to the OS in one write each
+     (so an acknowledged item survives `kill -9` of this process);
+  3. replies that depend on an fsync (sync "always") are held while a helper
      thread fsyncs all of them at once (group commit); other replies are
-     published now, one publish per ring.  A write (or such an fsync) that
-     fails is rolled back (queues/undo.py): every change whose record is lost
-     is undone and the replies of the requests that made them become
-     SERVER_ERROR, so what a client is told is what the queue holds;
-  5. fire due timers (waiter deadlines, the expiration timer, periodic sync),
-     then sleep on the wake eventfd until a producer signals or a timer is due.
-No asyncio and no busy spinning: idle, the worker blocks in epoll.
+     published now, one publish per ring, or handed to the worker's own clients.
+     A write (or such an fsync) that fails is rolled back (queues/undo.py): every
+     change whose record is lost is undone and the replies of the requests that
+     made them become SERVER_ERROR, so what a client is told is what the queue holds;
+  4. timers (waiter deadlines, the expiration timer, periodic sync) run from one
+     loop timer armed at the earliest deadline; the heart beats on its own timer.
+No busy spinning: idle, the worker blocks in epoll.
 """
 from __future__ import annotations
 
@@ -29,10 +32,8 @@ import logging
 import struct
 import os
 import select
-import selectors
 import signal
 from concurrent.futures import ThreadPoolExecutor
-import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -44,14 +45,14 @@ from lanner.errors import describe_os_error
 from lanner.ipc import control
 from lanner.ipc.bodies import Bodies
 from lanner.ipc.mesh import Peers
-from lanner.ipc.wake import clear_sleep_all, prepare_sleep_all
 from lanner.ipc.shm import IdBlocks, SharedCounter
 from lanner.queues.collection import CloseError, QueueCollection
 from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_PEEK, F_STREAM, F_THRIFT,
                        OP_ALIAS_PUT, OP_CONFIRM, OP_DELETE, OP_DISCONNECT, OP_DUMP_CONFIG, OP_FLUSH,
                        OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED, OP_FLUSH_EXPIRED, OP_FORWARD_ADD, OP_GET,
-                       OP_MONITOR, OP_PUT_MANY, OP_RELOAD, OP_SET, OP_SET_DATA, OP_STATS, OP_TABORT, OP_TCONFIRM,
-                       OP_TGET, OP_TPEEK, R_CLIENT_ERROR, R_DATA, R_EMPTY, R_END, R_ERROR,
+                       OP_MONITOR, OP_PUT_MANY, OP_RELOAD, OP_SET, OP_SET_DATA, OP_STATS, OP_TABORT,
+                       OP_TCONFIRM, OP_TGET, OP_TPEEK, OP_HANDOFF, R_CLIENT_ERROR, R_DATA, R_EMPTY, R_END,
+                       R_ERROR,
                        R_ITEM, R_NOT_STORED, R_OK, R_SERVER_ERROR, R_VALUE, REQ_SIZE, RF_CLOSE, RF_MORE,
                        Reassembler, pack_req, pack_resp, send, unpack_req, unpack_resp)
 from lanner.queues.placement import worker_of
@@ -62,10 +63,10 @@ from lanner.queues.undo import CONFIRM, OPEN, UNREMOVE
 from lanner.queues.waiters import Waiter
 from lanner.server.exits import EXIT_BOOT_ERROR, EXIT_OK, EXIT_UNSAVED
 from lanner.server.heartbeat import MAX_BEAT_INTERVAL
+from lanner.server.local import attach_front
+from lanner.server.shardloop import ShardLoop
 
 log = logging.getLogger(__name__)
-
-SPIN_S = float(os.environ.get("LANNER_WORKER_SPIN_US", "0")) / 1e6
 
 STRAND_RETRY_MS = 1000   # how often to retry aborting open reads whose abort could not be written
 
@@ -88,17 +89,27 @@ class Pending:
     items: list | None = None
 
 
-class Worker:
+class Worker(ShardLoop):
     def __init__(self, index: int, nworkers: int, config, status, inbound, outbound, wake_fd: int,
                  control_sock, cleaner_sock=None, clock=SYSTEM_CLOCK, nfronts: int = 1,
-                 heart=None, ids: IdBlocks | None = None):
+                 heart=None, ids: IdBlocks | None = None, peers: Peers | None = None):
         """inbound[src] / outbound[dst]: rings indexed by peer number (mesh.Peers; None for
         this worker's own slot).  `heart`: its heartbeat slot; `ids`: its supply of thrift
         read ids from the server-wide counter (a private counter when None)."""
         self.index = index
         self.nworkers = nworkers
         self.nfronts = nfronts
-        self.peers = Peers(nworkers, nfronts)
+        self.peers = peers or Peers(nworkers, nfronts)     # nfronts: front slots
+        self.front = None            # the LocalFront serving this worker's own clients (local.py)
+        self.local_src = -1          # its front slot
+        self.inbox = None            # sockets other workers hand over (ipc/handoff.py)
+        self.loop = None
+        self.turn_scheduled = False
+        self.stop_scheduled = False
+        self.stepping = False        # inside step(): an event ends the loop run (tests)
+        self.timer = None
+        self.timer_when = 0.0
+        self.deadlines_changed = True     # a deadline may be earlier than the armed timer
         self.config = config
         self.status = status
         self.inbound = inbound
@@ -116,8 +127,6 @@ class Worker:
         self.in_rings = [r for _, r in self.rings]
         self.outs = [r for r in outbound if r is not None]
         self.asm = {src: Reassembler() for src, _ in self.rings}
-        self.idle_since = None
-        self.sel = None
         self.sessions: dict[tuple[int, int], Session] = {}
         self.pending_by_conn: dict[tuple[int, int], set[Pending]] = defaultdict(set)
         self.down_peers: set[int] = set()
@@ -161,70 +170,7 @@ class Worker:
         if freq:
             self.next_expire_ms = self.clock.now_ms() + freq
 
-    # -- the loop --------------------------------------------------------------------------------
-    def run(self) -> int:
-        self.open_loop()
-        while not self.stopping:
-            self.step()
-        return self.shutdown()
-
-    def open_loop(self) -> None:
-        """What the loop waits on: the wake eventfd, the control and cleaner sockets, the
-        group-commit pipe."""
-        sel = self.sel = selectors.DefaultSelector()
-        sel.register(self.wake_fd, selectors.EVENT_READ, "wake")
-        sel.register(self.control.fileno(), selectors.EVENT_READ, "control")
-        sel.register(self.sync_done_r, selectors.EVENT_READ, "sync")
-        if self.cleaner is not None:
-            sel.register(self.cleaner.fileno(), selectors.EVENT_READ, "cleaner")
-
-    def step(self, wait: float | None = None) -> bool:
-        """One turn of the loop (module docstring); True when a request was handled.
-        `wait` caps how long an idle turn may block (tests step without blocking)."""
-        for r in self.outs:
-            if r.backlog:
-                r.publish()
-        busy = self.drain(self.rings)
-        self.run_timers()
-        self.finish_batch()
-        now = self.clock.monotonic()
-        if now >= self.next_beat:
-            self.beat(now)
-        if busy:
-            self.idle_since = None
-            return True
-        if SPIN_S:
-            # Under load the next request is usually microseconds away: polling for it
-            # is cheaper than the cross-core wakeup a sleep would cost the producer.
-            t = time.perf_counter()
-            if self.idle_since is None:
-                self.idle_since = t
-            if t - self.idle_since < SPIN_S:
-                return False
-        # Going to sleep: tell every producer to signal us, then re-check.
-        in_rings = self.in_rings
-        if not prepare_sleep_all(in_rings):
-            return False
-        timeout = self.next_timeout()
-        beat_in = max(0.0, self.next_beat - now)     # blocking waits still beat the heart
-        timeout = beat_in if timeout is None else min(timeout, beat_in)
-        events = self.sel.select(timeout if wait is None else min(timeout, wait))
-        clear_sleep_all(in_rings)
-        for key, _ in events:
-            what = key.data
-            if what == "wake":
-                try:
-                    os.eventfd_read(self.wake_fd)
-                except BlockingIOError:
-                    pass
-            elif what == "control":
-                self.poll_control()
-            elif what == "sync":
-                self.on_sync_done()
-            elif what == "cleaner":
-                self.poll_cleaner()
-        return False
-
+    # -- the loop: run(), open_loop(), step() and turns are in shardloop.py -----------------------
     def beat(self, now: float) -> None:
         """Stamp the heartbeat and read the control socket, busy or not: a `peer_down`
         must be acknowledged promptly even under load (the supervisor waits for it before
@@ -241,7 +187,7 @@ class Worker:
             self.on_control(msg)
         if self.ctl_reader.eof and not self.stopping:
             log.warning("worker %d: supervisor gone, exiting", self.index)
-            self.stopping = True
+            self.request_stop()
 
     def poll_cleaner(self) -> None:
         for msg in self.cleaner_reader.read():
@@ -317,6 +263,7 @@ class Worker:
         dirty = coll.dirty_storages()
         needs_sync = []
         now = self.clock.now_ms()
+        scheduled = len(coll.sync_schedule)
         for st in dirty:
             try:
                 st.flush()
@@ -326,6 +273,8 @@ class Worker:
                 continue
             if coll.sync_schedule.written(st, now):      # sync "always": replies wait for it
                 needs_sync.append(st)
+        if len(coll.sync_schedule) > scheduled:         # a periodic fsync came due later
+            self.deadlines_changed = True
         coll.undo.trim()
         if needs_sync or (self.sync_inflight and self.replies):
             self.held.extend(self.replies)
@@ -391,7 +340,11 @@ class Worker:
 
     def publish(self, replies) -> None:
         touched = set()
+        local = self.local_src
         for dst, head, payload in replies:
+            if dst == local:
+                self.front.deliver(head, payload)
+                continue
             if dst in self.down_peers:
                 continue
             send(self.outbound[dst], head, payload)
@@ -427,6 +380,7 @@ class Worker:
             self.tget_undo(p, gone)
         if coll.stranded and not self.next_strand_ms:
             self.next_strand_ms = self.clock.now_ms() + STRAND_RETRY_MS
+            self.deadlines_changed = True
         if not failed:
             return
         for dst, conn in {key[:2] for key in failed}:
@@ -454,15 +408,24 @@ class Worker:
     # -- requests --------------------------------------------------------------------------------
     def handle(self, src: int, rec) -> None:
         conn, req, op, flags, qlen, a, b = unpack_req(rec, 0)
-        if self.closed_conns and (src, conn) in self.closed_conns:
-            # This worker told the connection to close; what its front sent before learning it
-            # is void (Kestrel never ran a command after the one that closed).  Its DISCONNECT
-            # ends that; so does a thrift call, which is only ever sent after the last reply.
-            if op != OP_DISCONNECT and not flags & F_THRIFT:
-                return
-            self.closed_conns.discard((src, conn))
+        if self.closed_conns and self.void_after_close(src, conn, op, flags):
+            return
         queue = bytes(rec[REQ_SIZE:REQ_SIZE + qlen]).decode("latin-1")
-        payload = rec[REQ_SIZE + qlen:]
+        self.execute(src, conn, req, op, flags, queue, a, b, rec[REQ_SIZE + qlen:])
+
+    def void_after_close(self, src: int, conn: int, op: int, flags: int) -> bool:
+        """This worker told the connection to close; what its front sent before learning it
+        is void (Kestrel never ran a command after the one that closed).  Its DISCONNECT
+        ends that; so does a thrift call, which is only ever sent after the last reply."""
+        if (src, conn) not in self.closed_conns:
+            return False
+        if op != OP_DISCONNECT and not flags & F_THRIFT:
+            return True
+        self.closed_conns.discard((src, conn))
+        return False
+
+    def execute(self, src: int, conn: int, req: int, op: int, flags: int, queue: str, a: int, b: int,
+                payload) -> None:
         coll = self.coll
         coll.undo.ctx = (src, conn, req)    # whose reply a rolled-back change must fail
         if op == OP_SET:
@@ -550,6 +513,11 @@ class Worker:
                 if self.settle_tid(tid, abort=op == OP_TABORT):
                     n += 1
             self.reply(src, conn, req, R_VALUE, 0, n)
+        elif op == OP_HANDOFF:
+            if self.front is None:
+                self.reply(src, conn, req, R_ERROR)
+            else:
+                self.front.adopt(src, conn, req, flags, a, payload)
         elif op == OP_TPEEK:
             item = coll.peek(queue)
             st = dict(coll.queue_stats(queue) or ())
@@ -559,6 +527,19 @@ class Worker:
             self.reply(src, conn, req, R_DATA, 0, 0, msgpack.packb(info))
         else:
             self.reply(src, conn, req, R_CLIENT_ERROR, RF_CLOSE, 0, b"unknown request")
+
+    def holds(self, src: int, conn: int) -> bool:
+        """Whether anything of connection (src, conn) lives here: open reads or a waiter."""
+        key = (src, conn)
+        sess = self.sessions.get(key)
+        return bool(sess is not None and sess.all_open()) or key in self.pending_by_conn
+
+    def move_session(self, old: tuple[int, int], new: tuple[int, int]) -> None:
+        """A connection moved here (handoff): its open reads follow it to its new key."""
+        sess = self.sessions.pop(old, None)
+        if sess is not None:
+            sess.key = new
+            self.sessions[new] = sess
 
     def session(self, src: int, conn: int) -> Session:
         key = (src, conn)
@@ -646,6 +627,8 @@ class Worker:
         p.waiter = w
         self.coll.wait(w)
         self.pending_by_conn[(p.src, p.conn)].add(p)
+        if p.deadline_ms is not None:
+            self.deadlines_changed = True
 
     def unpark(self, p: Pending) -> None:
         """`p` is answered: forget it (its connection's set, its waiter)."""
@@ -746,6 +729,7 @@ class Worker:
             due = self.clock.now_ms() + p.auto_abort
             for _, tid in p.items:
                 heapq.heappush(self.taborts, (due, tid))
+            self.deadlines_changed = True
         if reply:
             self.reply(p.src, p.conn, p.req, R_DATA, 0, 0, msgpack.packb(p.items))
 
@@ -871,6 +855,9 @@ class Worker:
             log.error("worker %d: reload failed: %s", self.index, e)
             return e.brief
         self.coll.reload(self.config)
+        if self.front is not None:
+            self.front.config = self.config
+            self.front.valid_names.clear()
         log.info("worker %d: configuration reloaded", self.index)
         return None
 
@@ -878,20 +865,36 @@ class Worker:
     def on_control(self, msg) -> None:
         cmd = msg.get("cmd")
         if cmd == "peer_down":
-            self.peer_down(msg["peer"])
+            peer = msg["peer"]
+            for p in self.peer_slots(peer):
+                self.peer_down(p)
+            if self.front is not None and not self.peers.is_front(peer):
+                self.front.worker_down(peer - self.nfronts)
+            control.send(self.control, {"cmd": "ack_down", "peer": peer, "worker": self.index})
         elif cmd == "peer_up":
-            self.down_peers.discard(msg["peer"])
+            for p in self.peer_slots(msg["peer"]):
+                self.down_peers.discard(p)
+            if self.front is not None and not self.peers.is_front(msg["peer"]):
+                self.front.down_workers.discard(msg["peer"] - self.nfronts)
         elif cmd == "reload":
             self.reload()
         elif cmd == "stop":
-            self.stopping = True
+            self.request_stop()
+
+    def peer_slots(self, peer: int) -> list[int]:
+        """The peers a process that went down or came up stands for: a worker that serves
+        clients is also a front slot (its clients' open reads live here too)."""
+        if self.front is not None and not self.peers.is_front(peer):
+            return [peer, self.peers.of_embedded(peer - self.nfronts)]
+        return [peer]
 
     def peer_down(self, peer: int) -> None:
         """A front or worker died: whatever it left unread in our rings is void (a
         half-sent large message included), its connections' open reads roll back, and
-        nothing more is sent to it until its replacement shows up.  Acknowledged at once:
-        the supervisor starts the replacement only after every peer has, so everything in
-        our rings after this point comes from the replacement (ring.py, "Crashed peers")."""
+        nothing more is sent to it until its replacement shows up.  Acknowledged at once
+        (on_control): the supervisor starts the replacement only after every peer has, so
+        everything in our rings after this point comes from the replacement (ring.py,
+        "Crashed peers")."""
         self.down_peers.add(peer)
         ring = self.inbound[peer]
         if ring is not None:
@@ -901,6 +904,8 @@ class Worker:
         out = self.outbound[peer]
         if out is not None:
             out.drop_backlog()
+        if not self.peers.is_front(peer) and self.inbox is not None:
+            self.inbox.drop_from(peer - self.nfronts)    # sockets it sent and never claimed
         if self.peers.is_front(peer):
             self.closed_conns = {k for k in self.closed_conns if k[0] != peer}
             for key in [k for k in self.sessions if k[0] == peer]:
@@ -911,7 +916,6 @@ class Worker:
             self.replies = [r for r in self.replies if r[0] != peer]
             if self.sync_inflight:
                 self.sync_batch = [r for r in self.sync_batch if r[0] != peer]
-        control.send(self.control, {"cmd": "ack_down", "peer": peer, "worker": self.index})
 
     def peer_back(self, peer: int) -> None:
         """A record from a peer we marked down: its replacement is running (it may send
@@ -936,6 +940,12 @@ class Worker:
                 coll.abort_stranded()
                 self.finish_batch()
                 self.wait_for_sync()
+            if self.front is not None:
+                self.front.flush_writes()
+                self.front.flush_rings()
+                for c in list(self.front.conns.values()):
+                    if c.transport is not None:
+                        c.transport.abort()
         finally:
             try:
                 coll.close()
@@ -973,11 +983,12 @@ def _fail_requests(replies, failed: set, why: bytes, seen: set):
 
 
 def worker_main(index, peers, config, status, inbound, outbound, wake_fd, control_sock,
-                cleaner_sock, heart=None, ids=None) -> int:
-    """Entry point in the forked child."""
+                cleaner_sock, heart=None, ids=None, front=None) -> int:
+    """Entry point in the forked child.  `front`: (slot, request rings, response rings, wake fd,
+    listeners, counters, started_at, handoff channels) when this worker serves clients too."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     w = Worker(index, peers.workers, config, status, inbound, outbound, wake_fd, control_sock,
-               cleaner_sock, nfronts=peers.fronts, heart=heart, ids=ids)
+               cleaner_sock, nfronts=peers.slots, heart=heart, ids=ids, peers=peers)
     signal.signal(signal.SIGTERM, lambda *_: setattr(w, "stopping", True) or _poke(wake_fd))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)   # reload arrives as a control message
     try:
@@ -986,6 +997,8 @@ def worker_main(index, peers, config, status, inbound, outbound, wake_fd, contro
         log.error("worker %d: start-up failed: %s", index, e)
         control.send(control_sock, {"cmd": "boot_failed", "worker": index, "reason": str(e)})
         return EXIT_BOOT_ERROR
+    if front is not None:
+        attach_front(w, front, control_sock)
     control.send(control_sock, {"cmd": "ready", "worker": index})
     return w.run()
 

@@ -148,6 +148,8 @@ class StorageFactory:
     # -- timers the worker drives --------------------------------------------------------------
     def next_deadlines(self) -> list[int]:
         out = []
+        if self.cleaner is not None:     # checkpoints to pack, packs the cleaner never answered
+            out.append(self._next_pack_check)
         for plog in self._logs.values():
             due = plog.next_due()
             if due is not None:

@@ -26,6 +26,10 @@ class SyncSchedule:
     def __init__(self) -> None:
         self._due: dict[object, int] = {}        # medium -> epoch ms its periodic fsync is due
 
+    def __len__(self) -> int:
+        """Periodic fsyncs scheduled (an owner with a timer re-arms it when this grows)."""
+        return len(self._due)
+
     def written(self, medium, now_ms: int) -> bool:
         """`medium` has just been written: True if its replies must wait for an fsync."""
         policy = medium.sync_policy

@@ -40,6 +40,14 @@ def test_embedded_defaults_are_the_dataclass_defaults():
     assert dict(c.queue_overrides) == {} and dict(c.aliases) == {}
 
 
+def test_default_layout_is_one_serving_worker_per_cpu():
+    from lanner.config import default_layout
+    assert default_layout(1) == (1, 0) and default_layout(2) == (2, 0) and default_layout(16) == (16, 0)
+    assert default_layout(500) == (64, 0)          # one partition per worker at most
+    s = ServerConfig()
+    assert (s.fronts, s.worker_fronts) == (0, True) and s.workers == default_layout()[0]
+
+
 def test_defaults_match_the_contract():
     s, q, cl = ServerConfig(), QueueConfig(), CmdlogConfig()
     assert (s.listen_address, s.memcache_port, s.text_port, s.thrift_port, s.admin_port) == \
@@ -55,7 +63,9 @@ def test_defaults_match_the_contract():
 def test_sample_file_sets_every_key_to_its_default():
     c = load_config(SAMPLE)
     assert c.path == SAMPLE
-    assert (c.server, c.default, c.cmdlog) == (ServerConfig(), QueueConfig(), CmdlogConfig())
+    # the sample spells out the 2-CPU machine's default worker count (it depends on the CPUs)
+    server = dataclasses.replace(c.server, workers=ServerConfig().workers)
+    assert (server, c.default, c.cmdlog) == (ServerConfig(), QueueConfig(), CmdlogConfig())
     with open(SAMPLE, "rb") as f:
         doc = tomllib.load(f)
     for table, cls in (("server", ServerConfig), ("default", QueueConfig), ("cmdlog", CmdlogConfig)):
@@ -235,7 +245,8 @@ BAD = [
     ('[server]\ndefault_status = "sideways"', "server.default_status", "expected one of"),
     ("[server]\nworkers = 0", "server.workers", "from 1 to 64"),
     ("[server]\nworkers = 65", "server.workers", "from 1 to 64"),
-    ("[server]\nfronts = 0", "server.fronts", "from 1"),
+    ("[server]\nfronts = -1", "server.fronts", "from 0"),
+    ("[server]\nfronts = 0\nworker_fronts = false", "server.fronts", "nothing would accept clients"),
     ("[server]\nmax_open_transactions = -1", "server.max_open_transactions", "expected an integer"),
     ("[server]\nconnection_limit_refuse_reads = -1", "server.connection_limit_refuse_reads", "expected"),
     ('[server]\nlog_level = "verbose"', "server.log_level", "debug, info, warning, error"),

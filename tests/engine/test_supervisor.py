@@ -75,7 +75,7 @@ class FakeSupervisor(Supervisor):
 def sup(tmp_path):
     cfg = tmp_path / "lanner.toml"
     cfg.write_text('[server]\nheartbeat_timeout = "2s"\n')
-    config = load_config(str(cfg), {"workers": "2", "fronts": "2"})
+    config = load_config(str(cfg), {"workers": "2", "fronts": "2", "worker_fronts": "off"})
     s = FakeSupervisor(config, FakeClock())
     for i in range(2):
         s.spawn(WORKER, i)
@@ -128,6 +128,27 @@ def test_a_dead_worker_is_named_the_way_each_peer_numbers_it(sup):
     assert sup.said_to(FRONT, 0) == [{"cmd": "peer_down", "peer": 1}]     # fronts: worker index
     assert sup.said_to(WORKER, 0) == [{"cmd": "peer_down", "peer": 3}]    # workers: F + index
     assert sup.children[(WORKER, 1)].awaiting_acks == {(FRONT, 0), (FRONT, 1), (WORKER, 0)}
+
+
+def test_a_dead_serving_worker_is_named_after_the_front_slots(tmp_path):
+    """Workers that serve clients are front slots too (mesh.Peers): with 2 dedicated fronts and
+    2 serving workers, a worker is peer 4 + index to the other workers."""
+    config = load_config(None, {"workers": "2", "fronts": "2", "heartbeat_timeout": "2s",
+                                "queue_path": str(tmp_path / "q")})
+    s = FakeSupervisor(config, FakeClock())
+    for kind in (WORKER, FRONT):
+        for i in range(2):
+            s.spawn(kind, i)
+    for key in list(s.children):
+        s.child_says(*key, {"cmd": "ready"})
+    s.turn()
+    s.die(WORKER, 1)
+    s.turn()
+    assert s.said_to(FRONT, 0) == [{"cmd": "peer_down", "peer": 1}]
+    assert s.said_to(WORKER, 0) == [{"cmd": "peer_down", "peer": 5}]
+    s.child_says(WORKER, 0, {"cmd": "ack_down", "peer": 5, "worker": 0})
+    s.turn()
+    assert (WORKER, 0) not in s.children[(WORKER, 1)].awaiting_acks
 
 
 def test_backoff_doubles_within_the_window_and_resets_after_it(sup):

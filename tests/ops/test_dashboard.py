@@ -34,6 +34,7 @@ def browser(tmp_path):
 
 
 def test_dashboard_shows_puts(browser, tmp_path):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
     server = start_server(tmp_path, admin=True, workers=2, fronts=2)
@@ -45,7 +46,10 @@ def test_dashboard_shows_puts(browser, tmp_path):
 
         def items_cell(d):
             cells = d.find_elements(By.CSS_SELECTOR, 'tr[data-queue="dash"] td.items')
-            return cells[0].text if cells else None
+            try:
+                return cells[0].text if cells else None
+            except StaleElementReferenceException:    # the table was redrawn meanwhile
+                return None
 
         with server.connect() as s:
             s.sendall(b"set dash 0 0 5\r\nhello\r\n")

@@ -47,7 +47,8 @@ def wait_for_text(path: str, text: str, timeout: float = 15.0) -> str:
 @pytest.mark.integration
 def test_log_file_reopened_on_sigusr1(tmp_path):
     log = str(tmp_path / "lanner.log")
-    server = start_server(tmp_path, "--log-file", log, "--log-level", "debug", workers=1, fronts=1)
+    server = start_server(tmp_path, "--log-file", log, "--log-level", "debug", workers=1, fronts=1,
+                          worker_fronts=False)      # one front, one worker: each logs its own lines
     try:
         assert server.log() == ""                         # nothing on stderr
         wait_for_text(log, "ready: 1 workers, 1 fronts")

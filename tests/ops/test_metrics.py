@@ -124,7 +124,7 @@ def test_bad_period_is_400(server):
 def test_stats_json_period_latches(tmp_path):
     """Ostrich's LatchedStatsListener: deltas over the last whole period, fixed until the next."""
     period = 2
-    srv = start_server(tmp_path, admin=True, fronts=1)     # one front: one listener
+    srv = start_server(tmp_path, admin=True, workers=1)    # one process accepts: one listener
     try:
         first = json.loads(get(srv, f"/stats.json?period={period}")[2])   # creates the listener
         assert first["counters"]["cmd_set"] == 0 and "labels" in first

@@ -21,14 +21,14 @@ class Server:
 
 @pytest.fixture(scope="module")
 def lanner(tmp_path_factory):
-    handle = start_server(tmp_path_factory.mktemp("lanner"), workers=1, fronts=1)
+    handle = start_server(tmp_path_factory.mktemp("lanner"), workers=2)
     yield Server(handle.memcache_port, handle.proc.pid)
     handle.stop()
 
 
 @pytest.fixture(scope="module")
 def lanner_thrift(tmp_path_factory):
-    handle = start_server(tmp_path_factory.mktemp("lanner-thrift"), workers=1, fronts=1, thrift=True)
+    handle = start_server(tmp_path_factory.mktemp("lanner-thrift"), workers=2, thrift=True)
     yield Server(handle.memcache_port, handle.proc.pid, handle.thrift_port)
     handle.stop()
 

@@ -296,3 +296,19 @@ def test_high_byte_queue_names_round_trip_through_encoders():
     name = b"\xe9\xff".decode("latin-1")
     assert mr.encode_dump_stats([(name, [("items", 0)])]).startswith(b"queue '\xe9\xff' {")
     assert b"STAT queue_\xe9\xff_items 0" in mr.encode_stats([], [(name, [("items", 0)])])
+
+
+def test_binary_protocol_request_is_refused_and_closes():
+    # a binary GET of key "q": magic 0x80, opcode 0, key length 1, ... (the 24-byte header)
+    header = bytes([0x80, 0x00, 0x00, 0x01]) + bytes(4) + (1).to_bytes(4, "big") + bytes(12)
+    (cmd,) = parse_all(header + b"q")
+    assert type(cmd) is ProtocolError and cmd.close
+    assert cmd.reply.startswith(b"CLIENT_ERROR ") and b"binary protocol" in cmd.reply
+
+
+def test_binary_magic_only_counts_at_the_start_of_a_command():
+    p = MemcacheParser()
+    p.feed(b"set q 0 0 1\r\n\x80\r\nversion\r\n")
+    cmds = list(p.commands())
+    assert type(cmds[0]) is Set and cmds[0].data == b"\x80"
+    assert type(cmds[1]) is Version

@@ -2,7 +2,7 @@ import socket
 
 import pytest
 
-from tests.helpers import recv_exact, start_server
+from tests.helpers import LAYOUTS, recv_exact, start_server
 
 
 class Client:
@@ -58,10 +58,11 @@ class Client:
         self.sock.close()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("srv")
-    h = start_server(tmp, workers=2, fronts=2)
+@pytest.fixture(scope="module", params=sorted(LAYOUTS))
+def server(request, tmp_path_factory):
+    """One server per process layout: every transcript must read the same in each."""
+    tmp = tmp_path_factory.mktemp("srv-" + request.param)
+    h = start_server(tmp, layout=request.param)
     yield h
     h.stop()
 

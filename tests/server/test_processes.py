@@ -126,7 +126,7 @@ def test_kill_front_returns_open_reads(tmp_path):
     '[default]\nstorage = "cmdlog"\n[cmdlog]\nsync = "always"\nsegment_size = "64KiB"\n',
 ], ids=["journal", "cmdlog"])
 def test_kill_worker_under_load_loses_nothing(tmp_path, cfg):
-    h = start_server(tmp_path, workers=2, fronts=1, config=cfg)
+    h = start_server(tmp_path, workers=2, config=cfg)      # default layout: workers serve clients
     acked = []
     stop = threading.Event()
 
@@ -182,9 +182,9 @@ def test_kill_worker_under_load_loses_nothing(tmp_path, cfg):
 
 
 def test_kill_supervisor_children_exit(tmp_path):
-    h = start_server(tmp_path, workers=2, fronts=2)
+    h = start_server(tmp_path, workers=2)
     kids = children(h)
-    assert len(kids) >= 5
+    assert len(kids) >= 3
     h.proc.send_signal(signal.SIGKILL)
     h.proc.wait()
     gone, alive = psutil.wait_procs(kids, timeout=20)
@@ -196,7 +196,7 @@ def test_kill_supervisor_children_exit(tmp_path):
 
 
 def test_sigterm_clean_exit_and_sighup_reload(tmp_path):
-    h = start_server(tmp_path, workers=1, fronts=1, config="[queues.\"rq\"]\nmax_items = 1\n")
+    h = start_server(tmp_path, workers=2, config="[queues.\"rq\"]\nmax_items = 1\n")
     try:
         c = client(h)
         assert setq(c, b"rq", b"1") == b"STORED\r\n"
@@ -257,7 +257,7 @@ def test_stray_file_in_queue_path_refuses_start(tmp_path):
 
 
 def test_kill_cleaner_is_restarted(tmp_path):
-    h = start_server(tmp_path, workers=1, fronts=1)
+    h = start_server(tmp_path, workers=2)
     try:
         def cleaners():
             return [p.pid for p in kind_pids(h, "cleaner")]

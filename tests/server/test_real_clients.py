@@ -80,3 +80,14 @@ def test_libmemcached_tools_copy_file(server, tmp_path):
     dest = tmp_path / "copied"
     subprocess.run(["memccat", servers, f"--file={dest}", "payload"], check=True, timeout=30)
     assert dest.read_bytes() == data
+
+
+def test_pylibmc_binary_gets_an_error_not_a_hang(server):
+    """The binary protocol is not spoken; a binary client must fail fast, not time out."""
+    import pylibmc
+    c = pylibmc.Client([_addr(server)], binary=True, behaviors={"connect_timeout": 2000,
+                                                                "receive_timeout": 5_000_000})
+    started = time.monotonic()
+    with pytest.raises(pylibmc.Error):
+        c.set("binq", b"x")
+    assert time.monotonic() - started < 4

@@ -4,16 +4,16 @@ import time
 import pytest
 
 from lanner.queues.placement import worker_of
-from tests.helpers import start_server
+from tests.helpers import LAYOUTS, start_server
 from lanner.perf.thrift_client import KestrelThrift, ThriftAppError
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def tserver(tmp_path_factory):
-    h = start_server(tmp_path_factory.mktemp("thrift"), workers=2, fronts=2, thrift=True,
-                     config="[server]\nmax_open_transactions = 10\n")
+@pytest.fixture(scope="module", params=sorted(LAYOUTS))
+def tserver(request, tmp_path_factory):
+    h = start_server(tmp_path_factory.mktemp("thrift-" + request.param), layout=request.param,
+                     thrift=True, config="[server]\nmax_open_transactions = 10\n")
     yield h
     h.stop()
 

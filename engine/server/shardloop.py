@@ -1,0 +1,217 @@
+"""The worker's event loop: one uvloop loop per worker, turns, timers, the heartbeat.
+
+A turn is one loop iteration that did something: requests came in from the
+worker's own clients (inline, `local_request`) or from the rings (the shared
+wake eventfd fired, `pump`); `end_turn`, scheduled once per iteration with
+call_soon, then finishes the batch (waiters woken by the turn's adds, one write
+per dirty journal, replies published or held for the group fsync), writes the
+worker's own clients' replies and re-arms the one timer at the earliest deadline
+(waiters, expiration, periodic syncs, the cleaner's packs).  Requests that run
+in the same iteration share a batch, so the journal write and the fsync are per
+batch, never per request.
+
+Why uvloop and not a plain epoll loop: the worker runs the front's connection
+classes (asyncio Protocols) for its own clients; one loop per process means
+one wakeup per event, whatever it is for.
+
+`open_loop` + `step(wait)` drive the same loop one turn at a time, with the
+injected clock deciding when the heart beats (tests/engine/test_worker_loop.py);
+`run` is the server's: open, serve the listeners, loop until stopped.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+
+import uvloop
+
+from lanner.fronts.front import serve_listeners
+from lanner.ipc.messages import R_SERVER_ERROR, RF_CLOSE
+from lanner.ipc.wake import clear_sleep_all, prepare_sleep_all
+
+log = logging.getLogger("lanner.server.worker")
+
+
+class ShardLoop:
+    """The loop half of `Worker` (worker.py): what runs when, not what a request does."""
+
+    def open_loop(self) -> None:
+        """The loop and what it waits on: the wake eventfd (rings, and the own front's
+        response rings), the control and cleaner sockets, the group-commit pipe, the
+        handoff socket."""
+        loop = self.loop = uvloop.new_event_loop()
+        asyncio.set_event_loop(loop)
+        front = self.front
+        self.sleep_rings = self.in_rings + ([r for _, r in front.live_resp] if front else [])
+        loop.add_reader(self.wake_fd, self.on_wake)
+        loop.add_reader(self.control.fileno(), self.on_control_readable)
+        loop.add_reader(self.sync_done_r, self.on_sync_readable)
+        if self.cleaner_reader is not None:
+            loop.add_reader(self.cleaner.fileno(), self.on_cleaner_readable)
+        if self.inbox is not None:
+            loop.add_reader(self.inbox.fileno(), self.inbox.read)
+        if front is not None:
+            front.loop = loop
+
+    def run(self) -> int:
+        """Serve until stopped (the own front's listeners too, when it has one)."""
+        self.open_loop()
+        loop = self.loop
+        loop.add_signal_handler(signal.SIGTERM, self.request_stop)
+        if self.front is not None:
+            loop.run_until_complete(serve_listeners(self.front))
+        self.pump()
+        self.arm_timer()
+        self.on_beat_timer()
+        if not self.stopping:
+            loop.run_forever()
+        return self.shutdown()              # EXIT_UNSAVED if the disk could not take the last state
+
+    def step(self, wait: float | None = None) -> bool:
+        """One turn, for tests: drain, run due timers, finish the batch, beat when the clock
+        says so; if nothing was handled, let the loop wait up to `wait` s for an event
+        (control, group commit).  True when a request was handled."""
+        self.handled = False
+        self.pump()
+        self.run_timers()
+        self.end_turn()
+        now = self.clock.monotonic()
+        if now >= self.next_beat:
+            self.beat(now)
+        if self.handled:
+            return True
+        self.stepping = True
+        stop = self.loop.call_later(wait or 0, self.loop.stop)
+        try:
+            self.loop.run_forever()
+        finally:
+            self.stepping = False
+            stop.cancel()
+        return False
+
+    def request_stop(self) -> None:
+        self.stopping = True
+        if self.loop is None or self.stop_scheduled:
+            return
+        self.stop_scheduled = True
+        if self.front is not None:
+            self.front.stopping = True
+            for srv in self.front.servers:
+                srv.close()
+        # replies of the last batch still reach the worker's own clients before the loop stops
+        self.schedule_turn()
+        self.loop.call_later(0.05, self.loop.stop)
+
+    def woke(self) -> None:
+        """An event was handled: end a `step` early."""
+        if self.stepping:
+            self.loop.stop()
+
+    def on_wake(self) -> None:
+        try:
+            os.eventfd_read(self.wake_fd)
+        except BlockingIOError:
+            pass
+        self.pump()
+        self.woke()
+
+    def pump(self) -> None:
+        """Drain every inbound ring (and the own front's response rings), then flag them all
+        sleeping so that producers signal the wake eventfd; if more arrived meanwhile, come back
+        after this turn's batch instead of looping, so clients and the batch are not starved."""
+        for r in self.outs:
+            if r.backlog:            # space freed in a full ring: push the overflow on
+                r.publish()
+        front = self.front
+        clear_sleep_all(self.in_rings)
+        if self.drain(self.rings):
+            self.handled = True
+        if front is not None:
+            front.push_overflow()
+            front.drain_responses()
+        if not prepare_sleep_all(self.sleep_rings):
+            self.loop.call_soon(self.pump)
+        self.schedule_turn()
+
+    def schedule_turn(self) -> None:
+        if not self.turn_scheduled:
+            self.turn_scheduled = True
+            self.loop.call_soon(self.end_turn)
+
+    def end_turn(self) -> None:
+        """Once per loop iteration that did something: finish the batch (journal writes,
+        replies or a group commit), write the local clients' replies, hand idle connections
+        to the worker they use, re-arm the timer if a deadline came."""
+        self.turn_scheduled = False
+        if self.coll.woken:
+            self.retry_woken()
+        self.finish_batch()
+        front = self.front
+        if front is not None:
+            front.flush_writes()
+            if front.candidates:
+                front.try_handoffs()
+        if self.deadlines_changed or self.timer is None:
+            self.arm_timer()
+
+    def arm_timer(self) -> None:
+        """Arm the loop timer at the earliest deadline.  Requests that add a deadline (a
+        waiter's, an auto-abort, a periodic sync) set `deadlines_changed`; the rest (the
+        storage's cmdlog syncs and pack checks) are looked at whenever the timer fires, at
+        least every 100 ms while a cleaner runs, so no turn pays for a scan of them."""
+        self.deadlines_changed = False
+        t = self.next_timeout()
+        if t is None:
+            return
+        when = self.loop.time() + t
+        if self.timer is not None:
+            if self.timer_when <= when:
+                return
+            self.timer.cancel()
+        self.timer_when = when
+        self.timer = self.loop.call_at(when, self.on_timer)
+
+    def on_timer(self) -> None:
+        self.timer = None
+        self.run_timers()
+        self.schedule_turn()
+
+    def on_beat_timer(self) -> None:
+        """The heart beats while the loop turns, busy or idle (heartbeat.py)."""
+        self.beat(self.clock.monotonic())
+        if not self.stopping:
+            self.loop.call_later(self.beat_interval, self.on_beat_timer)
+
+    def on_control_readable(self) -> None:
+        self.poll_control()
+        self.schedule_turn()
+        self.woke()
+
+    def on_sync_readable(self) -> None:
+        self.on_sync_done()
+        self.schedule_turn()
+        self.woke()
+
+    def on_cleaner_readable(self) -> None:
+        self.poll_cleaner()
+        if self.cleaner_reader.eof:
+            self.loop.remove_reader(self.cleaner.fileno())
+        self.schedule_turn()
+        self.woke()
+
+    def local_request(self, src: int, conn: int, req: int, op: int, flags: int, queue: bytes,
+                      a: int, b: int, payload) -> None:
+        """A request from this worker's own client: run it now; its reply leaves with the batch."""
+        if self.closed_conns and self.void_after_close(src, conn, op, flags):
+            return
+        try:
+            self.execute(src, conn, req, op, flags, queue.decode("latin-1"), a, b, payload)
+        except OSError as e:   # a full disk, an I/O error: say which file
+            log.error("worker %d: %s", self.index, e)
+            self.reply(src, conn, req, R_SERVER_ERROR, RF_CLOSE, 0, str(e).encode("latin-1", "replace"))
+        except Exception:   # one bad request must not take the shard down
+            log.exception("worker %d: request from its own client failed", self.index)
+            self.reply(src, conn, req, R_SERVER_ERROR, RF_CLOSE, 0, b"internal error")
+        self.schedule_turn()
