@@ -114,8 +114,18 @@ def test_read_behind_with_cleaner_packs_keeps_order(tmp_path):
             got.append(int(r.split(b"\r\n")[1][:5]))
         assert got == list(range(nxt))
     finally:
-        h.stop()
+        assert h.stop() == 0
     assert "cleaner: packed" in h.log()
+    # A pack still under way at shutdown may leave its `~~` output behind (the cleaner stops
+    # after the workers); the next replay deletes such temporaries, and the queue is intact.
+    leftovers = [f for f in os.listdir(h.queue_path) if "~~" in f]
+    assert all(f.startswith("pk~~") for f in leftovers), leftovers
+    h = start_server(tmp_path, workers=1, fronts=1, config=cfg)
+    try:
+        c = Client(h.connect())
+        assert c.ask(b"get pk\r\n", b"END\r\n") == b"END\r\n"
+    finally:
+        assert h.stop() == 0
     assert [f for f in os.listdir(h.queue_path) if "~~" in f] == []
 
 
