@@ -31,7 +31,14 @@ PROGRESS_STEP = 16 << 20        # replay progress callback granularity
 
 class JournalReplayError(ValueError):
     """Replay refuses a journal it cannot read to the end (module docstring): one line
-    naming the queue, the file, the offset and what to do."""
+    naming the queue, the file, the offset and what to do; also as attributes (`offset`
+    is None for a file that cannot be opened)."""
+
+    def __init__(self, message: str, queue: str, file: str, offset: int | None) -> None:
+        super().__init__(message)
+        self.queue = queue
+        self.file = file
+        self.offset = offset
 
 
 def replay_files(directory: str, name: str, files: list[str], sizes: list[int], now: int,
@@ -57,7 +64,7 @@ def replay_files(directory: str, name: str, files: list[str], sizes: list[int], 
             cur = Cursor(path, fname)
         except OSError as e:
             raise JournalReplayError(f"queue {name!r}: cannot read journal {path} "
-                                     f"({e.strerror}); refusing to start without it") from None
+                                     f"({e.strerror}); refusing to start without it", name, path, None) from None
         read = cur.read
         try:
             while True:
@@ -142,7 +149,8 @@ def _broken(name: str, e: JournalCorrupt, is_current: bool) -> None:
         f"queue {name!r}: {where}journal {e.file} is corrupt at offset {e.offset} of {size} "
         f"({e.reason}); refusing to start rather than drop the {size - e.offset} bytes after it. "
         f"Keep a copy of the file, then either cut it there to accept that loss "
-        f"(truncate -s {e.offset} {e.file}) or move the queue's files out of the queue path")
+        f"(truncate -s {e.offset} {e.file}) or move the queue's files out of the queue path",
+        name, e.file, e.offset)
 
 
 def _fill(directory: str, rb: Cursor, files: list[str], lim_name: str, lim_pos: int, want: int,
