@@ -37,7 +37,6 @@ makes the server exit with its status, so a full disk at shutdown is not "exit 0
 """
 from __future__ import annotations
 
-import ctypes
 import errno
 import gc
 import logging
@@ -48,7 +47,6 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
 
 from lanner.clock import SYSTEM_CLOCK
 from lanner.config import ConfigError, reload_config
@@ -56,10 +54,11 @@ from lanner.fronts.front import FRONT_COUNTERS, front_main
 from lanner.ipc import control, handoff
 from lanner.ipc.mesh import CLEANER, FRONT, WORKER, Mesh, Peers
 
-ZK = "zk"                    # the ZooKeeper server-set child (ops/serverset.py): no rings, no heartbeat
 from lanner.ipc.shm import CounterBlock, IdBlocks, SharedCounter
 from lanner.ops import logfile, notify
 from lanner.server import dirlock
+from lanner.server.children import (RESTART_WINDOW, ZK, Child, backoff, name_process,
+                                    pdeathsig)
 from lanner.server.cleaner import cleaner_main
 from lanner.server.exits import EXIT_BOOT_ERROR, EXIT_CHILD_CRASHED, EXIT_OK, EXIT_START_REFUSED
 from lanner.server.heartbeat import Heartbeats
@@ -68,48 +67,11 @@ from lanner.server.worker import worker_main
 
 log = logging.getLogger("lanner.supervisor")
 
-RESTART_WINDOW = 60.0        # seconds of restart history that count towards the backoff
-BACKOFF_FIRST = 0.05
-BACKOFF_MAX = 5.0
 STOP_GRACE = 15.0            # seconds a child gets to stop on SIGTERM before SIGKILL
 
 
 class StartupError(Exception):
     """One line for stderr; the server exits EXIT_START_REFUSED."""
-
-
-@dataclass(eq=False)
-class Child:
-    kind: str                 # "worker" | "front" | "cleaner"
-    index: int
-    pid: int = 0              # 0: not running (dead, waiting for its replacement)
-    sock: socket.socket | None = None     # supervisor's end of the control socketpair
-    reader: control.Reader | None = None
-    ready: bool = False
-    restarts: list = field(default_factory=list)        # monotonic times of recent deaths
-    awaiting_acks: set = field(default_factory=set)     # peers yet to acknowledge its peer_down
-    restart_at: float | None = None                     # when its replacement may be forked
-    murdered: float | None = None                       # silence (s) when killed for it
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.kind, self.index)
-
-    def __str__(self) -> str:
-        return f"{self.kind} {self.index}"
-
-
-def backoff(restarts: int) -> float:
-    """Delay before forking a child that died `restarts` times within RESTART_WINDOW."""
-    return min(BACKOFF_FIRST * (2 ** (restarts - 1)), BACKOFF_MAX)
-
-
-def _pdeathsig() -> None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)       # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 class Supervisor:
@@ -242,7 +204,7 @@ class Supervisor:
         code = EXIT_CHILD_CRASHED
         try:
             parent_sock.close()
-            _pdeathsig()
+            pdeathsig()
             if os.getppid() == 1:
                 os._exit(EXIT_CHILD_CRASHED)
             for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGINT):
@@ -262,7 +224,7 @@ class Supervisor:
             os._exit(code)
 
     def child_main(self, kind: str, index: int, sock: socket.socket) -> int:
-        _name_process(f"lanner-{kind[0]}{index}" if kind not in (CLEANER, ZK) else f"lanner-{kind}")
+        name_process(f"lanner-{kind[0]}{index}" if kind not in (CLEANER, ZK) else f"lanner-{kind}")
         # Everything allocated so far lives as long as the process: keep the collector off it,
         # and let young garbage (per-request objects) build up more before a collection.
         gc.freeze()
@@ -602,14 +564,6 @@ class Supervisor:
             log.error("worker %d stopped with status %d: not everything could be written (see above)",
                       child.index, code)
             self.exit_code = self.exit_code or code
-
-
-def _name_process(title: str) -> None:
-    try:
-        libc = ctypes.CDLL(None)
-        libc.prctl(15, ctypes.c_char_p(title.encode()[:15]), 0, 0, 0)   # PR_SET_NAME
-    except (OSError, AttributeError):
-        pass
 
 
 def serve(config) -> int:

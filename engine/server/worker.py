@@ -27,69 +27,45 @@ No busy spinning: idle, the worker blocks in epoll.
 from __future__ import annotations
 
 import errno
-import heapq
 import logging
 import struct
 import os
-import select
 import signal
-from concurrent.futures import ThreadPoolExecutor
 from collections import defaultdict
-from dataclasses import dataclass
 
 import msgpack
 
 from lanner.clock import SYSTEM_CLOCK
-from lanner.config import ConfigError, config_items, reload_config
 from lanner.errors import describe_os_error
 from lanner.ipc import control
 from lanner.ipc.bodies import Bodies
 from lanner.ipc.mesh import Peers
 from lanner.ipc.shm import IdBlocks, SharedCounter
 from lanner.queues.collection import CloseError, QueueCollection
-from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_PEEK, F_STREAM, F_THRIFT,
+from lanner.ipc.messages import (F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_STREAM, F_THRIFT,
                        OP_ALIAS_PUT, OP_CONFIRM, OP_DELETE, OP_DISCONNECT, OP_DUMP_CONFIG, OP_FLUSH,
                        OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED, OP_FLUSH_EXPIRED, OP_FORWARD_ADD, OP_GET,
                        OP_MONITOR, OP_PUT_MANY, OP_RELOAD, OP_SET, OP_SET_DATA, OP_STATS, OP_TABORT,
-                       OP_TCONFIRM, OP_TGET, OP_TPEEK, OP_HANDOFF, R_CLIENT_ERROR, R_DATA, R_EMPTY, R_END,
-                       R_ERROR,
-                       R_ITEM, R_NOT_STORED, R_OK, R_SERVER_ERROR, R_VALUE, REQ_SIZE, RF_CLOSE, RF_MORE,
-                       Reassembler, pack_req, pack_resp, send, unpack_req, unpack_resp)
+                       OP_TCONFIRM, OP_TGET, OP_TPEEK, OP_HANDOFF, R_CLIENT_ERROR, R_DATA, R_ERROR,
+                       R_NOT_STORED, R_OK, R_SERVER_ERROR, R_VALUE, REQ_SIZE, RF_CLOSE, Reassembler, pack_req, pack_resp, send, unpack_req)
 from lanner.queues.placement import worker_of
 from lanner.queues.sessions import Session
 from lanner.storage.factory import StorageFactory
-from lanner.storage.sync import sync_all
-from lanner.queues.undo import CONFIRM, OPEN, UNREMOVE
-from lanner.queues.waiters import Waiter
 from lanner.server.exits import EXIT_BOOT_ERROR, EXIT_OK, EXIT_UNSAVED
 from lanner.server.heartbeat import MAX_BEAT_INTERVAL
 from lanner.server.local import attach_front
+from lanner.server.commit import GroupCommit
+from lanner.server.peers import PeerOps
 from lanner.server.shardloop import ShardLoop
+from lanner.server.waiting import Pending, Waiting
 
 log = logging.getLogger(__name__)
 
-STRAND_RETRY_MS = 1000   # how often to retry aborting open reads whose abort could not be written
 
+class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
+    """A shard's queues and everything that touches them; the mixins hold the turn's end
+    (commit.py), waiting requests (waiting.py) and peer/control duties (peers.py)."""
 
-@dataclass(slots=True, eq=False)
-class Pending:
-    """A blocked GET or a running MONITOR, parked on a queue's wait list."""
-    src: int
-    conn: int
-    req: int
-    queue: str
-    flags: int
-    monitor: bool = False
-    budget: int = 0          # monitor: items still allowed
-    deadline_ms: int | None = None
-    waiter: Waiter | None = None
-    done: bool = False
-    thrift: bool = False     # a thrift get: collects items, replies once
-    auto_abort: int = 0      # thrift: ms before an unconfirmed item goes back (0: plain removes)
-    items: list | None = None
-
-
-class Worker(ShardLoop):
     def __init__(self, index: int, nworkers: int, config, status, inbound, outbound, wake_fd: int,
                  control_sock, cleaner_sock=None, clock=SYSTEM_CLOCK, nfronts: int = 1,
                  heart=None, ids: IdBlocks | None = None, peers: Peers | None = None):
@@ -255,156 +231,6 @@ class Worker(ShardLoop):
             self.disconnect(dst, conn)
             self.closed_conns.add((dst, conn))
 
-    def finish_batch(self) -> None:
-        """Flush journals, then publish replies or hold them for a group fsync.  A storage
-        that cannot write is rolled back, and the replies of what it undid become errors."""
-        coll = self.coll
-        coll.undo.ctx = None
-        dirty = coll.dirty_storages()
-        needs_sync = []
-        now = self.clock.now_ms()
-        scheduled = len(coll.sync_schedule)
-        for st in dirty:
-            try:
-                st.flush()
-            except OSError as e:
-                log.error("worker %d: %s", self.index, e)      # the file is named here, not to clients
-                self.undo_replies(coll.rollback(st), describe_os_error(e, getattr(st, "name", None)))
-                continue
-            if coll.sync_schedule.written(st, now):      # sync "always": replies wait for it
-                needs_sync.append(st)
-        if len(coll.sync_schedule) > scheduled:         # a periodic fsync came due later
-            self.deadlines_changed = True
-        coll.undo.trim()
-        if needs_sync or (self.sync_inflight and self.replies):
-            self.held.extend(self.replies)
-            self.replies = []
-            if needs_sync and not self.sync_inflight:
-                self.start_sync(needs_sync)
-            elif needs_sync:
-                self.sync_queue.extend(needs_sync)
-        if self.replies:
-            self.publish(self.replies)
-            self.replies = []
-
-    def start_sync(self, storages) -> None:
-        """fsync every storage the held replies depend on, in parallel (the filesystem
-        journal commits concurrent fsyncs together), off the loop's thread."""
-        self.sync_inflight = True
-        held, self.held = self.held, []
-        self.sync_batch = held
-        pool = self.fsync_pool()
-
-        def sync_one(st):
-            try:
-                st.sync()
-            except OSError as e:
-                log.error("worker %d: fsync failed: %s", self.index, e)
-                self.sync_failed.append((st, e))
-
-        def work():
-            if len(storages) == 1:
-                sync_one(storages[0])
-            else:
-                for _ in pool.map(sync_one, storages):
-                    pass
-            os.write(self.sync_done_w, b"x")
-        self.sync_coord.submit(work)
-
-    def fsync_pool(self) -> ThreadPoolExecutor:
-        """The threads that fsync (fsync releases the GIL): group commits and periodic syncs."""
-        if self.sync_pool is None:
-            self.sync_pool = ThreadPoolExecutor(8, thread_name_prefix="fsync")
-            self.sync_coord = ThreadPoolExecutor(1, thread_name_prefix="group-commit")
-        return self.sync_pool
-
-    def on_sync_done(self) -> None:
-        try:
-            os.read(self.sync_done_r, 64)
-        except BlockingIOError:
-            return
-        self.sync_inflight = False
-        failed, self.sync_failed = self.sync_failed, []
-        for st, e in failed:                # not durable: cut it off, undo it, tell the clients
-            self.undo_replies(self.coll.rollback(st, unsynced=True),
-                              describe_os_error(e, getattr(st, "name", None)))
-        self.coll.undo.trim()
-        self.publish(self.sync_batch)
-        self.sync_batch = []
-        more, self.sync_queue = self.sync_queue, []
-        if more:
-            self.start_sync(list(dict.fromkeys(more)))
-        elif self.held:
-            self.publish(self.held)
-            self.held = []
-
-    def publish(self, replies) -> None:
-        touched = set()
-        local = self.local_src
-        for dst, head, payload in replies:
-            if dst == local:
-                self.front.deliver(head, payload)
-                continue
-            if dst in self.down_peers:
-                continue
-            send(self.outbound[dst], head, payload)
-            touched.add(dst)
-        for dst in touched:
-            self.outbound[dst].publish()
-
-    def undo_replies(self, undone, reason: str) -> None:
-        """Changes were rolled back because their records were lost (queues/undo.py): make
-        every reply that reported one an error (SERVER_ERROR; the connection closes, and is
-        disconnected here as `reply` does), take undone open reads out of their sessions, and
-        strand undone confirms and aborts (the item is reserved again; nobody holds it, so
-        `run_timers` aborts it again later).  A thrift get keeps the items that were not
-        undone and drops the others."""
-        coll = self.coll
-        failed = set()
-        thrift: dict[Pending, set[int]] = {}
-        for u in undone:
-            ctx = u.ctx
-            if u.kind == UNREMOVE or u.kind == CONFIRM:
-                coll.strand(u.queue, u.xid)
-            if ctx is None:
-                continue
-            if type(ctx) is Pending:
-                thrift.setdefault(ctx, set()).add(id(u.item.data))
-                continue
-            failed.add(ctx)
-            if u.kind == OPEN:
-                sess = self.sessions.get(ctx[:2])
-                if sess is not None:
-                    sess.discard(u.queue, u.xid)
-        for p, gone in thrift.items():
-            self.tget_undo(p, gone)
-        if coll.stranded and not self.next_strand_ms:
-            self.next_strand_ms = self.clock.now_ms() + STRAND_RETRY_MS
-            self.deadlines_changed = True
-        if not failed:
-            return
-        for dst, conn in {key[:2] for key in failed}:
-            if self.peers.is_front(dst):    # the error closes the connection, as reply() does
-                self.disconnect(dst, conn)
-                self.closed_conns.add((dst, conn))
-        why = reason.encode("latin-1", "replace")
-        seen: set = set()
-        self.sync_batch = _fail_requests(self.sync_batch, failed, why, seen)
-        self.held = _fail_requests(self.held, failed, why, seen)
-        self.replies = _fail_requests(self.replies, failed, why, seen)
-
-    def wait_for_sync(self) -> None:
-        """Block until no group fsync is under way and no reply waits for one (shutdown)."""
-        while self.sync_inflight or self.held:
-            if not self.sync_inflight:
-                self.finish_batch()
-                if not self.sync_inflight:
-                    self.publish(self.held)
-                    self.held = []
-                    return
-            select.select([self.sync_done_r], [], [], 1.0)
-            self.on_sync_done()
-
     # -- requests --------------------------------------------------------------------------------
     def handle(self, src: int, rec) -> None:
         conn, req, op, flags, qlen, a, b = unpack_req(rec, 0)
@@ -554,130 +380,6 @@ class Worker(ShardLoop):
             for xid in sess.pop_oldest_n(queue, n):
                 self.coll.confirm_remove(queue, xid)
 
-    def op_get(self, src, conn, req, queue, flags, timeout) -> None:
-        coll = self.coll
-        sess = self.sessions.get((src, conn))
-        if flags & F_CONFIRM_ALL:
-            sess = sess or self.session(src, conn)
-            self.confirm_all(sess, queue)
-        if flags & F_ABORT:
-            xid = sess.pop_oldest(queue) if sess else None
-            if xid is not None:
-                coll.unremove(queue, xid)
-            self.reply(src, conn, req, R_EMPTY)
-            return
-        if flags & F_CLOSE:
-            xid = sess.pop_oldest(queue) if sess else None
-            if xid is not None:
-                coll.confirm_remove(queue, xid)
-            if not flags & F_OPEN:
-                self.reply(src, conn, req, R_EMPTY)
-                return
-        opens = sess.open_count(queue) if sess else 0
-        if flags & F_OPEN:
-            if opens >= self.mot:
-                if flags & F_CONFIRM_ALL:   # text protocol: an error line, connection stays
-                    self.reply(src, conn, req, R_ERROR, 0, self.mot)
-                else:
-                    self.reply(src, conn, req, R_ERROR, RF_CLOSE)
-                return
-        elif not flags & F_PEEK and opens:
-            self.reply(src, conn, req, R_ERROR, RF_CLOSE)
-            return
-        p = Pending(src, conn, req, queue, flags)
-        if self.try_fetch(p):
-            return
-        if timeout > 0:
-            p.deadline_ms = self.clock.now_ms() + timeout
-            self.park(p)
-        else:
-            self.reply(src, conn, req, R_EMPTY)
-
-    def try_fetch(self, p: Pending) -> bool:
-        """One attempt at the queue for a GET (or one monitor iteration); replies on success."""
-        self.coll.undo.ctx = (p.src, p.conn, p.req)
-        if p.flags & F_PEEK:
-            item = self.coll.peek(p.queue)
-        else:
-            item = self.coll.remove(p.queue, transactional=bool(p.flags & F_OPEN))
-        if item is None:
-            return False
-        if p.flags & F_OPEN:
-            self.session(p.src, p.conn).add_open(p.queue, item.xid)
-        self.reply(p.src, p.conn, p.req, R_ITEM, RF_MORE if p.monitor else 0, 0, item.data)
-        return True
-
-    def monitor_step(self, p: Pending) -> None:
-        now = self.clock.now_ms()
-        while True:
-            sess = self.sessions.get((p.src, p.conn))
-            opens = sess.open_count(p.queue) if sess else 0
-            if (p.budget <= 0 or now >= p.deadline_ms or opens >= self.mot
-                    or self.status.blocks_reads()):
-                self.finish(p, R_END)
-                return
-            if not self.try_fetch(p):
-                self.park(p)
-                return
-            p.budget -= 1
-
-    def park(self, p: Pending) -> None:
-        w = Waiter(key=p, queue=p.queue, deadline_ms=p.deadline_ms, peek=bool(p.flags & F_PEEK),
-                   transactional=bool(p.flags & F_OPEN))
-        p.waiter = w
-        self.coll.wait(w)
-        self.pending_by_conn[(p.src, p.conn)].add(p)
-        if p.deadline_ms is not None:
-            self.deadlines_changed = True
-
-    def unpark(self, p: Pending) -> None:
-        """`p` is answered: forget it (its connection's set, its waiter)."""
-        p.done = True
-        p.waiter = None          # the waiter points back at p: free both by refcount
-        key = (p.src, p.conn)
-        s = self.pending_by_conn.get(key)
-        if s is not None:
-            s.discard(p)
-            if not s:
-                del self.pending_by_conn[key]
-
-    def finish(self, p: Pending, status: int) -> None:
-        self.unpark(p)
-        self.reply(p.src, p.conn, p.req, status)
-
-    def retry_woken(self) -> None:
-        woken, self.coll.woken = self.coll.woken, []
-        for w in woken:
-            p: Pending = w.key
-            if p.done or w.cancelled:
-                continue
-            if w.evicted or self.coll.queue(p.queue, create=False) is None:   # deleted: answer empty
-                self.coll.cancel_wait(w)
-                if p.thrift:
-                    self.tget_finish(p)
-                else:
-                    self.finish(p, R_END if p.monitor else R_EMPTY)
-                continue
-            if p.thrift:
-                self.coll.cancel_wait(w)
-                self.tget_step(p)             # takes what it can, or parks again at the tail
-                continue
-            if p.monitor:
-                if self.try_fetch(p):
-                    p.budget -= 1
-                    self.coll.cancel_wait(w)
-                    self.monitor_step(p)
-                else:
-                    self.coll.wait(w)          # lost the race: back to the tail, same deadline
-                continue
-            if self.try_fetch(p):
-                self.coll.cancel_wait(w)
-                self.unpark(p)
-            else:
-                self.coll.wait(w)
-        if self.coll.woken:
-            self.retry_woken()
-
     def disconnect(self, src: int, conn: int, thrift: bool = False) -> None:
         self.coll.undo.ctx = None           # the aborts below are nobody's reply
         self.bodies.drop(src, conn)
@@ -696,121 +398,6 @@ class Worker(ShardLoop):
         if sess is not None:
             self.coll.abort_session(sess)
 
-    # -- thrift --------------------------------------------------------------------------------
-    def tget_step(self, p: Pending) -> None:
-        """Kestrel's thrift get is its monitor loop: collect until max_items, the deadline, the
-        connection's open-read cap on the queue, or an empty queue with no timeout (§3.3)."""
-        self.coll.undo.ctx = p              # a rolled-back item is dropped from its reply
-        key = (p.src, p.conn, p.queue)
-        while True:
-            if (p.budget <= 0 or self.tcounts.get(key, 0) >= self.mot
-                    or self.status.blocks_reads()):
-                self.tget_finish(p)
-                return
-            item = self.coll.remove(p.queue, transactional=p.auto_abort > 0)
-            if item is None:
-                if p.deadline_ms is None or self.clock.now_ms() >= p.deadline_ms:
-                    self.tget_finish(p)
-                else:
-                    self.park(p)
-                return
-            tid = 0
-            if p.auto_abort > 0:
-                tid = self.tids_supply.next()
-                self.tids[tid] = (p.queue, item.xid, key)
-                self.tcounts[key] = self.tcounts.get(key, 0) + 1
-            p.items.append((item.data, tid))
-            p.budget -= 1
-
-    def tget_finish(self, p: Pending, reply: bool = True) -> None:
-        self.unpark(p)
-        if p.auto_abort > 0:
-            # the auto-abort timers start when the call returns
-            due = self.clock.now_ms() + p.auto_abort
-            for _, tid in p.items:
-                heapq.heappush(self.taborts, (due, tid))
-            self.deadlines_changed = True
-        if reply:
-            self.reply(p.src, p.conn, p.req, R_DATA, 0, 0, msgpack.packb(p.items))
-
-    def tget_undo(self, p: Pending, gone: set[int]) -> None:
-        """Items of thrift get `p` were rolled back (their removal was not written): drop
-        them, and their ids, from what the get hands out; rebuild its reply if it is made."""
-        keep = []
-        for data, tid in p.items:
-            if id(data) in gone:
-                if tid:
-                    self.forget_tid(tid)
-            else:
-                keep.append((data, tid))
-        p.items = keep
-        if p.done:
-            packed = msgpack.packb(keep)
-            for replies in (self.sync_batch, self.held, self.replies):
-                for i, (dst, head, payload) in enumerate(replies):
-                    conn, req = unpack_resp(head, 0)[:2]
-                    if dst == p.src and conn == p.conn and req == p.req:
-                        replies[i] = (dst, head, packed)
-
-    def forget_tid(self, tid: int):
-        """Drop thrift read id `tid`; its (queue, xid, owner) or None."""
-        entry = self.tids.pop(tid, None)
-        if entry is None:
-            return None
-        owner = entry[2]
-        n = self.tcounts.get(owner)
-        if n is not None:
-            if n <= 1:
-                del self.tcounts[owner]
-            else:
-                self.tcounts[owner] = n - 1
-        return entry
-
-    def settle_tid(self, tid: int, abort: bool) -> bool:
-        entry = self.forget_tid(tid)
-        if entry is None:
-            return False
-        queue, xid, _owner = entry
-        if abort:
-            self.coll.unremove(queue, xid)
-        else:
-            self.coll.confirm_remove(queue, xid)
-        return True
-
-    # -- timers ----------------------------------------------------------------------------------
-    def run_timers(self) -> None:
-        now = self.clock.now_ms()
-        self.coll.undo.ctx = None
-        taborts = self.taborts
-        while taborts and taborts[0][0] <= now:
-            _, tid = heapq.heappop(taborts)
-            self.settle_tid(tid, abort=True)
-        for w in self.coll.expire_waiters(now):
-            p: Pending = w.key
-            if p.done:
-                continue
-            if p.thrift:
-                self.tget_finish(p)
-            elif p.monitor:
-                self.finish(p, R_END)
-            else:
-                self.finish(p, R_EMPTY)
-        if self.next_expire_ms is not None and now >= self.next_expire_ms:
-            self.coll.expire_queues()
-            self.next_expire_ms = now + self.config.server.expiration_timer_frequency
-        due = self.coll.sync_schedule.due(now)
-        if due:
-            self.fsync_pool().submit(sync_all, due)
-        self.storage_factory.tick(now)
-        if self.coll.stranded and now >= self.next_strand_ms:
-            n = sum(len(x) for x in self.coll.stranded.values())
-            log.info("worker %d: aborting %d open reads whose abort could not be written before",
-                     self.index, n)
-            self.coll.abort_stranded()
-            self.next_strand_ms = now + STRAND_RETRY_MS
-        if self.coll.woken:
-            self.retry_woken()
-
     # -- cross-shard -----------------------------------------------------------------------------
     def forward_add(self, target: str, data: bytes, now_ms: int) -> None:
         """expire_to_queue into a queue another worker owns."""
@@ -823,108 +410,6 @@ class Worker(ShardLoop):
         q = target.encode("latin-1")
         send(ring, pack_req(0, 0, OP_FORWARD_ADD, 0, len(q), 0, 0) + q, data)
         ring.publish()
-
-    # -- stats, config ---------------------------------------------------------------------------
-    def stats_payload(self, names) -> bytes:
-        coll = self.coll
-        aliases = self.config.aliases
-        out_queues = []
-        wanted = names if names is not None else coll.names()
-        for name in wanted:
-            if name in aliases and self.owns(name):
-                out_queues.append((name, coll.alias_stats(name)))
-                continue
-            st = coll.queue_stats(name)
-            out_queues.append((name, st))
-        if names is None:
-            for name in aliases:
-                if self.owns(name):
-                    out_queues.append((name, coll.alias_stats(name)))
-        return msgpack.packb({"global": coll.stats(), "queues": out_queues})
-
-    def config_payload(self) -> bytes:
-        entries = [(name, config_items(self.coll.queue(name, create=False).config))
-                   for name in self.coll.names()]
-        return msgpack.packb(entries)
-
-    def reload(self) -> str | None:
-        """Re-read the config; on failure keep the old one and return why (no file path)."""
-        try:
-            self.config = reload_config(self.config)
-        except ConfigError as e:
-            log.error("worker %d: reload failed: %s", self.index, e)
-            return e.brief
-        self.coll.reload(self.config)
-        if self.front is not None:
-            self.front.config = self.config
-            self.front.valid_names.clear()
-        log.info("worker %d: configuration reloaded", self.index)
-        return None
-
-    # -- supervisor and cleaner messages ---------------------------------------------------------
-    def on_control(self, msg) -> None:
-        cmd = msg.get("cmd")
-        if cmd == "peer_down":
-            peer = msg["peer"]
-            for p in self.peer_slots(peer):
-                self.peer_down(p)
-            if self.front is not None and not self.peers.is_front(peer):
-                self.front.worker_down(peer - self.nfronts)
-            control.send(self.control, {"cmd": "ack_down", "peer": peer, "worker": self.index})
-        elif cmd == "peer_up":
-            for p in self.peer_slots(msg["peer"]):
-                self.down_peers.discard(p)
-            if self.front is not None and not self.peers.is_front(msg["peer"]):
-                self.front.down_workers.discard(msg["peer"] - self.nfronts)
-        elif cmd == "reload":
-            self.reload()
-        elif cmd == "stop":
-            self.request_stop()
-
-    def peer_slots(self, peer: int) -> list[int]:
-        """The peers a process that went down or came up stands for: a worker that serves
-        clients is also a front slot (its clients' open reads live here too)."""
-        if self.front is not None and not self.peers.is_front(peer):
-            return [peer, self.peers.of_embedded(peer - self.nfronts)]
-        return [peer]
-
-    def peer_down(self, peer: int) -> None:
-        """A front or worker died: whatever it left unread in our rings is void (a
-        half-sent large message included), its connections' open reads roll back, and
-        nothing more is sent to it until its replacement shows up.  Acknowledged at once
-        (on_control): the supervisor starts the replacement only after every peer has, so
-        everything in our rings after this point comes from the replacement (ring.py,
-        "Crashed peers")."""
-        self.down_peers.add(peer)
-        ring = self.inbound[peer]
-        if ring is not None:
-            ring.resync_consumer(discard=True)
-            self.asm[peer].reset()
-            self.bodies.drop(peer)
-        out = self.outbound[peer]
-        if out is not None:
-            out.drop_backlog()
-        if not self.peers.is_front(peer) and self.inbox is not None:
-            self.inbox.drop_from(peer - self.nfronts)    # sockets it sent and never claimed
-        if self.peers.is_front(peer):
-            self.closed_conns = {k for k in self.closed_conns if k[0] != peer}
-            for key in [k for k in self.sessions if k[0] == peer]:
-                self.disconnect(*key)
-            for key in [k for k in self.pending_by_conn if k[0] == peer]:
-                self.disconnect(*key)
-            self.held = [r for r in self.held if r[0] != peer]
-            self.replies = [r for r in self.replies if r[0] != peer]
-            if self.sync_inflight:
-                self.sync_batch = [r for r in self.sync_batch if r[0] != peer]
-
-    def peer_back(self, peer: int) -> None:
-        """A record from a peer we marked down: its replacement is running (it may send
-        before its `peer_up` reaches us, and must then get its replies)."""
-        self.down_peers.discard(peer)
-        log.info("worker %d: peer %d is back", self.index, peer)
-
-    def on_cleaner(self, msg) -> None:
-        self.storage_factory.on_cleaner_reply(msg)
 
     def shutdown(self) -> int:
         """Write and fsync what is left, retry stranded aborts once, close every storage.
@@ -964,22 +449,6 @@ class Worker(ShardLoop):
         return EXIT_OK
 
 
-def _fail_requests(replies, failed: set, why: bytes, seen: set):
-    """Replace the reply of every request in `failed` ((dst, conn, req) keys) by SERVER_ERROR
-    with the connection closing, as Kestrel answers an availability failure; later replies
-    of the same request (a monitor's) are dropped.  `seen` carries that across lists."""
-    out = []
-    for dst, head, payload in replies:
-        conn, req = unpack_resp(head, 0)[:2]
-        key = (dst, conn, req)
-        if key in failed:
-            if key in seen:
-                continue
-            seen.add(key)
-            head = pack_resp(conn, req, R_SERVER_ERROR, RF_CLOSE, 0, 0)
-            payload = why
-        out.append((dst, head, payload))
-    return out
 
 
 def worker_main(index, peers, config, status, inbound, outbound, wake_fd, control_sock,

@@ -20,7 +20,8 @@ import lanner.server.worker as worker_mod
 from lanner.server import exits
 from lanner.server.exits import EXIT_BOOT_ERROR
 from lanner.server.heartbeat import Heartbeats
-from lanner.server.supervisor import BACKOFF_FIRST, Supervisor, backoff
+from lanner.server.children import BACKOFF_FIRST, backoff
+from lanner.server.supervisor import Supervisor
 
 KILLED = signal.SIGKILL          # wait status of a child killed by SIGKILL
 

@@ -1,0 +1,57 @@
+"""The supervisor's record of one child process, its restart backoff, and the two prctl
+calls a freshly forked child makes (die with the supervisor; a name `ps` and `top` show)."""
+from __future__ import annotations
+
+import ctypes
+import signal
+import socket
+from dataclasses import dataclass, field
+
+from lanner.ipc import control
+
+ZK = "zk"                    # the ZooKeeper server-set child (ops/serverset.py): no rings, no heartbeat
+
+RESTART_WINDOW = 60.0        # seconds of restart history that count towards the backoff
+BACKOFF_FIRST = 0.05
+BACKOFF_MAX = 5.0
+
+@dataclass(eq=False)
+class Child:
+    kind: str                 # "worker" | "front" | "cleaner"
+    index: int
+    pid: int = 0              # 0: not running (dead, waiting for its replacement)
+    sock: socket.socket | None = None     # supervisor's end of the control socketpair
+    reader: control.Reader | None = None
+    ready: bool = False
+    restarts: list = field(default_factory=list)        # monotonic times of recent deaths
+    awaiting_acks: set = field(default_factory=set)     # peers yet to acknowledge its peer_down
+    restart_at: float | None = None                     # when its replacement may be forked
+    murdered: float | None = None                       # silence (s) when killed for it
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.kind, self.index)
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.index}"
+
+
+def backoff(restarts: int) -> float:
+    """Delay before forking a child that died `restarts` times within RESTART_WINDOW."""
+    return min(BACKOFF_FIRST * (2 ** (restarts - 1)), BACKOFF_MAX)
+
+
+def pdeathsig() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)       # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def name_process(title: str) -> None:
+    try:
+        libc = ctypes.CDLL(None)
+        libc.prctl(15, ctypes.c_char_p(title.encode()[:15]), 0, 0, 0)   # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass

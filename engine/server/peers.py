@@ -1,0 +1,122 @@
+"""What a worker does for the rest of the server: stats and config for fan-out
+commands, reload, and the supervisor's news of peers that died and came back.
+"""
+from __future__ import annotations
+
+import logging
+
+import msgpack
+
+from lanner.config import ConfigError, config_items, reload_config
+from lanner.ipc import control
+
+log = logging.getLogger(__name__)
+
+
+class PeerOps:
+    """Worker methods; the attributes they use are set in Worker.__init__.
+
+    Filled by Worker: coll, config, peers, sessions, down_peers, control.
+    """
+
+    # -- stats, config ---------------------------------------------------------------------------
+    def stats_payload(self, names) -> bytes:
+        coll = self.coll
+        aliases = self.config.aliases
+        out_queues = []
+        wanted = names if names is not None else coll.names()
+        for name in wanted:
+            if name in aliases and self.owns(name):
+                out_queues.append((name, coll.alias_stats(name)))
+                continue
+            st = coll.queue_stats(name)
+            out_queues.append((name, st))
+        if names is None:
+            for name in aliases:
+                if self.owns(name):
+                    out_queues.append((name, coll.alias_stats(name)))
+        return msgpack.packb({"global": coll.stats(), "queues": out_queues})
+
+    def config_payload(self) -> bytes:
+        entries = [(name, config_items(self.coll.queue(name, create=False).config))
+                   for name in self.coll.names()]
+        return msgpack.packb(entries)
+
+    def reload(self) -> str | None:
+        """Re-read the config; on failure keep the old one and return why (no file path)."""
+        try:
+            self.config = reload_config(self.config)
+        except ConfigError as e:
+            log.error("worker %d: reload failed: %s", self.index, e)
+            return e.brief
+        self.coll.reload(self.config)
+        if self.front is not None:
+            self.front.config = self.config
+            self.front.valid_names.clear()
+        log.info("worker %d: configuration reloaded", self.index)
+        return None
+
+    # -- supervisor and cleaner messages ---------------------------------------------------------
+    def on_control(self, msg) -> None:
+        cmd = msg.get("cmd")
+        if cmd == "peer_down":
+            peer = msg["peer"]
+            for p in self.peer_slots(peer):
+                self.peer_down(p)
+            if self.front is not None and not self.peers.is_front(peer):
+                self.front.worker_down(peer - self.nfronts)
+            control.send(self.control, {"cmd": "ack_down", "peer": peer, "worker": self.index})
+        elif cmd == "peer_up":
+            for p in self.peer_slots(msg["peer"]):
+                self.down_peers.discard(p)
+            if self.front is not None and not self.peers.is_front(msg["peer"]):
+                self.front.down_workers.discard(msg["peer"] - self.nfronts)
+        elif cmd == "reload":
+            self.reload()
+        elif cmd == "stop":
+            self.request_stop()
+
+    def peer_slots(self, peer: int) -> list[int]:
+        """The peers a process that went down or came up stands for: a worker that serves
+        clients is also a front slot (its clients' open reads live here too)."""
+        if self.front is not None and not self.peers.is_front(peer):
+            return [peer, self.peers.of_embedded(peer - self.nfronts)]
+        return [peer]
+
+    def peer_down(self, peer: int) -> None:
+        """A front or worker died: whatever it left unread in our rings is void (a
+        half-sent large message included), its connections' open reads roll back, and
+        nothing more is sent to it until its replacement shows up.  Acknowledged at once
+        (on_control): the supervisor starts the replacement only after every peer has, so
+        everything in our rings after this point comes from the replacement (ring.py,
+        "Crashed peers")."""
+        self.down_peers.add(peer)
+        ring = self.inbound[peer]
+        if ring is not None:
+            ring.resync_consumer(discard=True)
+            self.asm[peer].reset()
+            self.bodies.drop(peer)
+        out = self.outbound[peer]
+        if out is not None:
+            out.drop_backlog()
+        if not self.peers.is_front(peer) and self.inbox is not None:
+            self.inbox.drop_from(peer - self.nfronts)    # sockets it sent and never claimed
+        if self.peers.is_front(peer):
+            self.closed_conns = {k for k in self.closed_conns if k[0] != peer}
+            for key in [k for k in self.sessions if k[0] == peer]:
+                self.disconnect(*key)
+            for key in [k for k in self.pending_by_conn if k[0] == peer]:
+                self.disconnect(*key)
+            self.held = [r for r in self.held if r[0] != peer]
+            self.replies = [r for r in self.replies if r[0] != peer]
+            if self.sync_inflight:
+                self.sync_batch = [r for r in self.sync_batch if r[0] != peer]
+
+    def peer_back(self, peer: int) -> None:
+        """A record from a peer we marked down: its replacement is running (it may send
+        before its `peer_up` reaches us, and must then get its replies)."""
+        self.down_peers.discard(peer)
+        log.info("worker %d: peer %d is back", self.index, peer)
+
+    def on_cleaner(self, msg) -> None:
+        self.storage_factory.on_cleaner_reply(msg)
