@@ -1,4 +1,4 @@
-"""Ring throughput and latency across a real fork(), as in shared/spec/ipc-design.md.
+"""Ring throughput and latency across a real fork(), as measured for the ring's design (engine/ipc/ring.py).
 
 Producer in this process, consumer in a forked child, 64-byte payloads.  The
 consumer drains everything with read_batch(64) (a memoryview per record, one

@@ -1,7 +1,7 @@
 """Exit statuses of `lanner serve` and of its children: a protocol between them.
 
 The supervisor reads a child's status to choose between restarting it and halting
-(gunicorn's WORKER_BOOT_ERROR), and scripts read the server's (shared/spec/contract.md).
+(gunicorn's WORKER_BOOT_ERROR), and scripts read the server's (the contract: 0 clean, 1 start-up refused).
 """
 EXIT_OK = 0
 EXIT_START_REFUSED = 1   # bad config, port in use, data directory unwritable or held by another server

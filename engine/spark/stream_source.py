@@ -21,7 +21,7 @@ Options:
   numPartitions        partitions per micro-batch (default 2).
   timeout              socket timeout in seconds (default 30).
 
-How delivery works (design C of the research notes, ../shared/spec/pyspark.md §5):
+How delivery works (the at-least-once design prototyped for this project, README "Spark"):
 Spark runs `latestOffset`, `partitions` and `commit` in one long-lived Python
 process per query.  There, `latestOffset` takes up to maxItemsPerBatch items
 with reliable reads (`get q/open`, pipelined) and keeps them open; the offset
