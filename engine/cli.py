@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 
+from lanner import __version__
+from lanner.config import ConfigError, load_config
 from lanner.server.exits import EXIT_START_REFUSED
 
 USAGE = """usage: lanner <command> [options]
@@ -43,12 +46,12 @@ def serve_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from lanner import __version__
     return f"lanner {__version__}"
 
 
 def setup_logging(level: str, log_file: str | None = None) -> None:
     if log_file:
+        # lazy: the log-file handler (and its SIGUSR1 hook) only when asked for
         from lanner.ops import logfile
         logfile.install(log_file, getattr(logging, level.upper(), logging.INFO))
         return
@@ -58,7 +61,6 @@ def setup_logging(level: str, log_file: str | None = None) -> None:
 
 def cmd_serve(argv: list[str]) -> int:
     args = serve_parser().parse_args(argv)
-    from lanner.config import ConfigError, load_config
     overrides = {k: v for k, v in vars(args).items() if k != "config" and v is not None}
     try:
         config = load_config(args.config, overrides)
@@ -73,8 +75,19 @@ def cmd_serve(argv: list[str]) -> int:
     except OSError as e:
         sys.stderr.write(f"lanner: cannot open log file {config.server.log_file}: {e.strerror or e}\n")
         return EXIT_START_REFUSED
+    # lazy: only `serve` loads the server's processes (the tools never do)
     from lanner.server.supervisor import serve
     return serve(config)
+
+
+# Each tool's entry point, imported only when it runs: a tool never loads the server, and
+# only `lanner spark` needs pyspark.
+SUBCOMMANDS = {
+    "qdump": "lanner.tools.qtools:qdump_main",
+    "qpack": "lanner.tools.qtools:qpack_main",
+    "cmdlog": "lanner.tools.cmdlog:cmdlog_main",
+    "spark": "lanner.spark.jobs:main",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,18 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd == "serve":
         return cmd_serve(rest)
-    if cmd == "qdump":
-        from lanner.tools.qtools import qdump_main
-        return qdump_main(rest)
-    if cmd == "qpack":
-        from lanner.tools.qtools import qpack_main
-        return qpack_main(rest)
-    if cmd == "cmdlog":
-        from lanner.tools.cmdlog import cmdlog_main
-        return cmdlog_main(rest)
-    if cmd == "spark":
-        from lanner.spark.jobs import main as spark_main
-        return spark_main(rest)
+    target = SUBCOMMANDS.get(cmd)
+    if target:
+        module, func = target.split(":")
+        return getattr(importlib.import_module(module), func)(rest)
     sys.stderr.write(f"lanner: unknown command {cmd!r}\n{USAGE}")
     return 2
 

@@ -82,7 +82,7 @@ def run_throughput(count: int = COUNT, batch: int = 16, payload: int = PAYLOAD,
             _consume(ring, count, payload, wfd, 1 if pin else None)
         except BaseException:
             code = 1
-            import traceback
+            import traceback       # lazy: only a crashing child needs it
             traceback.print_exc()
         finally:
             os._exit(code)

@@ -142,8 +142,10 @@ def write_json(report: Report, directory: Path) -> Path:
 def write_plots(report: Report, directory: Path) -> list[Path]:
     if not report.plots:
         return []
+    # lazy: plotting and progress bars are optional extras of a perf run
     import matplotlib
     matplotlib.use("Agg")
+    # lazy: plotting and progress bars are optional extras of a perf run
     import matplotlib.pyplot as plt
 
     paths = []
@@ -208,5 +210,6 @@ def progress_bar(total: float | None, desc: str, enabled: bool = True, unit: str
     """A tqdm bar on a terminal, nothing otherwise (CI logs stay clean)."""
     if not enabled or not sys.stderr.isatty():
         return _NoBar()
+    # lazy: plotting and progress bars are optional extras of a perf run
     from tqdm import tqdm
     return tqdm(total=total, desc=desc, unit=unit, leave=False, file=sys.stderr, dynamic_ncols=True)

@@ -36,6 +36,7 @@ GOAL_STREAM_IPS = 5000.0
 
 def build_spool(spool: str, total_mb: int, queues: int, item_size: int) -> int:
     """Journals of `queues` queues holding ~total_mb MB; returns the bytes on disk."""
+    # lazy: pyspark and the server helpers load only for the benchmark phase that needs them
     from lanner.clock import FakeClock
     from lanner.config import QueueConfig
     from lanner.queues.queue import PersistentQueue
@@ -63,6 +64,7 @@ def build_spool(spool: str, total_mb: int, queues: int, item_size: int) -> int:
 def session():
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # lazy: pyspark and the server helpers load only for the benchmark phase that needs them
     from pyspark.sql import SparkSession
     from lanner.spark import register
     s = (SparkSession.builder.master("local[2]").appName("lanner-spark-bench")
@@ -78,6 +80,7 @@ def session():
 def tree_cpu() -> float:
     """CPU seconds used so far by this process and all its descendants (the JVM, Spark's
     Python workers): on a shared machine, wall time says little, this says what we used."""
+    # lazy: pyspark and the server helpers load only for the benchmark phase that needs them
     import psutil
     me = psutil.Process()
     total = 0.0
@@ -92,6 +95,7 @@ def tree_cpu() -> float:
 
 def scan(spark, spool: str, mode: str) -> tuple[float, float, int]:
     """(wall s, CPU s, rows) of one full scan."""
+    # lazy: pyspark and the server helpers load only for the benchmark phase that needs them
     from pyspark.sql import functions as F
     c = tree_cpu()
     t = time.perf_counter()
@@ -136,6 +140,7 @@ def _drain(spark, port: int, queue: str, batch: int, checkpoint: str):
 def bench_stream(spark, items: int, item_size: int, batch: int, workdir: str, warmup: int = 2000) -> dict:
     """A small warm-up query first (the first streaming query of a session pays for class
     loading and JIT: reported as `warmup_seconds`), then the timed one."""
+    # lazy: pyspark and the server helpers load only for the benchmark phase that needs them
     from lanner.perf.servers import start_lanner
     from lanner.spark.client import Conn
     cfg = os.path.join(workdir, "stream.toml")

@@ -90,6 +90,7 @@ class ServerSet:
     makes it so as far as ZooKeeper allows, and is safe to call at any time."""
 
     def __init__(self, zk_config, data: bytes, client=None) -> None:
+        # lazy: kazoo and the control socket are loaded only in the zk child
         from kazoo.client import KazooClient
         from kazoo.protocol.states import KazooState
         self._states = KazooState
@@ -98,6 +99,7 @@ class ServerSet:
         self.acl = None
         auth = None
         if zk_config.digest:
+            # lazy: kazoo and the control socket are loaded only in the zk child
             from kazoo.security import READ_ACL_UNSAFE, make_digest_acl
             user, _, password = zk_config.digest.partition(":")
             auth = [("digest", zk_config.digest)]
@@ -146,6 +148,7 @@ class ServerSet:
         """One pass; True when membership matches `wanted`."""
         if not self.client.connected:
             return False
+        # lazy: kazoo and the control socket are loaded only in the zk child
         from kazoo.exceptions import KazooException, NoNodeError, NodeExistsError
         ok = True
         for name in SETS:
@@ -168,6 +171,7 @@ class ServerSet:
         return ok and self.in_sync()
 
     def _join(self, name: str) -> None:
+        # lazy: kazoo and the control socket are loaded only in the zk child
         from kazoo.exceptions import ConnectionLoss
         path = self.path(name)
         if name in self.unsure:
@@ -225,6 +229,7 @@ def serverset_main(config, status, ports: dict[str, int], control_sock) -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     log.info("server sets under %s on %s as %s", zk.path_prefix, zk.hosts, host)
     sset.start()
+    # lazy: kazoo and the control socket are loaded only in the zk child
     from lanner.ipc import control
     control.send(control_sock, {"cmd": "ready"})
     while not stop.is_set():

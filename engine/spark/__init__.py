@@ -13,6 +13,7 @@ FORMATS = ("lanner-journal", "lanner-cmdlog", "lanner")
 
 def sources() -> list:
     """The DataSource classes, one per format."""
+    # lazy: `import lanner.spark` must not load pyspark; register() runs inside Spark
     from .cmdlog_source import CmdlogSource
     from .journal_source import JournalSource
     from .stream_source import QueueSource

@@ -30,6 +30,7 @@ _TYPES = {"STRING": "StringType", "LONG": "LongType", "INT": "IntegerType", "TIM
 
 def struct(ddl: str):
     """A StructType from "name TYPE, ..." with the few types used here (no session needed)."""
+    # lazy: pyspark's type helpers load only when a schema is built
     from pyspark.sql import types as T
     fields = []
     for part in ddl.split(","):
@@ -39,6 +40,7 @@ def struct(ddl: str):
 
 
 def arrow_schema(spark_schema):
+    # lazy: pyspark's type helpers load only when a schema is built
     from pyspark.sql.pandas.types import to_arrow_schema
     return to_arrow_schema(spark_schema, timezone="UTC")
 
@@ -46,6 +48,7 @@ def arrow_schema(spark_schema):
 def _timestamps(col: list, unit: str, t: pa.DataType) -> pa.Array:
     arr = pa.array(col, pa.int64())
     if unit == "ms":
+        # lazy: pyspark's type helpers load only when a schema is built
         import pyarrow.compute as pc
         try:
             arr = pc.multiply_checked(arr, 1000)

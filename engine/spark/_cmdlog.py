@@ -120,6 +120,7 @@ class Mapped:
 
 
 def ns_to_us(ns: int | None):
+    # lazy: _arrow imports pyarrow, which reading segments without Spark does not need
     from ._arrow import MAX_US, MIN_US
     if ns is None:
         return None

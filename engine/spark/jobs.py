@@ -46,10 +46,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def session(master: str | None):
     """(spark, created): the active session if there is one, else a new one."""
+    # lazy: pyspark loads only when a Spark job runs (`lanner spark --help` works without it)
     from pyspark.sql import SparkSession
     active = SparkSession.getActiveSession()
     if active is not None:
         return active, False
+    # lazy: pyspark loads only when a Spark job runs (`lanner spark --help` works without it)
     from pyspark import SparkConf
     conf = SparkConf()
     if master is None and not conf.contains("spark.master"):
@@ -66,12 +68,14 @@ def session(master: str | None):
 
 
 def _has_segments(paths: list[str]) -> bool:
+    # lazy: pyspark loads only when a Spark job runs (`lanner spark --help` works without it)
     from lanner.spark._cmdlog import find_segment_dirs
     return bool(find_segment_dirs(paths))
 
 
 def live_items(spark, paths: list[str], queues: str | None, now: str | None):
     """One DataFrame of every live item: storage, queue, position, add_time, expiry, data, spool, id, priority."""
+    # lazy: pyspark loads only when a Spark job runs (`lanner spark --help` works without it)
     from pyspark.sql import functions as F
     from lanner.spark import register
     register(spark)
@@ -99,6 +103,7 @@ def live_items(spark, paths: list[str], queues: str | None, now: str | None):
 def stats_rows(df, now_ms: int, roots: list[str]) -> list[tuple]:
     """(root, queue, items, bytes, oldest age in s) per queue, root being the given
     path the queue was found under (command-log queues live in directories below it)."""
+    # lazy: pyspark loads only when a Spark job runs (`lanner spark --help` works without it)
     from pyspark.sql import functions as F
     rows = (df.groupBy("spool", "queue")
             .agg(F.count(F.lit(1)).alias("items"), F.sum(F.length("data")).alias("bytes"),
@@ -146,6 +151,7 @@ def main(argv: list[str] | None = None, out=None) -> int:
     except ImportError:
         sys.stderr.write("lanner spark: pyspark is not installed: pip install 'lanner[spark]'\n")
         return 1
+    # lazy: pyspark loads only when a Spark job runs (`lanner spark --help` works without it)
     from lanner.spark._options import parse_time_ms
     now_ms = parse_time_ms(args.now) if args.now else time.time_ns() // 1_000_000
     spark, created = session(args.master)

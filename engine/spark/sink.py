@@ -138,6 +138,7 @@ def _items(plan: _Plan, batches):
 
 
 def write_partition(plan: _Plan, batches) -> SinkCommit:
+    # lazy: pyspark loads only inside a Spark task
     from pyspark import TaskContext
     ctx = TaskContext.get()
     pid = ctx.partitionId() if ctx is not None else 0

@@ -339,11 +339,13 @@ class QueueSource(DataSource):
                          "spark.read.format('lanner-journal') to read a spool's items without taking them")
 
     def writer(self, schema, overwrite: bool):
+        # lazy: the sink's pyspark writer classes load only when Spark asks for a writer
         from .sink import QueueWriter, refuse_overwrite
         refuse_overwrite(overwrite, "mode('append')")
         return QueueWriter(plain(self.options), schema)
 
     def streamWriter(self, schema, overwrite: bool):
+        # lazy: the sink's pyspark writer classes load only when Spark asks for a writer
         from .sink import QueueStreamWriter, refuse_overwrite
         refuse_overwrite(overwrite, "outputMode('append')")
         return QueueStreamWriter(plain(self.options), schema)
