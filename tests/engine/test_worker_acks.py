@@ -3,7 +3,7 @@ import errno
 
 from lanner.ipc.messages import R_ITEM, R_OK, R_SERVER_ERROR, RF_CLOSE, RF_MORE, pack_resp, unpack_resp
 from lanner.errors import describe_os_error
-from lanner.server.worker import _fail_requests
+from lanner.server.commit import _fail_requests
 from lanner.storage.journal.files import JournalError
 
 
