@@ -27,6 +27,7 @@ import signal
 
 import uvloop
 
+from lanner.errors import describe_os_error
 from lanner.fronts.front import serve_listeners
 from lanner.ipc.messages import R_SERVER_ERROR, RF_CLOSE
 from lanner.ipc.wake import clear_sleep_all, prepare_sleep_all
@@ -206,11 +207,13 @@ class ShardLoop:
         """A request from this worker's own client: run it now; its reply leaves with the batch."""
         if self.closed_conns and self.void_after_close(src, conn, op, flags):
             return
+        name = queue.decode("latin-1")
         try:
-            self.execute(src, conn, req, op, flags, queue.decode("latin-1"), a, b, payload)
-        except OSError as e:   # a full disk, an I/O error: say which file
-            log.error("worker %d: %s", self.index, e)
-            self.reply(src, conn, req, R_SERVER_ERROR, RF_CLOSE, 0, str(e).encode("latin-1", "replace"))
+            self.execute(src, conn, req, op, flags, name, a, b, payload)
+        except OSError as e:   # a full disk, an I/O error: the log names the file, the reply never does
+            log.error("worker %d: queue %r: %s", self.index, name, e)
+            self.reply(src, conn, req, R_SERVER_ERROR, RF_CLOSE, 0,
+                       describe_os_error(e, name).encode("latin-1", "replace"))
         except Exception:   # one bad request must not take the shard down
             log.exception("worker %d: request from its own client failed", self.index)
             self.reply(src, conn, req, R_SERVER_ERROR, RF_CLOSE, 0, b"internal error")
