@@ -22,7 +22,9 @@ from lanner.protocols.thrift import (
     BadCall, Call, Item, ProtocolError, QueueInfo, ThriftParser, Upgrade, encode_exception,
     encode_reply, encode_upgrade_reply, internal_error,
 )
-from lanner.perf.thrift_client import KestrelThrift, ThriftAppError, TItem, TQueueInfo
+from lanner.perf.thrift_client import (
+    KestrelThrift, ThriftAppError, TItem, TQueueInfo, write_collection, write_field,
+)
 
 CALL, REPLY, EXCEPTION, ONEWAY = (TMessageType.CALL, TMessageType.REPLY, TMessageType.EXCEPTION,
                                   TMessageType.ONEWAY)
@@ -41,49 +43,23 @@ def framed(write, strict: bool = True) -> bytes:
 
 
 def f_str(fid, s):
-    def w(p):
-        p.writeFieldBegin("", TType.STRING, fid)
-        p.writeString(s) if isinstance(s, str) else p.writeBinary(s)
-        p.writeFieldEnd()
-    return w
+    return lambda p: write_field(p, TType.STRING, fid, s)
 
 
 def f_i32(fid, v):
-    def w(p):
-        p.writeFieldBegin("", TType.I32, fid)
-        p.writeI32(v)
-        p.writeFieldEnd()
-    return w
+    return lambda p: write_field(p, TType.I32, fid, v)
 
 
 def f_i64(fid, v):
-    def w(p):
-        p.writeFieldBegin("", TType.I64, fid)
-        p.writeI64(v)
-        p.writeFieldEnd()
-    return w
+    return lambda p: write_field(p, TType.I64, fid, v)
 
 
-def f_bin_list(fid, items, etype=TType.STRING):
-    def w(p):
-        p.writeFieldBegin("", TType.LIST, fid)
-        p.writeListBegin(etype, len(items))
-        for i in items:
-            p.writeBinary(i)
-        p.writeListEnd()
-        p.writeFieldEnd()
-    return w
+def f_bin_list(fid, items):
+    return lambda p: write_collection(p, TType.LIST, fid, TType.STRING, items)
 
 
 def f_i64_set(fid, ids):
-    def w(p):
-        p.writeFieldBegin("", TType.SET, fid)
-        p.writeSetBegin(TType.I64, len(ids))
-        for i in ids:
-            p.writeI64(i)
-        p.writeSetEnd()
-        p.writeFieldEnd()
-    return w
+    return lambda p: write_collection(p, TType.SET, fid, TType.I64, ids)
 
 
 def f_struct(fid, *fields):
