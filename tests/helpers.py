@@ -128,3 +128,15 @@ def recv_until(sock: socket.socket, terminator: bytes) -> bytes:
             break
         buf += chunk
     return buf
+
+
+def wait_for(cond, timeout: float = 30.0) -> bool:
+    """Poll `cond` until it holds (True) or `timeout` seconds pass (False), so a test waits on
+    the condition it needs rather than a fixed sleep; callers assert on the result and may add
+    their own message."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return False

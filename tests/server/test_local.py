@@ -5,7 +5,7 @@ import psutil
 import pytest
 
 from lanner.queues.placement import worker_of
-from tests.helpers import start_server
+from tests.helpers import start_server, wait_for
 from tests.server.conftest import Client
 
 pytestmark = pytest.mark.integration
@@ -108,16 +108,6 @@ def test_kill_worker_returns_open_reads_of_its_clients(tmp_path):
 
 
 # -- connection handoff ------------------------------------------------------------------------
-
-def wait_for(cond, timeout=20.0):
-    import time
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return False
-
 
 def test_single_queue_connections_all_end_local(tmp_path):
     """200 connections, each using one queue: every one ends on the worker that owns its queue;
