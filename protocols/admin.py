@@ -116,7 +116,9 @@ _QUEUE_COUNTERS = frozenset(("total_items", "put_items", "transactions", "cancel
 _QUEUE_RENAME = {"age": "age_msec", "logsize": "journal_size"}
 
 
-def _number(v) -> int | float | None:
+def stat_number(v) -> int | float | None:
+    """A stat's value as a number (stats cross the rings as text), or None for one that is not
+    a number (`version`); ints stay ints.  /stats.json and the Prometheus collector both use it."""
     if isinstance(v, bool):
         return int(v)
     if isinstance(v, (int, float)):
@@ -137,7 +139,7 @@ def render_stats_json(global_stats: list[tuple[str, object]],
     counters: dict[str, int] = {}
     gauges: dict[str, float] = {}
     for k, v in global_stats:
-        n = _number(v)
+        n = stat_number(v)
         if n is None or k in _GLOBAL_SKIP:
             continue
         if k in _COUNTERS:
@@ -147,7 +149,7 @@ def render_stats_json(global_stats: list[tuple[str, object]],
     for name, stats in queues:
         prefix = "q/%s/" % name
         for k, v in stats:
-            n = _number(v)
+            n = stat_number(v)
             if n is None:
                 continue
             if k in _QUEUE_COUNTERS:
