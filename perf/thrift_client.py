@@ -133,12 +133,8 @@ class KestrelThrift:
         _empty_struct(p)
         p.writeMessageEnd()
         self.transport.flush()
-        name, mtype, seqid = p.readMessageBegin()
-        self.last_reply_seqid = seqid
-        if mtype == TMessageType.EXCEPTION:
-            x = TApplicationException()
-            x.read(p)
-            p.readMessageEnd()
+        name, mtype, _seqid, x = self._reply_head()
+        if x is not None:
             if x.type != TApplicationException.UNKNOWN_METHOD:
                 raise ThriftAppError(UPGRADE_METHOD, x.type, x.message or "")
             return
@@ -162,12 +158,8 @@ class KestrelThrift:
         self.transport.flush()
         if self.upgraded:
             _skip_struct(p)   # ResponseHeader
-        rname, mtype, rseqid = p.readMessageBegin()
-        self.last_reply_seqid = rseqid
-        if mtype == TMessageType.EXCEPTION:
-            x = TApplicationException()
-            x.read(p)
-            p.readMessageEnd()
+        rname, mtype, rseqid, x = self._reply_head()
+        if x is not None:
             raise ThriftAppError(rname, x.type, x.message or "")
         if mtype != TMessageType.REPLY or rname != name or rseqid != self.seqid:
             raise ThriftReplyError(f"{name} seqid {self.seqid}: got {rname!r} type {mtype} seqid {rseqid}")
@@ -189,6 +181,19 @@ class KestrelThrift:
         if success_type is not None and result is None:
             raise ThriftReplyError(f"{name}: reply has no success field")
         return result
+
+    def _reply_head(self) -> tuple[str, int, int, TApplicationException | None]:
+        """A reply's message header, and for an EXCEPTION reply the exception, read whole so the
+        connection stays usable whatever the caller does with it."""
+        p = self.proto
+        name, mtype, seqid = p.readMessageBegin()
+        self.last_reply_seqid = seqid
+        if mtype != TMessageType.EXCEPTION:
+            return name, mtype, seqid, None
+        x = TApplicationException()
+        x.read(p)
+        p.readMessageEnd()
+        return name, mtype, seqid, x
 
     def _write_request_header(self) -> None:
         p = self.proto
@@ -226,6 +231,12 @@ def write_field(p, ttype: int, fid: int, value) -> None:
     p.writeFieldBegin("", ttype, fid)
     _write_value(p, ttype, value)
     p.writeFieldEnd()
+
+
+def field(ttype: int, fid: int, value):
+    """`write_field` deferred: a writer `w(p)`, so a test can build a request from a list of
+    fields (`partial(field, TType.I32)` is an i32 field maker)."""
+    return lambda p: write_field(p, ttype, fid, value)
 
 
 def write_collection(p, ctype: int, fid: int, etype: int, values) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+from functools import partial
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -23,7 +24,7 @@ from lanner.protocols.thrift import (
     encode_reply, encode_upgrade_reply, internal_error,
 )
 from lanner.perf.thrift_client import (
-    KestrelThrift, ThriftAppError, TItem, TQueueInfo, write_collection, write_field,
+    KestrelThrift, ThriftAppError, TItem, TQueueInfo, field, write_collection,
 )
 
 CALL, REPLY, EXCEPTION, ONEWAY = (TMessageType.CALL, TMessageType.REPLY, TMessageType.EXCEPTION,
@@ -42,16 +43,7 @@ def framed(write, strict: bool = True) -> bytes:
     return buf.getvalue()
 
 
-def f_str(fid, s):
-    return lambda p: write_field(p, TType.STRING, fid, s)
-
-
-def f_i32(fid, v):
-    return lambda p: write_field(p, TType.I32, fid, v)
-
-
-def f_i64(fid, v):
-    return lambda p: write_field(p, TType.I64, fid, v)
+f_str, f_i32, f_i64 = (partial(field, ttype) for ttype in (TType.STRING, TType.I32, TType.I64))
 
 
 def f_bin_list(fid, items):

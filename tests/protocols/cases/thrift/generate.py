@@ -3,11 +3,12 @@ written by the `thrift` package, the expected outcome is recorded from ThriftPar
 checked by eye against reference §3.  Re-run it only to add cases, then review the diff."""
 import os
 import struct
+from functools import partial
 
 from thrift.protocol import TBinaryProtocol
 from thrift.Thrift import TMessageType, TType
 from thrift.transport import TTransport
-from lanner.perf.thrift_client import write_collection, write_field
+from lanner.perf.thrift_client import field, write_collection
 from lanner.protocols.thrift import ThriftParser, Call, BadCall, ProtocolError, Upgrade
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -31,12 +32,7 @@ def msg(name, seqid, fields=(), mtype=CALL, strict=True, header=None):
         p.writeMessageEnd()
     return framed(w, strict)
 
-def f_str(fid, s):
-    return lambda p: write_field(p, TType.STRING, fid, s)
-def f_i32(fid, v):
-    return lambda p: write_field(p, TType.I32, fid, v)
-def f_i64(fid, v):
-    return lambda p: write_field(p, TType.I64, fid, v)
+f_str, f_i32, f_i64 = (partial(field, ttype) for ttype in (TType.STRING, TType.I32, TType.I64))
 def f_list(fid, items, etype=TType.STRING):
     return lambda p: write_collection(p, TType.LIST, fid, etype, items)
 def f_set(fid, items, etype=TType.I64):
