@@ -105,21 +105,14 @@ def parse_one(data: bytes, parser: ThriftParser | None = None):
     return out
 
 
+# scalar type -> thrift's reader method for it
+SCALAR_READERS = {TType.BOOL: "readBool", TType.BYTE: "readByte", TType.I16: "readI16", TType.I32: "readI32",
+                  TType.I64: "readI64", TType.DOUBLE: "readDouble", TType.STRING: "readBinary"}
+
+
 def read_value(p, t):
-    if t == TType.BOOL:
-        return p.readBool()
-    if t == TType.BYTE:
-        return p.readByte()
-    if t == TType.I16:
-        return p.readI16()
-    if t == TType.I32:
-        return p.readI32()
-    if t == TType.I64:
-        return p.readI64()
-    if t == TType.DOUBLE:
-        return p.readDouble()
-    if t == TType.STRING:
-        return p.readBinary()
+    if t in SCALAR_READERS:
+        return getattr(p, SCALAR_READERS[t])()
     if t == TType.STRUCT:
         return read_struct(p)
     if t in (TType.LIST, TType.SET):
