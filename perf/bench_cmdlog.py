@@ -21,7 +21,7 @@ import shutil
 
 import pytest
 
-from lanner.perf.benchkit import report_rate, workdir  # noqa: F401  (workdir: a fixture)
+from lanner.perf.benchkit import bench_write_baseline, report_rate, workdir  # noqa: F401  (workdir: a fixture)
 from lanner.clock import FakeClock
 from lanner.storage.cmdlog.partition import PartitionLog
 from lanner.queues.item import QItem
@@ -105,17 +105,8 @@ def test_write_baseline(benchmark, workdir):
     st.record_add(QItem(0, 0, b"x" * 1024))
     record = bytes(plog._buf)
     plog.close()
-    batch = record * 100
-
-    def run():
-        path = os.path.join(workdir, "baseline")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-        for _ in range(APPENDS // 100):
-            os.write(fd, batch)
-        os.close(fd)
-
-    benchmark.pedantic(run, rounds=5, iterations=1, warmup_rounds=1)
-    report_rate(benchmark, "records_per_s", APPENDS, "records/s (os.write per 100 x 1 KiB records)")
+    bench_write_baseline(benchmark, os.path.join(workdir, "baseline"), record * 100, APPENDS // 100,
+                         "records/s (os.write per 100 x 1 KiB records)", APPENDS)
 
 
 def _build_log(d: str, size: int, finished_share: float, segment_size: int) -> int:

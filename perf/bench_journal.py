@@ -21,7 +21,7 @@ from dataclasses import replace
 import pytest
 
 from lanner.config import UNBOUNDED_JOURNAL as UNBOUNDED
-from lanner.perf.benchkit import report_rate, workdir  # noqa: F401  (workdir: a fixture)
+from lanner.perf.benchkit import bench_write_baseline, report_rate, workdir  # noqa: F401  (workdir: a fixture)
 from lanner.clock import FakeClock
 from lanner.queues.item import QItem
 from lanner.storage.journal.codec import encode_add, encode_remove
@@ -77,16 +77,8 @@ def test_append_buffer_only(benchmark, workdir):
 
 def test_write_baseline(benchmark, workdir):
     """Bare os.write of the same bytes in 100-record writes: the machine's ceiling."""
-    chunk = b"y" * ((RECORD + 21) * 100)
-    path = os.path.join(workdir, "raw")
-
-    def run():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-        for _ in range(APPENDS // 100):
-            os.write(fd, chunk)
-        os.close(fd)
-    benchmark.pedantic(run, rounds=5, iterations=1, warmup_rounds=1)
-    report_rate(benchmark, "records_per_s", APPENDS, "records/s")
+    bench_write_baseline(benchmark, os.path.join(workdir, "raw"), b"y" * ((RECORD + 21) * 100), APPENDS // 100,
+                         "records/s", APPENDS)
 
 
 def _make_journal(workdir: str, name: str, pattern: str) -> int:
