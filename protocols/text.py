@@ -32,7 +32,9 @@ import logging
 from dataclasses import dataclass
 from typing import Iterator
 
-from lanner.protocols.memcache import STATUS_NAMES, _show, parse_int
+from lanner.protocols.memcache import (
+    STATUS_NAMES, ProtocolError, Quit, Shutdown, Status, Version, _show, parse_int,
+)
 
 log = logging.getLogger(__name__)
 
@@ -92,37 +94,15 @@ class Delete:
     queue: str
 
 
-@dataclass(slots=True)
-class Status:
-    """`name` None asks for the status; otherwise one of STATUS_NAMES, lower-cased."""
-    name: str | None = None
-
-
-@dataclass(slots=True)
-class Version:
-    pass
-
-
-@dataclass(slots=True)
-class Shutdown:
-    """Reply `+0`, then shut the server down."""
-
-
-@dataclass(slots=True)
-class Quit:
-    """Close without a reply."""
+# Status, Version, Shutdown (the front replies `+0`, then shuts the server down), Quit (close
+# without a reply) and ProtocolError(reply, close) are the memcache dialect's own classes: the
+# same commands with the same fields, so one definition serves both parsers.
 
 
 @dataclass(slots=True)
 class Reply:
     """A complete answer the parser decided alone; the connection stays open."""
     reply: bytes
-
-
-@dataclass(slots=True)
-class ProtocolError:
-    reply: bytes
-    close: bool
 
 
 Command = (Put | Get | Peek | Monitor | Confirm | Flush | Delete | Status | Version | Shutdown
