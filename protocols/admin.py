@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from typing import Iterator
 from urllib.parse import parse_qsl, unquote
 
+from lanner.protocols.stream import StreamParser
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -171,10 +173,11 @@ def render_server_info_json(version: str, start_time_ms: int, uptime_ms: int) ->
 _HEAD, _BODY, _STOPPED = 0, 1, 2
 
 
-class AdminParser:
+class AdminParser(StreamParser):
     """Feed socket bytes, take `HttpRequest`/`HttpError` from `next` until it returns None."""
 
     __slots__ = ("max_head", "max_body", "_buf", "_scan", "_state", "_skip", "_pending")
+    BETWEEN, STOPPED = _HEAD, _STOPPED
 
     def __init__(self, max_head: int = 8192, max_body: int = 1 << 16) -> None:
         self.max_head = max_head
@@ -184,14 +187,6 @@ class AdminParser:
         self._state = _HEAD
         self._skip = 0                      # BODY: bytes of body still to drop
         self._pending: HttpRequest | None = None  # BODY: yielded once its body is past
-
-    @property
-    def buffered(self) -> int:
-        return len(self._buf)
-
-    @property
-    def stopped(self) -> bool:
-        return self._state == _STOPPED
 
     def feed(self, data: bytes) -> None:
         if self._state != _STOPPED:

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from lanner.protocols.memcache_replies import client_error
+from lanner.protocols.stream import StreamParser
 
 log = logging.getLogger(__name__)
 
@@ -407,7 +408,7 @@ STREAM_PIECE = 64 << 10
 BINARY_MAGIC = b"\x80"   # starts every binary request; its client would wait forever for a newline
 
 
-class MemcacheParser:
+class MemcacheParser(StreamParser):
     """Feed socket bytes with `feed`, take commands with `next` until it returns None.
 
     `item_limit(queue_name) -> int | None` gives the queue's max item size (inclusive);
@@ -417,6 +418,7 @@ class MemcacheParser:
 
     __slots__ = ("max_line", "item_limit", "stream_over", "_buf", "_scan", "_state", "_need",
                  "_set", "_after")
+    BETWEEN, STOPPED = _LINE, _STOPPED
 
     def __init__(self, max_line: int = 1 << 20,
                  item_limit: Callable[[str], int | None] | None = None,
@@ -431,22 +433,6 @@ class MemcacheParser:
                                 # BODY: body bytes not yet yielded
         self._set: Set | None = None       # DATA: the Set waiting for its data
         self._after = None      # SKIP: what to yield once the skipped block is past
-
-    @property
-    def buffered(self) -> int:
-        """Bytes held and not yet parsed (the front can watch this for back-pressure)."""
-        return len(self._buf)
-
-    @property
-    def stopped(self) -> bool:
-        """True once a closing error, `quit` or `shutdown` was yielded."""
-        return self._state == _STOPPED
-
-    def unparsed(self) -> bytes | None:
-        """The bytes fed and not parsed yet, when a fresh parser fed them would continue exactly
-        where this one stands (between commands); None inside a command's data.  A connection
-        handed to another process carries them along."""
-        return bytes(self._buf) if self._state == _LINE else None
 
     def feed(self, data: bytes) -> None:
         state = self._state

@@ -35,6 +35,7 @@ from typing import Iterator
 from lanner.protocols.memcache import (
     STATUS_NAMES, ProtocolError, Quit, Shutdown, Status, Version, _show, parse_int,
 )
+from lanner.protocols.stream import StreamParser
 
 log = logging.getLogger(__name__)
 
@@ -242,11 +243,12 @@ def _split(line: bytes) -> list[bytes]:
 _LINE, _BLOCK, _STOPPED = 0, 1, 2
 
 
-class TextParser:
+class TextParser(StreamParser):
     """Feed socket bytes with `feed`, take commands with `next` until it returns None."""
 
     __slots__ = ("max_line", "max_block", "_buf", "_scan", "_state", "_toks", "_items",
                  "_block_bytes")
+    BETWEEN, STOPPED = _LINE, _STOPPED
 
     def __init__(self, max_line: int = 1 << 20, max_block: int = 1 << 26) -> None:
         self.max_line = max_line
@@ -262,16 +264,6 @@ class TextParser:
     def buffered(self) -> int:
         """Bytes held and not yet parsed, put items already read included."""
         return len(self._buf) + self._block_bytes
-
-    @property
-    def stopped(self) -> bool:
-        return self._state == _STOPPED
-
-    def unparsed(self) -> bytes | None:
-        """The bytes fed and not parsed yet, when a fresh parser fed them would continue exactly
-        where this one stands (between commands); None inside a command's data.  A connection
-        handed to another process carries them along."""
-        return bytes(self._buf) if self._state == _LINE else None
 
     def feed(self, data: bytes) -> None:
         if self._state != _STOPPED:
