@@ -26,7 +26,7 @@ from lanner.fronts.text import TextConn
 from lanner.fronts.thrift import ThriftConn
 from lanner.ipc import control
 from lanner.ipc.messages import RESP_SIZE, Reassembler, pack_req, send, unpack_resp
-from lanner.ipc.wake import prepare_sleep_all
+from lanner.ipc.wake import drain_eventfd, prepare_sleep_all
 from lanner.ops import latency
 from lanner.queues.placement import worker_of
 
@@ -140,10 +140,7 @@ class Front:
                 c.pump()
 
     def on_wake(self) -> None:
-        try:
-            os.eventfd_read(self.wake_fd)
-        except BlockingIOError:
-            pass
+        drain_eventfd(self.wake_fd)
         self.push_overflow()
         while True:
             self.drain_responses()

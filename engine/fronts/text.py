@@ -34,11 +34,7 @@ class TextConn(Conn):
         slot.out = tx.error(reason)
 
     def bad_name(self, queue: str) -> bool:
-        reason = self.check_name(queue)
-        if reason is None:
-            return False
-        self.reply_now(tx.error(reason), close=True)
-        return True
+        return self.close_with(self.check_name(queue), tx.error)
 
     def failure(self, slot: Slot) -> bool:
         """A worker failure becomes an error line; if the worker said RF_CLOSE (it rolled the

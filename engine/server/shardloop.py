@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 
 import uvloop
 
 from lanner.fronts.front import serve_listeners
 from lanner.ipc.messages import R_SERVER_ERROR, RF_CLOSE
-from lanner.ipc.wake import clear_sleep_all, prepare_sleep_all
+from lanner.ipc.wake import clear_sleep_all, drain_eventfd, prepare_sleep_all
 
 log = logging.getLogger("lanner.server.worker")
 
@@ -110,10 +109,7 @@ class ShardLoop:
             self.loop.stop()
 
     def on_wake(self) -> None:
-        try:
-            os.eventfd_read(self.wake_fd)
-        except BlockingIOError:
-            pass
+        drain_eventfd(self.wake_fd)
         self.pump()
         self.woke()
 
