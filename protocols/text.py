@@ -141,55 +141,68 @@ def _name(tok: bytes) -> str:
     return tok.decode("latin-1")
 
 
-def _put(args, items):
+class _Refused(Exception):
+    """Raised by the argument readers below with the reply that refuses the command, so each
+    command's parser reads as the arguments it takes; `_dispatch` turns it into that reply."""
+
+    def __init__(self, reply) -> None:
+        self.reply = reply
+
+
+def _queue(args) -> str:
     if not args:
-        return _QUEUE_REQUIRED
-    expiry = None
-    if len(args) > 1:
-        expiry = parse_int(args[1])
-        if expiry is None:
-            return Reply(error("Error parsing expiration time."))
+        raise _Refused(_QUEUE_REQUIRED)
+    return _name(args[0])
+
+
+def _optional_int(args, what: str) -> int | None:
+    """The int after the queue name, if any; a bad one is refused with a plain error reply."""
+    if len(args) < 2:
+        return None
+    n = parse_int(args[1])
+    if n is None:
+        raise _Refused(Reply(error(f"Error parsing {what}.")))
+    return n
+
+
+def _required_int(args, missing: str, what: str) -> int:
+    """The int after the queue name; missing, a plain error; bad, an error that closes the
+    connection (Kestrel's handler threw)."""
+    if len(args) < 2:
+        raise _Refused(Reply(error(missing)))
+    n = parse_int(args[1])
+    if n is None:
+        raise _Refused(ProtocolError(error(f"Error parsing {what}: " + _show(args[1])), True))
+    return n
+
+
+def _put(args, items):
+    queue = _queue(args)
+    expiry = _optional_int(args, "expiration time")
     if not items:
         return Reply(count(0))  # setItem is never called: nothing created, nothing checked
-    return Put(_name(args[0]), expiry, items)
+    return Put(queue, expiry, items)
 
 
 def _get_like(cls):
     def parse(args, items):
-        if not args:
-            return _QUEUE_REQUIRED
-        timeout = None
-        if len(args) > 1:
-            timeout = parse_int(args[1])
-            if timeout is None:
-                return Reply(error("Error parsing timeout."))
-        return cls(_name(args[0]), timeout)
+        return cls(_queue(args), _optional_int(args, "timeout"))
     return parse
 
 
 def _monitor(args, items):
-    if len(args) < 2:
-        return Reply(error("Queue name & timeout required."))
-    timeout = parse_int(args[1])
-    if timeout is None:
-        return ProtocolError(error("Error parsing timeout: " + _show(args[1])), True)
+    timeout = _required_int(args, "Queue name & timeout required.", "timeout")
     return Monitor(_name(args[0]), timeout)
 
 
 def _confirm(args, items):
-    if len(args) < 2:
-        return Reply(error("Queue name & count required."))
-    n = parse_int(args[1])
-    if n is None:
-        return ProtocolError(error("Error parsing count: " + _show(args[1])), True)
+    n = _required_int(args, "Queue name & count required.", "count")
     return Confirm(_name(args[0]), n)
 
 
 def _one_queue(cls):
     def parse(args, items):
-        if not args:
-            return _QUEUE_REQUIRED
-        return cls(_name(args[0]))
+        return cls(_queue(args))
     return parse
 
 
@@ -228,7 +241,10 @@ def _dispatch(toks: list[bytes], items: list[bytes]):
     handler = _COMMANDS.get(word)
     if handler is None:
         return Reply(error("Unknown command: " + word))
-    return handler(toks[1:], items)
+    try:
+        return handler(toks[1:], items)
+    except _Refused as r:
+        return r.reply
 
 
 def _split(line: bytes) -> list[bytes]:
