@@ -50,6 +50,7 @@ def int_list(text: str) -> list[int]:
 COMMON: dict[str, tuple[tuple[str, ...], dict, str]] = {
     "queue": (("-q", "--queue"), {}, "queue"),
     "count": (("-n", "--count"), {"type": int}, "items to put"),
+    "sets": (("-s", "--sets"), {"type": int}, "sets"),
     "kilobytes": (("-k", "--kilobytes"), {"type": int}, "KiB per item"),
     "bytes": (("-b", "--bytes"), {"type": int}, "bytes per item"),
     "item_size": (("-i", "--item-size"), {"type": int}, "bytes per item"),

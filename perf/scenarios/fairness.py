@@ -18,9 +18,8 @@ COMPARE = "p99_us"
 
 def add_arguments(p) -> None:
     g = p.add_argument_group("fairness (darner's db names and defaults)")
-    g.add_argument("-s", "--sets", type=int, default=100000, help="small sets measured (default 100000)")
-    add_options(g, concurrency=(10, "small-set connections"), item_size=(64, "bytes per small item"),
-                queue="db_bench")
+    add_options(g, sets=(100000, "small sets measured"), concurrency=(10, "small-set connections"),
+                item_size=(64, "bytes per small item"), queue="db_bench")
     g.add_argument("--large-size", type=int, default=8 * 2**20, help="bytes per large item (default 8 MiB)")
     g.add_argument("--large-concurrency", type=int, default=10, help="flooding connections (default 10)")
     g.add_argument("--large-get-ratio", type=float, default=0.5,

@@ -18,7 +18,7 @@ COMPARE = "ops_s"
 
 def add_arguments(p) -> None:
     g = p.add_argument_group("mixed (darner's db names and defaults)")
-    g.add_argument("-s", "--sets", type=int, default=10000, help="sets per concurrency level (default 10000)")
+    add_options(g, sets=(10000, "sets per concurrency level"))
     g.add_argument("-g", "--gets", type=int, default=10000, help="gets per concurrency level (default 10000)")
     add_options(g, item_size=64)
     g.add_argument("-c", "--concurrency", type=int_list, default=[10],
