@@ -1,5 +1,6 @@
 """Raw-byte tests of the memcache dialect against a real `lanner serve` (reference §1)."""
 import itertools
+import os
 import time
 
 import pytest
@@ -193,31 +194,20 @@ def test_errors(mc):
     assert c.ask(b"set q 0 0 1\r\nx\r\n".replace(b"q", qname()) ) == b"STORED\r\n"
     assert c.ask(b"set foo x 0 1\r\nx\r\n").startswith(b"CLIENT_ERROR")   # flags: stays open
     assert c.ask(b"version\r\n").startswith(b"VERSION ")
-    c.send(b"get a.b\r\n")
-    assert c.recv_until(b"\r\n").startswith(b"CLIENT_ERROR")
-    assert c.is_closed()
-    c = mc()
-    c.send(b"get q/open/peek\r\n")
-    assert c.recv_until(b"\r\n").startswith(b"CLIENT_ERROR")
-    assert c.is_closed()
-    c = mc()
-    c.send(b"add q 0 0 1\r\nx\r\n")
-    assert c.recv_until(b"\r\n").startswith(b"CLIENT_ERROR")
-    assert c.is_closed()
-    c = mc()
-    c.send(b"get q/t=abc\r\n")
+    closes_with_client_error(c, b"get a.b\r\n")
+    for request in (b"get q/open/peek\r\n", b"add q 0 0 1\r\nx\r\n", b"get q/t=abc\r\n"):
+        closes_with_client_error(mc(), request)
+
+
+def closes_with_client_error(c, request: bytes) -> None:
+    c.send(request)
     assert c.recv_until(b"\r\n").startswith(b"CLIENT_ERROR")
     assert c.is_closed()
 
 
 def test_illegal_names_never_escape(mc, server):
-    import os
-    c = mc()
     for bad in (b"../x", b"a/b", b"..", b"~root", b"x\\y"):
-        c = mc()
-        c.send(b"set %s 0 0 1\r\nx\r\n" % bad)
-        assert c.recv_until(b"\r\n").startswith(b"CLIENT_ERROR")
-        assert c.is_closed()
+        closes_with_client_error(mc(), b"set %s 0 0 1\r\nx\r\n" % bad)
     parent = os.path.dirname(server.queue_path)
     assert not os.path.exists(os.path.join(parent, "x"))
 
