@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from lanner.protocols.memcache_replies import client_error
-from lanner.protocols.stream import StreamParser
+from lanner.protocols.stream import TOO_LONG, StreamParser
 
 log = logging.getLogger(__name__)
 
@@ -462,20 +462,12 @@ class MemcacheParser(StreamParser):
                 if not self._scan and buf[:1] == BINARY_MAGIC:
                     return self._stop(ProtocolError(client_error(
                         "the memcache binary protocol is not supported; use the text protocol"), True))
-                i = buf.find(b"\n", self._scan)
-                if i < 0:
-                    if len(buf) > self.max_line + 1:  # + 1: room for the CR of CRLF
-                        return self._stop(ProtocolError(
-                            client_error("line longer than %d bytes" % self.max_line), True))
-                    self._scan = len(buf)
+                line = self._take_line()
+                if line is None:
                     return None
-                self._scan = 0
-                end = i - 1 if i and buf[i - 1] == 13 else i
-                if end > self.max_line:
+                if line is TOO_LONG:
                     return self._stop(ProtocolError(
                         client_error("line longer than %d bytes" % self.max_line), True))
-                line = bytes(buf[:end])
-                del buf[:i + 1]
                 cmd = self._line(line)
                 if cmd is not None:
                     return cmd

@@ -6,6 +6,10 @@ requests"."""
 from __future__ import annotations
 
 
+#: What `_take_line` answers for a line longer than the parser's max_line.
+TOO_LONG = object()
+
+
 class StreamParser:
     __slots__ = ()
     BETWEEN: int          # the state between two requests (where a handoff may happen)
@@ -26,3 +30,24 @@ class StreamParser:
         where this one stands (between requests); None inside a request's data.  A connection
         handed to another process carries them along."""
         return bytes(self._buf) if self._state == self.BETWEEN else None
+
+    def _take_line(self):
+        """The next line of a line-based protocol (memcache, text), removed from `_buf` without
+        its LF and one CR right before it; None when its LF has not arrived; TOO_LONG when it
+        is longer than `max_line` bytes, which is known before its LF arrives, so no line is
+        buffered beyond the bound.  `_scan` remembers how far `_buf` holds no LF, so feeding a
+        long line byte by byte stays linear."""
+        buf = self._buf
+        i = buf.find(b"\n", self._scan)
+        if i < 0:
+            if len(buf) > self.max_line + 1:  # + 1: room for the CR of CRLF
+                return TOO_LONG
+            self._scan = len(buf)
+            return None
+        self._scan = 0
+        end = i - 1 if i and buf[i - 1] == 13 else i
+        if end > self.max_line:
+            return TOO_LONG
+        line = bytes(buf[:end])
+        del buf[:i + 1]
+        return line

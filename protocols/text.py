@@ -35,7 +35,7 @@ from typing import Iterator
 from lanner.protocols.memcache import (
     STATUS_NAMES, ProtocolError, Quit, Shutdown, Status, Version, _show, parse_int,
 )
-from lanner.protocols.stream import StreamParser
+from lanner.protocols.stream import TOO_LONG, StreamParser
 
 log = logging.getLogger(__name__)
 
@@ -290,21 +290,12 @@ class TextParser(StreamParser):
             yield cmd
 
     def next(self) -> Command | None:
-        buf = self._buf
         while self._state != _STOPPED:
-            i = buf.find(b"\n", self._scan)
-            if i < 0:
-                if len(buf) > self.max_line + 1:  # + 1: room for the CR of CRLF
-                    return self._stop(ProtocolError(
-                        error("Line longer than %d bytes." % self.max_line), True))
-                self._scan = len(buf)
+            line = self._take_line()
+            if line is None:
                 return None
-            self._scan = 0
-            end = i - 1 if i and buf[i - 1] == 13 else i
-            if end > self.max_line:
+            if line is TOO_LONG:
                 return self._stop(ProtocolError(error("Line longer than %d bytes." % self.max_line), True))
-            line = bytes(buf[:end])
-            del buf[:i + 1]
             if self._state == _BLOCK:
                 items = self._items
                 if line and len(items) < MAX_PUT_BUFFER:
