@@ -136,8 +136,7 @@ class Front:
     def wake_ring_waiters(self) -> None:
         if self.ring_waiters:
             waiters, self.ring_waiters = self.ring_waiters, set()
-            for c in waiters:
-                c.pump()
+            _pump_each(waiters)
 
     def on_wake(self) -> None:
         drain_eventfd(self.wake_fd)
@@ -181,8 +180,7 @@ class Front:
     def flush_writes(self) -> None:
         if self.write_pending:
             pending, self.write_pending = self.write_pending, set()
-            for c in pending:
-                c.pump()
+            _pump_each(pending)
 
     # -- control ---------------------------------------------------------------------------------
     def on_control(self) -> None:
@@ -269,6 +267,13 @@ async def serve_listeners(front: Front) -> None:
             if not front.stopping:
                 loop.call_later(max(timeout / 4000.0, 0.05), sweep)
         loop.call_later(max(timeout / 4000.0, 0.05), sweep)
+
+
+def _pump_each(conns: set) -> None:
+    """Pump every connection of a set its owner has already swapped for an empty one, so a
+    connection that must wait again can re-add itself while the loop runs."""
+    for c in conns:
+        c.pump()
 
 
 def front_main(index, config, status, counters, req_rings, resp_rings, wake_fd, control_sock,

@@ -98,8 +98,7 @@ class CmdlogReader(DataSourceReader):
         if error is not None:
             for col, v in zip(cols.cols, (None,) * 8 + (p.spool, True, error)):
                 col.append(v)
-        if len(cols):
-            yield cols.batch()
+        yield from cols.rest()
 
     def _records(self, p: CmdlogPartition):
         cols = Columns(self.schema)
@@ -125,8 +124,7 @@ class CmdlogReader(DataSourceReader):
                 col.append(v)
             if cols.full():
                 yield cols.batch()
-        if len(cols):
-            yield cols.batch()
+        yield from cols.rest()
 
 
 class CmdlogSource(BatchSource):

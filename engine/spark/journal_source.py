@@ -86,8 +86,7 @@ class JournalReader(DataSourceReader):
             if cols.full():
                 yield cols.batch()
                 _q, _pos, add, exp, data, _spool = cols.cols
-        if len(cols):
-            yield cols.batch()
+        yield from cols.rest()
 
     def _records(self, p: JournalPartition):
         ref = p.files[0]
@@ -115,8 +114,7 @@ class JournalReader(DataSourceReader):
                     _q, _file, offset, op, xid, add, exp, data, _spool = cols.cols
         finally:
             cur.close()
-        if len(cols):
-            yield cols.batch()
+        yield from cols.rest()
 
 
 class JournalSource(BatchSource):
