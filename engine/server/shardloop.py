@@ -104,7 +104,8 @@ class ShardLoop:
         self.loop.call_later(0.05, self.loop.stop)
 
     def woke(self) -> None:
-        """An event was handled: end a `step` early."""
+        """An event was handled: its work joins this turn's batch, and a `step` ends early."""
+        self.schedule_turn()
         if self.stepping:
             self.loop.stop()
 
@@ -182,19 +183,16 @@ class ShardLoop:
 
     def on_control_readable(self) -> None:
         self.poll_control()
-        self.schedule_turn()
         self.woke()
 
     def on_sync_readable(self) -> None:
         self.on_sync_done()
-        self.schedule_turn()
         self.woke()
 
     def on_cleaner_readable(self) -> None:
         self.poll_cleaner()
         if self.cleaner_reader.eof:
             self.loop.remove_reader(self.cleaner.fileno())
-        self.schedule_turn()
         self.woke()
 
     def local_request(self, src: int, conn: int, req: int, op: int, flags: int, queue: bytes,
