@@ -73,7 +73,7 @@ def test_libmemcached_tools_copy_file(server, tmp_path):
 
 def test_pylibmc_binary_gets_an_error_not_a_hang(server):
     """The binary protocol is not spoken; a binary client must fail fast, not time out."""
-    import pylibmc
+    import pylibmc                                # here: each client library is one test's concern
     c = pylibmc.Client([_addr(server)], binary=True, behaviors={"connect_timeout": 2000,
                                                                 "receive_timeout": 5_000_000})
     started = time.monotonic()
