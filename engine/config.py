@@ -260,13 +260,15 @@ def _table(value: object, key: str) -> dict:
 
 
 def _fields(table: Mapping[str, Any], checkers: Mapping[str, Checker], prefix: str,
-            lenient: bool = False) -> dict[str, object]:
+            lenient: bool = False, unknown: str = "unknown key") -> dict[str, object]:
+    """Each value checked by its key's checker; the file's tables and the command-line
+    overrides (lenient: strings as typed) go through this one loop."""
     out: dict[str, object] = {}
     for k, v in table.items():
         key = f"{prefix}.{key_part(k)}"
         checker = checkers.get(k)
         if checker is None:
-            raise ConfigError(key, "unknown key")
+            raise ConfigError(key, unknown)
         out[k] = checker(v, key, lenient)
     return out
 
@@ -366,16 +368,10 @@ def _build(doc: Mapping[str, Any], path: str | None) -> Config:
 def _apply_overrides(server: ServerConfig, overrides: Mapping[str, object]) -> ServerConfig:
     """Command-line values win over the file; they are checked like file values
     but may be strings as typed ("3", "off").  Their errors name no file."""
-    fields: dict[str, object] = {}
-    for k, v in overrides.items():
-        key = f"server.{k}"
-        checker = SERVER_FIELDS.get(k)
-        if checker is None:
-            raise ConfigError(key, "unknown setting (command-line override)")
-        try:
-            fields[k] = checker(v, key, True)
-        except ConfigError as e:
-            raise ConfigError(key, e.reason + " (command-line override)") from None
+    try:
+        fields = _fields(overrides, SERVER_FIELDS, "server", lenient=True, unknown="unknown setting")
+    except ConfigError as e:
+        raise ConfigError(e.key, e.reason + " (command-line override)") from None
     return dataclasses.replace(server, **fields)
 
 

@@ -111,22 +111,29 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _quantity(value: object, key: str, units: dict, what: str, example: str, forms: str) -> int:
+    """A non-negative int, given bare or as a string with one of `units`: sizes and durations
+    accept the same two forms and refuse bad input with the same wording."""
+    if _is_int(value):
+        n = value
+    elif isinstance(value, str):
+        n = _scaled(value, units)
+        if n is None:
+            raise ConfigError(key, f"expected a {what} {example}, got {value!r}")
+    else:
+        raise ConfigError(key, f"expected a {what} ({forms}), got {value!r}")
+    if n < 0:
+        raise ConfigError(key, f"a {what} cannot be negative, got {value!r}")
+    return n
+
+
 def parse_size(value: object, key: str) -> int:
     """Bytes from an int or a string such as "512KiB", "1.5MiB", "1GB" or "100".
 
     Units are binary whatever their spelling, as Kestrel's StorageUnit; results
     above 2**63-1 saturate there, so "8EiB" means "no limit".
     """
-    if _is_int(value):
-        n = value
-    elif isinstance(value, str):
-        n = _scaled(value, _SIZE_UNITS)
-        if n is None:
-            raise ConfigError(key, f"expected a size such as 16MiB, got {value!r}")
-    else:
-        raise ConfigError(key, f"expected a size (integer bytes or a string such as \"16MiB\"), got {value!r}")
-    if n < 0:
-        raise ConfigError(key, f"a size cannot be negative, got {value!r}")
+    n = _quantity(value, key, _SIZE_UNITS, "size", "such as 16MiB", "integer bytes or a string such as \"16MiB\"")
     return min(n, LONG_MAX)
 
 
@@ -135,18 +142,10 @@ def parse_duration(value: object, key: str) -> int | None:
 
     Callers decide whether None (and 0) are allowed for their setting.
     """
-    if _is_int(value):
-        n = value
-    elif isinstance(value, str):
-        if value.strip().lower() == "off":
-            return None
-        n = _scaled(value, _DURATION_UNITS)
-        if n is None:
-            raise ConfigError(key, f"expected a duration such as 250ms, 1s, 5m, 1h, 1d or \"off\", got {value!r}")
-    else:
-        raise ConfigError(key, f"expected a duration (integer milliseconds or a string such as \"1s\"), got {value!r}")
-    if n < 0:
-        raise ConfigError(key, f"a duration cannot be negative, got {value!r}")
+    if isinstance(value, str) and value.strip().lower() == "off":
+        return None
+    n = _quantity(value, key, _DURATION_UNITS, "duration", "such as 250ms, 1s, 5m, 1h, 1d or \"off\"",
+                  "integer milliseconds or a string such as \"1s\"")
     if n > LONG_MAX:
         raise ConfigError(key, f"duration too long: {value!r}")
     return n

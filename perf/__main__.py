@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=mod.HELP, description=mod.__doc__, add_help=False,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(p)
-        add_common(p, mod.DEFAULT_PORT)
+        add_common(p, scenarios.default_port(mod))
     compare.add_parser(sub)
     return parser
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 
 import pytest
 
+from lanner.perf.benchkit import bench_write_baseline, report_rate, workdir  # noqa: F401  (workdir: a fixture)
 from lanner.clock import FakeClock
 from lanner.storage.cmdlog.partition import PartitionLog
 from lanner.queues.item import QItem
@@ -30,21 +30,6 @@ from lanner.storage.cmdlog.segment import list_segments
 
 APPENDS = 20_000
 LOG_MB = 24
-
-
-@pytest.fixture
-def workdir():
-    d = tempfile.mkdtemp(prefix="lanner-bench-cmdlog-")
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-def _report(benchmark, key: str, amount: float, unit: str) -> float:
-    best = benchmark.stats.stats.min
-    rate = amount / best
-    benchmark.extra_info[key] = round(rate, 1)
-    print(f"\n{benchmark.name}: {rate:,.0f} {unit} (best of {benchmark.stats.stats.rounds})")
-    return rate
 
 
 def _fresh(workdir: str, name: str = "p", **kw) -> PartitionLog:
@@ -73,7 +58,7 @@ def test_append(benchmark, workdir, size, flush_every):
         plog.close()
 
     benchmark.pedantic(run, rounds=5, iterations=1, warmup_rounds=1)
-    _report(benchmark, "records_per_s", APPENDS, "records/s")
+    report_rate(benchmark, "records_per_s", APPENDS, "records/s")
 
 
 @pytest.mark.parametrize("per", [1, 100], ids=["fsync-per-op", "fsync-per-100"])
@@ -91,7 +76,7 @@ def test_append_durable(benchmark, workdir, per):
         plog.close()
 
     benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
-    _report(benchmark, "records_per_s", n, "durable records/s")
+    report_rate(benchmark, "records_per_s", n, "durable records/s")
 
 
 def test_queue_cycle(benchmark, workdir):
@@ -111,7 +96,7 @@ def test_queue_cycle(benchmark, workdir):
         plog.close()
 
     benchmark.pedantic(run, rounds=5, iterations=1, warmup_rounds=1)
-    _report(benchmark, "items_per_s", APPENDS, "items/s (3 records each)")
+    report_rate(benchmark, "items_per_s", APPENDS, "items/s (3 records each)")
 
 
 def test_write_baseline(benchmark, workdir):
@@ -120,17 +105,8 @@ def test_write_baseline(benchmark, workdir):
     st.record_add(QItem(0, 0, b"x" * 1024))
     record = bytes(plog._buf)
     plog.close()
-    batch = record * 100
-
-    def run():
-        path = os.path.join(workdir, "baseline")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-        for _ in range(APPENDS // 100):
-            os.write(fd, batch)
-        os.close(fd)
-
-    benchmark.pedantic(run, rounds=5, iterations=1, warmup_rounds=1)
-    _report(benchmark, "records_per_s", APPENDS, "records/s (os.write per 100 x 1 KiB records)")
+    bench_write_baseline(benchmark, os.path.join(workdir, "baseline"), record * 100, APPENDS // 100,
+                         "records/s (os.write per 100 x 1 KiB records)", APPENDS)
 
 
 def _build_log(d: str, size: int, finished_share: float, segment_size: int) -> int:
@@ -176,7 +152,7 @@ def test_replay(benchmark, workdir, size):
         plog.close()
 
     benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
-    _report(benchmark, "MB_per_s", nbytes / 1e6, "MB/s")
+    report_rate(benchmark, "MB_per_s", nbytes / 1e6, "MB/s")
     benchmark.extra_info["records_per_s"] = round(records / benchmark.stats.stats.min)
     print(f"  {records:,} records, {nbytes / 1e6:.1f} MB: {records / benchmark.stats.stats.min:,.0f} records/s")
 
@@ -195,7 +171,7 @@ def test_rewrite(benchmark, workdir, size):
 
     result = []
     benchmark.pedantic(lambda *a: result.append(rewrite_segments(*a)), setup=setup, rounds=3, iterations=1)
-    _report(benchmark, "MB_per_s", nbytes / 1e6, "MB/s of log read")
+    report_rate(benchmark, "MB_per_s", nbytes / 1e6, "MB/s of log read")
     st = result[-1]
     print(f"  {nbytes / 1e6:.1f} MB in {st.segments} segments -> {_dir_bytes(d) / 1e6:.1f} MB: "
           f"{st.rewritten} rewritten, {st.deleted} deleted, {st.records_dropped:,} of "

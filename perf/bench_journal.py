@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from dataclasses import replace
 
 import pytest
 
 from lanner.config import UNBOUNDED_JOURNAL as UNBOUNDED
+from lanner.perf.benchkit import bench_write_baseline, report_rate, workdir  # noqa: F401  (workdir: a fixture)
 from lanner.clock import FakeClock
 from lanner.queues.item import QItem
 from lanner.storage.journal.codec import encode_add, encode_remove
@@ -31,20 +31,6 @@ from lanner.storage.journal.packer import pack_files
 RECORD = 1024                  # item bytes per record
 APPENDS = 50_000               # records per append round
 REPLAY_MB = 64
-
-
-@pytest.fixture
-def workdir():
-    d = tempfile.mkdtemp(prefix="lanner-bench-journal-")
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-def _report(benchmark, key: str, amount: float, unit: str) -> None:
-    best = benchmark.stats.stats.min
-    rate = amount / best
-    benchmark.extra_info[key] = round(rate, 1)
-    print(f"\n{benchmark.name}: {rate:,.0f} {unit} (best of {benchmark.stats.stats.rounds})")
 
 
 def _fresh_journal(workdir: str, name: str) -> Journal:
@@ -69,7 +55,7 @@ def _append(workdir: str, batch: int, size: int = RECORD) -> None:
 def test_append_1k(benchmark, workdir, batch):
     """1 KiB ADDX records, flushed (one os.write) per op or per 100."""
     benchmark.pedantic(_append, args=(workdir, batch), rounds=5, iterations=1, warmup_rounds=1)
-    _report(benchmark, "records_per_s", APPENDS, "records/s")
+    report_rate(benchmark, "records_per_s", APPENDS, "records/s")
 
 
 def test_append_buffer_only(benchmark, workdir):
@@ -85,22 +71,14 @@ def test_append_buffer_only(benchmark, workdir):
                 del j._pending[:]
         del j._pending[:]
     benchmark.pedantic(run, rounds=5, iterations=1, warmup_rounds=1)
-    _report(benchmark, "records_per_s", APPENDS, "records/s")
+    report_rate(benchmark, "records_per_s", APPENDS, "records/s")
     j.close()
 
 
 def test_write_baseline(benchmark, workdir):
     """Bare os.write of the same bytes in 100-record writes: the machine's ceiling."""
-    chunk = b"y" * ((RECORD + 21) * 100)
-    path = os.path.join(workdir, "raw")
-
-    def run():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-        for _ in range(APPENDS // 100):
-            os.write(fd, chunk)
-        os.close(fd)
-    benchmark.pedantic(run, rounds=5, iterations=1, warmup_rounds=1)
-    _report(benchmark, "records_per_s", APPENDS, "records/s")
+    bench_write_baseline(benchmark, os.path.join(workdir, "raw"), b"y" * ((RECORD + 21) * 100), APPENDS // 100,
+                         "records/s", APPENDS)
 
 
 def _make_journal(workdir: str, name: str, pattern: str) -> int:
@@ -126,7 +104,7 @@ def test_replay(benchmark, workdir, pattern):
         return st
     st = benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
     assert st.total_items == (0 if pattern == "pairs" else size // (RECORD + 21))
-    _report(benchmark, "MB_per_s", size / 1e6, "MB/s")
+    report_rate(benchmark, "MB_per_s", size / 1e6, "MB/s")
 
 
 def test_replay_into_read_behind(benchmark, workdir):
@@ -140,7 +118,7 @@ def test_replay_into_read_behind(benchmark, workdir):
         return st
     st = benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
     assert st.read_behind and len(st.items) == 8 * 1024
-    _report(benchmark, "MB_per_s", size / 1e6, "MB/s")
+    report_rate(benchmark, "MB_per_s", size / 1e6, "MB/s")
 
 
 @pytest.mark.parametrize("pattern", ["pairs", "adds"])
@@ -149,4 +127,4 @@ def test_pack(benchmark, workdir, pattern):
     out = os.path.join(workdir, "q.1.out")
     benchmark.pedantic(pack_files, args=([os.path.join(workdir, "q.1")], out), kwargs={"now_ms": 1},
                        rounds=3, iterations=1, warmup_rounds=1)
-    _report(benchmark, "MB_per_s", size / 1e6, "MB/s")
+    report_rate(benchmark, "MB_per_s", size / 1e6, "MB/s")

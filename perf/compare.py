@@ -17,7 +17,7 @@ from lanner.perf.context import Context, ScenarioError
 from lanner.perf.report import Plot, Report
 from lanner.perf.servers import external, start_lanner, start_memcached
 
-THROUGHPUT_SCENARIOS = [n for n in scenarios.MODULES if scenarios.load(n).THROUGHPUT]
+THROUGHPUT_SCENARIOS = [n for n in scenarios.MODULES if scenarios.load(n).COMPARE]
 
 
 def add_parser(sub) -> None:
@@ -60,7 +60,7 @@ def run(args, parser) -> Report:
     args.out = args.out or sargs.out         # output options may follow the scenario's own
     args.plot = args.plot or sargs.plot
     mod = scenarios.load(args.compare_scenario)
-    primary = getattr(mod, "PRIMARY", "ops_s")
+    primary = mod.COMPARE
     targets = []
     try:
         targets.append(make_target(args.a, args.a_kind, args))

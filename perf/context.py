@@ -7,6 +7,8 @@ to see whether the client, rather than the server, was the bottleneck.
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 from dataclasses import dataclass
 
 from lanner.perf import loadgen
@@ -120,3 +122,15 @@ def check_payloads(report: Report, res: loadgen.Result, label: str, expected: in
                         f"({expected - v['distinct']} missing)")
     report.check(f"{label}: payloads", not problems,
                  "; ".join(problems) or f"{v['checked']} items checked, all intact and in order")
+
+
+def run_threads(threads: list[threading.Thread], deadline: float) -> float:
+    """Start the client threads of a threaded scenario, join them until `deadline` (plus a 5 s
+    grace for the last in-flight request), and return the seconds they ran: a hung client then
+    costs the run its deadline, not forever."""
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()) + 5.0)
+    return time.monotonic() - started

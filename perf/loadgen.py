@@ -26,6 +26,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lanner.perf.paths import writable
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("loadgen.c")
@@ -117,12 +119,8 @@ class Result:
 
 def build_dir() -> Path:
     here = SOURCE.parent / ".build"
-    try:
-        here.mkdir(exist_ok=True)
-        if os.access(here, os.W_OK):
-            return here
-    except OSError:
-        pass
+    if writable(here):
+        return here
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lanner-perf"
     cache.mkdir(parents=True, exist_ok=True)
     return cache

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import psutil
 
+from lanner.perf.paths import writable
+
 # Columns most scenarios print: (row key, header, format).
 RATE_COLUMNS = [("ops_s", "ops/s", "{:,.0f}"), ("p50_us", "p50 µs", "{:,.0f}"), ("p99_us", "p99 µs", "{:,.0f}"),
                 ("p999_us", "p99.9 µs", "{:,.0f}"), ("client_us_op", "client µs/op", "{:.1f}"),
@@ -124,12 +126,8 @@ def out_dir(base: str | None, scenario: str) -> Path:
 
 def default_out_root() -> Path:
     here = Path(__file__).resolve().parent / "out"
-    try:
-        here.mkdir(exist_ok=True)
-        if os.access(here, os.W_OK):
-            return here
-    except OSError:
-        pass
+    if writable(here):
+        return here
     return Path.cwd() / "lanner-perf-out"
 
 

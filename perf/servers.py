@@ -230,19 +230,29 @@ def _drain(stream) -> None:
         pass
 
 
-def _wait_ready(proc: subprocess.Popen, log_path: str) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
+def ready_line(proc: subprocess.Popen, timeout: float) -> bytes:
+    """Read `lanner serve`'s stdout until its `lanner ready ...` line, the server exits, or
+    `timeout` seconds pass; the last line read (the ready line when it started).  The test
+    helpers start servers through it too, so both wait for readiness the same way."""
+    deadline = time.monotonic() + timeout
     line = b""
     while time.monotonic() < deadline:
         ready, _, _ = select.select([proc.stdout], [], [], 0.5)
         if ready:
             line = proc.stdout.readline()
             if line.startswith(b"lanner ready"):
-                return
+                return line
             if not line and proc.poll() is not None:
                 break
         elif proc.poll() is not None:
             break
+    return line
+
+
+def _wait_ready(proc: subprocess.Popen, log_path: str) -> None:
+    line = ready_line(proc, READY_TIMEOUT_S)
+    if line.startswith(b"lanner ready"):
+        return
     proc.kill()
     proc.wait()
     with open(log_path, "rb") as f:

@@ -83,12 +83,7 @@ class KestrelThrift:
     def put(self, queue_name: str, items: list[bytes], expiration_msec: int = 0) -> int:
         def args(p):
             _string(p, 1, queue_name)
-            p.writeFieldBegin("items", TType.LIST, 2)
-            p.writeListBegin(TType.STRING, len(items))
-            for item in items:
-                p.writeBinary(item)
-            p.writeListEnd()
-            p.writeFieldEnd()
+            write_collection(p, TType.LIST, 2, TType.STRING, items)
             _i32(p, 3, expiration_msec)
         return self._call("put", args, TType.I32, _read_i32)
 
@@ -138,12 +133,8 @@ class KestrelThrift:
         _empty_struct(p)
         p.writeMessageEnd()
         self.transport.flush()
-        name, mtype, seqid = p.readMessageBegin()
-        self.last_reply_seqid = seqid
-        if mtype == TMessageType.EXCEPTION:
-            x = TApplicationException()
-            x.read(p)
-            p.readMessageEnd()
+        name, mtype, _seqid, x = self._reply_head()
+        if x is not None:
             if x.type != TApplicationException.UNKNOWN_METHOD:
                 raise ThriftAppError(UPGRADE_METHOD, x.type, x.message or "")
             return
@@ -167,12 +158,8 @@ class KestrelThrift:
         self.transport.flush()
         if self.upgraded:
             _skip_struct(p)   # ResponseHeader
-        rname, mtype, rseqid = p.readMessageBegin()
-        self.last_reply_seqid = rseqid
-        if mtype == TMessageType.EXCEPTION:
-            x = TApplicationException()
-            x.read(p)
-            p.readMessageEnd()
+        rname, mtype, rseqid, x = self._reply_head()
+        if x is not None:
             raise ThriftAppError(rname, x.type, x.message or "")
         if mtype != TMessageType.REPLY or rname != name or rseqid != self.seqid:
             raise ThriftReplyError(f"{name} seqid {self.seqid}: got {rname!r} type {mtype} seqid {rseqid}")
@@ -194,6 +181,19 @@ class KestrelThrift:
         if success_type is not None and result is None:
             raise ThriftReplyError(f"{name}: reply has no success field")
         return result
+
+    def _reply_head(self) -> tuple[str, int, int, TApplicationException | None]:
+        """A reply's message header, and for an EXCEPTION reply the exception, read whole so the
+        connection stays usable whatever the caller does with it."""
+        p = self.proto
+        name, mtype, seqid = p.readMessageBegin()
+        self.last_reply_seqid = seqid
+        if mtype != TMessageType.EXCEPTION:
+            return name, mtype, seqid, None
+        x = TApplicationException()
+        x.read(p)
+        p.readMessageEnd()
+        return name, mtype, seqid, x
 
     def _write_request_header(self) -> None:
         p = self.proto
@@ -225,33 +225,63 @@ def _skip_struct(p) -> None:
     p.skip(TType.STRUCT)
 
 
-def _string(p, fid: int, value: str) -> None:
-    p.writeFieldBegin("", TType.STRING, fid)
-    p.writeString(value)
+def write_field(p, ttype: int, fid: int, value) -> None:
+    """One scalar field (STRING, I32 or I64); the tests build their requests with it too, so
+    there is one writer of thrift fields outside the codec under test."""
+    p.writeFieldBegin("", ttype, fid)
+    _write_value(p, ttype, value)
     p.writeFieldEnd()
+
+
+def field(ttype: int, fid: int, value):
+    """`write_field` deferred: a writer `w(p)`, so a test can build a request from a list of
+    fields (`partial(field, TType.I32)` is an i32 field maker)."""
+    return lambda p: write_field(p, ttype, fid, value)
+
+
+def write_collection(p, ctype: int, fid: int, etype: int, values) -> None:
+    """A LIST or SET field (`ctype`) of `etype` values, written in the order given."""
+    p.writeFieldBegin("", ctype, fid)
+    if ctype == TType.SET:
+        p.writeSetBegin(etype, len(values))
+    else:
+        p.writeListBegin(etype, len(values))
+    for v in values:
+        _write_value(p, etype, v)
+    if ctype == TType.SET:
+        p.writeSetEnd()
+    else:
+        p.writeListEnd()
+    p.writeFieldEnd()
+
+
+def _write_value(p, ttype: int, value) -> None:
+    """STRING takes str (UTF-8) or bytes, so a test can write bytes that are not UTF-8."""
+    if ttype == TType.STRING:
+        p.writeString(value) if isinstance(value, str) else p.writeBinary(value)
+    elif ttype == TType.I32:
+        p.writeI32(value)
+    elif ttype == TType.I64:
+        p.writeI64(value)
+    else:
+        raise ValueError(f"no writer for thrift type {ttype}")
+
+
+def _string(p, fid: int, value: str) -> None:
+    write_field(p, TType.STRING, fid, value)
 
 
 def _i32(p, fid: int, value: int) -> None:
-    p.writeFieldBegin("", TType.I32, fid)
-    p.writeI32(value)
-    p.writeFieldEnd()
+    write_field(p, TType.I32, fid, value)
 
 
 def _i64(p, fid: int, value: int) -> None:
-    p.writeFieldBegin("", TType.I64, fid)
-    p.writeI64(value)
-    p.writeFieldEnd()
+    write_field(p, TType.I64, fid, value)
 
 
 def _ids(p, queue_name: str, ids) -> None:
     _string(p, 1, queue_name)
-    ids = sorted(set(ids))
-    p.writeFieldBegin("ids", TType.SET, 2)
-    p.writeSetBegin(TType.I64, len(ids))
-    for i in ids:
-        p.writeI64(i)
-    p.writeSetEnd()
-    p.writeFieldEnd()
+    write_collection(p, TType.SET, 2, TType.I64, sorted(set(ids)))
 
 
 def _read_i32(p) -> int:

@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from typing import Iterator
 from urllib.parse import parse_qsl, unquote
 
+from lanner.protocols.stream import StreamParser
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -116,7 +118,9 @@ _QUEUE_COUNTERS = frozenset(("total_items", "put_items", "transactions", "cancel
 _QUEUE_RENAME = {"age": "age_msec", "logsize": "journal_size"}
 
 
-def _number(v) -> int | float | None:
+def stat_number(v) -> int | float | None:
+    """A stat's value as a number (stats cross the rings as text), or None for one that is not
+    a number (`version`); ints stay ints.  /stats.json and the Prometheus collector both use it."""
     if isinstance(v, bool):
         return int(v)
     if isinstance(v, (int, float)):
@@ -137,7 +141,7 @@ def render_stats_json(global_stats: list[tuple[str, object]],
     counters: dict[str, int] = {}
     gauges: dict[str, float] = {}
     for k, v in global_stats:
-        n = _number(v)
+        n = stat_number(v)
         if n is None or k in _GLOBAL_SKIP:
             continue
         if k in _COUNTERS:
@@ -147,7 +151,7 @@ def render_stats_json(global_stats: list[tuple[str, object]],
     for name, stats in queues:
         prefix = "q/%s/" % name
         for k, v in stats:
-            n = _number(v)
+            n = stat_number(v)
             if n is None:
                 continue
             if k in _QUEUE_COUNTERS:
@@ -169,10 +173,11 @@ def render_server_info_json(version: str, start_time_ms: int, uptime_ms: int) ->
 _HEAD, _BODY, _STOPPED = 0, 1, 2
 
 
-class AdminParser:
+class AdminParser(StreamParser):
     """Feed socket bytes, take `HttpRequest`/`HttpError` from `next` until it returns None."""
 
     __slots__ = ("max_head", "max_body", "_buf", "_scan", "_state", "_skip", "_pending")
+    BETWEEN, STOPPED = _HEAD, _STOPPED
 
     def __init__(self, max_head: int = 8192, max_body: int = 1 << 16) -> None:
         self.max_head = max_head
@@ -182,14 +187,6 @@ class AdminParser:
         self._state = _HEAD
         self._skip = 0                      # BODY: bytes of body still to drop
         self._pending: HttpRequest | None = None  # BODY: yielded once its body is past
-
-    @property
-    def buffered(self) -> int:
-        return len(self._buf)
-
-    @property
-    def stopped(self) -> bool:
-        return self._state == _STOPPED
 
     def feed(self, data: bytes) -> None:
         if self._state != _STOPPED:

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from lanner.protocols.memcache_replies import client_error
+from lanner.protocols.stream import TOO_LONG, StreamParser
 
 log = logging.getLogger(__name__)
 
@@ -407,7 +408,7 @@ STREAM_PIECE = 64 << 10
 BINARY_MAGIC = b"\x80"   # starts every binary request; its client would wait forever for a newline
 
 
-class MemcacheParser:
+class MemcacheParser(StreamParser):
     """Feed socket bytes with `feed`, take commands with `next` until it returns None.
 
     `item_limit(queue_name) -> int | None` gives the queue's max item size (inclusive);
@@ -417,6 +418,7 @@ class MemcacheParser:
 
     __slots__ = ("max_line", "item_limit", "stream_over", "_buf", "_scan", "_state", "_need",
                  "_set", "_after")
+    BETWEEN, STOPPED = _LINE, _STOPPED
 
     def __init__(self, max_line: int = 1 << 20,
                  item_limit: Callable[[str], int | None] | None = None,
@@ -431,22 +433,6 @@ class MemcacheParser:
                                 # BODY: body bytes not yet yielded
         self._set: Set | None = None       # DATA: the Set waiting for its data
         self._after = None      # SKIP: what to yield once the skipped block is past
-
-    @property
-    def buffered(self) -> int:
-        """Bytes held and not yet parsed (the front can watch this for back-pressure)."""
-        return len(self._buf)
-
-    @property
-    def stopped(self) -> bool:
-        """True once a closing error, `quit` or `shutdown` was yielded."""
-        return self._state == _STOPPED
-
-    def unparsed(self) -> bytes | None:
-        """The bytes fed and not parsed yet, when a fresh parser fed them would continue exactly
-        where this one stands (between commands); None inside a command's data.  A connection
-        handed to another process carries them along."""
-        return bytes(self._buf) if self._state == _LINE else None
 
     def feed(self, data: bytes) -> None:
         state = self._state
@@ -476,20 +462,12 @@ class MemcacheParser:
                 if not self._scan and buf[:1] == BINARY_MAGIC:
                     return self._stop(ProtocolError(client_error(
                         "the memcache binary protocol is not supported; use the text protocol"), True))
-                i = buf.find(b"\n", self._scan)
-                if i < 0:
-                    if len(buf) > self.max_line + 1:  # + 1: room for the CR of CRLF
-                        return self._stop(ProtocolError(
-                            client_error("line longer than %d bytes" % self.max_line), True))
-                    self._scan = len(buf)
+                line = self._take_line()
+                if line is None:
                     return None
-                self._scan = 0
-                end = i - 1 if i and buf[i - 1] == 13 else i
-                if end > self.max_line:
+                if line is TOO_LONG:
                     return self._stop(ProtocolError(
                         client_error("line longer than %d bytes" % self.max_line), True))
-                line = bytes(buf[:end])
-                del buf[:i + 1]
                 cmd = self._line(line)
                 if cmd is not None:
                     return cmd

@@ -32,7 +32,10 @@ import logging
 from dataclasses import dataclass
 from typing import Iterator
 
-from lanner.protocols.memcache import STATUS_NAMES, _show, parse_int
+from lanner.protocols.memcache import (
+    STATUS_NAMES, ProtocolError, Quit, Shutdown, Status, Version, _show, parse_int,
+)
+from lanner.protocols.stream import TOO_LONG, StreamParser
 
 log = logging.getLogger(__name__)
 
@@ -92,37 +95,15 @@ class Delete:
     queue: str
 
 
-@dataclass(slots=True)
-class Status:
-    """`name` None asks for the status; otherwise one of STATUS_NAMES, lower-cased."""
-    name: str | None = None
-
-
-@dataclass(slots=True)
-class Version:
-    pass
-
-
-@dataclass(slots=True)
-class Shutdown:
-    """Reply `+0`, then shut the server down."""
-
-
-@dataclass(slots=True)
-class Quit:
-    """Close without a reply."""
+# Status, Version, Shutdown (the front replies `+0`, then shuts the server down), Quit (close
+# without a reply) and ProtocolError(reply, close) are the memcache dialect's own classes: the
+# same commands with the same fields, so one definition serves both parsers.
 
 
 @dataclass(slots=True)
 class Reply:
     """A complete answer the parser decided alone; the connection stays open."""
     reply: bytes
-
-
-@dataclass(slots=True)
-class ProtocolError:
-    reply: bytes
-    close: bool
 
 
 Command = (Put | Get | Peek | Monitor | Confirm | Flush | Delete | Status | Version | Shutdown
@@ -160,55 +141,68 @@ def _name(tok: bytes) -> str:
     return tok.decode("latin-1")
 
 
-def _put(args, items):
+class _Refused(Exception):
+    """Raised by the argument readers below with the reply that refuses the command, so each
+    command's parser reads as the arguments it takes; `_dispatch` turns it into that reply."""
+
+    def __init__(self, reply) -> None:
+        self.reply = reply
+
+
+def _queue(args) -> str:
     if not args:
-        return _QUEUE_REQUIRED
-    expiry = None
-    if len(args) > 1:
-        expiry = parse_int(args[1])
-        if expiry is None:
-            return Reply(error("Error parsing expiration time."))
+        raise _Refused(_QUEUE_REQUIRED)
+    return _name(args[0])
+
+
+def _optional_int(args, what: str) -> int | None:
+    """The int after the queue name, if any; a bad one is refused with a plain error reply."""
+    if len(args) < 2:
+        return None
+    n = parse_int(args[1])
+    if n is None:
+        raise _Refused(Reply(error(f"Error parsing {what}.")))
+    return n
+
+
+def _required_int(args, missing: str, what: str) -> int:
+    """The int after the queue name; missing, a plain error; bad, an error that closes the
+    connection (Kestrel's handler threw)."""
+    if len(args) < 2:
+        raise _Refused(Reply(error(missing)))
+    n = parse_int(args[1])
+    if n is None:
+        raise _Refused(ProtocolError(error(f"Error parsing {what}: " + _show(args[1])), True))
+    return n
+
+
+def _put(args, items):
+    queue = _queue(args)
+    expiry = _optional_int(args, "expiration time")
     if not items:
         return Reply(count(0))  # setItem is never called: nothing created, nothing checked
-    return Put(_name(args[0]), expiry, items)
+    return Put(queue, expiry, items)
 
 
 def _get_like(cls):
     def parse(args, items):
-        if not args:
-            return _QUEUE_REQUIRED
-        timeout = None
-        if len(args) > 1:
-            timeout = parse_int(args[1])
-            if timeout is None:
-                return Reply(error("Error parsing timeout."))
-        return cls(_name(args[0]), timeout)
+        return cls(_queue(args), _optional_int(args, "timeout"))
     return parse
 
 
 def _monitor(args, items):
-    if len(args) < 2:
-        return Reply(error("Queue name & timeout required."))
-    timeout = parse_int(args[1])
-    if timeout is None:
-        return ProtocolError(error("Error parsing timeout: " + _show(args[1])), True)
+    timeout = _required_int(args, "Queue name & timeout required.", "timeout")
     return Monitor(_name(args[0]), timeout)
 
 
 def _confirm(args, items):
-    if len(args) < 2:
-        return Reply(error("Queue name & count required."))
-    n = parse_int(args[1])
-    if n is None:
-        return ProtocolError(error("Error parsing count: " + _show(args[1])), True)
+    n = _required_int(args, "Queue name & count required.", "count")
     return Confirm(_name(args[0]), n)
 
 
 def _one_queue(cls):
     def parse(args, items):
-        if not args:
-            return _QUEUE_REQUIRED
-        return cls(_name(args[0]))
+        return cls(_queue(args))
     return parse
 
 
@@ -247,7 +241,10 @@ def _dispatch(toks: list[bytes], items: list[bytes]):
     handler = _COMMANDS.get(word)
     if handler is None:
         return Reply(error("Unknown command: " + word))
-    return handler(toks[1:], items)
+    try:
+        return handler(toks[1:], items)
+    except _Refused as r:
+        return r.reply
 
 
 def _split(line: bytes) -> list[bytes]:
@@ -262,11 +259,12 @@ def _split(line: bytes) -> list[bytes]:
 _LINE, _BLOCK, _STOPPED = 0, 1, 2
 
 
-class TextParser:
+class TextParser(StreamParser):
     """Feed socket bytes with `feed`, take commands with `next` until it returns None."""
 
     __slots__ = ("max_line", "max_block", "_buf", "_scan", "_state", "_toks", "_items",
                  "_block_bytes")
+    BETWEEN, STOPPED = _LINE, _STOPPED
 
     def __init__(self, max_line: int = 1 << 20, max_block: int = 1 << 26) -> None:
         self.max_line = max_line
@@ -283,16 +281,6 @@ class TextParser:
         """Bytes held and not yet parsed, put items already read included."""
         return len(self._buf) + self._block_bytes
 
-    @property
-    def stopped(self) -> bool:
-        return self._state == _STOPPED
-
-    def unparsed(self) -> bytes | None:
-        """The bytes fed and not parsed yet, when a fresh parser fed them would continue exactly
-        where this one stands (between commands); None inside a command's data.  A connection
-        handed to another process carries them along."""
-        return bytes(self._buf) if self._state == _LINE else None
-
     def feed(self, data: bytes) -> None:
         if self._state != _STOPPED:
             self._buf += data
@@ -302,21 +290,12 @@ class TextParser:
             yield cmd
 
     def next(self) -> Command | None:
-        buf = self._buf
         while self._state != _STOPPED:
-            i = buf.find(b"\n", self._scan)
-            if i < 0:
-                if len(buf) > self.max_line + 1:  # + 1: room for the CR of CRLF
-                    return self._stop(ProtocolError(
-                        error("Line longer than %d bytes." % self.max_line), True))
-                self._scan = len(buf)
+            line = self._take_line()
+            if line is None:
                 return None
-            self._scan = 0
-            end = i - 1 if i and buf[i - 1] == 13 else i
-            if end > self.max_line:
+            if line is TOO_LONG:
                 return self._stop(ProtocolError(error("Line longer than %d bytes." % self.max_line), True))
-            line = bytes(buf[:end])
-            del buf[:i + 1]
             if self._state == _BLOCK:
                 items = self._items
                 if line and len(items) < MAX_PUT_BUFFER:

@@ -288,37 +288,30 @@ def _read_message_begin(frame: bytes, pos: int) -> tuple[str, int, int, int]:
     return name, mtype, seqid, pos + 5
 
 
-def _read_request_header(frame: bytes, pos: int) -> tuple[str | None, int]:
-    """TTwitter RequestHeader: only field 6 (ClientId {1: string name}) matters here."""
-    client_id = None
+def _struct_field(frame: bytes, pos: int, want_fid: int, want_type: int, read, depth: int):
+    """Scan a struct for the one field (id and type) wanted, skipping every other at nesting
+    `depth`: (its value read by `read`, or None when absent; the offset after the STOP)."""
+    value = None
     while True:
         _need(frame, pos, 1)
-        ftype = frame[pos]
-        if ftype == T_STOP:
-            return client_id, pos + 1
+        if frame[pos] == T_STOP:
+            return value, pos + 1
         _need(frame, pos, 3)
         ftype, fid = _FIELD.unpack_from(frame, pos)
         pos += 3
-        if fid == 6 and ftype == T_STRUCT:
-            client_id, pos = _read_client_id(frame, pos)
+        if fid == want_fid and ftype == want_type:
+            value, pos = read(frame, pos)
         else:
-            pos = _skip(frame, pos, ftype, 1)
+            pos = _skip(frame, pos, ftype, depth)
+
+
+def _read_request_header(frame: bytes, pos: int) -> tuple[str | None, int]:
+    """TTwitter RequestHeader: only field 6 (ClientId {1: string name}) matters here."""
+    return _struct_field(frame, pos, 6, T_STRUCT, _read_client_id, 1)
 
 
 def _read_client_id(frame: bytes, pos: int) -> tuple[str | None, int]:
-    name = None
-    while True:
-        _need(frame, pos, 1)
-        ftype = frame[pos]
-        if ftype == T_STOP:
-            return name, pos + 1
-        _need(frame, pos, 3)
-        ftype, fid = _FIELD.unpack_from(frame, pos)
-        pos += 3
-        if fid == 1 and ftype == T_STRING:
-            name, pos = _r_utf8(frame, pos)
-        else:
-            pos = _skip(frame, pos, ftype, 2)
+    return _struct_field(frame, pos, 1, T_STRING, _r_utf8, 2)
 
 
 # Per method: (a function giving fresh defaults, {field id: (ttype, key, reader)}).

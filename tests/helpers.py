@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import os
-import select
 import signal
 import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+
+from lanner.perf.servers import ready_line
 
 READY_TIMEOUT = 60.0
 
@@ -89,18 +90,7 @@ def start_server(tmp_path, *extra: str, workers: int = 1, fronts: int = 0, confi
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, cwd=cwd or str(tmp_path),
                             env={**os.environ, **(env or {})})
     log.close()
-    deadline = time.monotonic() + READY_TIMEOUT
-    line = b""
-    while time.monotonic() < deadline:
-        r, _, _ = select.select([proc.stdout], [], [], 0.5)
-        if r:
-            line = proc.stdout.readline()
-            if line.startswith(b"lanner ready"):
-                break
-            if not line and proc.poll() is not None:
-                break
-        elif proc.poll() is not None:
-            break
+    line = ready_line(proc, READY_TIMEOUT)
     if not line.startswith(b"lanner ready"):
         proc.kill()
         proc.wait()
@@ -128,3 +118,15 @@ def recv_until(sock: socket.socket, terminator: bytes) -> bytes:
             break
         buf += chunk
     return buf
+
+
+def wait_for(cond, timeout: float = 30.0) -> bool:
+    """Poll `cond` until it holds (True) or `timeout` seconds pass (False), so a test waits on
+    the condition it needs rather than a fixed sleep; callers assert on the result and may add
+    their own message."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return False

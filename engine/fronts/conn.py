@@ -262,18 +262,27 @@ class Conn(asyncio.Protocol, abc.ABC):
 
     def read_refusal(self) -> str | None:
         """Why reads are refused on this connection right now (status or connection limit)."""
-        if self.refuse_reads:
-            return "reads refused: connection limit"
-        if self.front.status.blocks_reads():
+        return self._refusal("reads", self.refuse_reads, self.front.status.blocks_reads)
+
+    def write_refusal(self) -> str | None:
+        """Why writes are refused on this connection right now (status or connection limit)."""
+        return self._refusal("writes", self.refuse_writes, self.front.status.blocks_writes)
+
+    def _refusal(self, what: str, over_limit: bool, status_blocks) -> str | None:
+        """The connection limit speaks first, then the server status."""
+        if over_limit:
+            return what + " refused: connection limit"
+        if status_blocks():
             return "server is " + self.front.status.enforced()
         return None
 
-    def write_refusal(self) -> str | None:
-        if self.refuse_writes:
-            return "writes refused: connection limit"
-        if self.front.status.blocks_writes():
-            return "server is " + self.front.status.enforced()
-        return None
+    def close_with(self, reason: str | None, encode) -> bool:
+        """With a reason, reply `encode(reason)` and close the connection; whether it did.  The
+        connections' bad-name and refused-read/write checks all end this way."""
+        if reason is None:
+            return False
+        self.reply_now(encode(reason), close=True)
+        return True
 
     # -- streamed set bodies --------------------------------------------------------------------
     def begin_body(self, targets: list[tuple[int, int]]) -> None:

@@ -26,7 +26,7 @@ from lanner.fronts.text import TextConn
 from lanner.fronts.thrift import ThriftConn
 from lanner.ipc import control
 from lanner.ipc.messages import RESP_SIZE, Reassembler, pack_req, send, unpack_resp
-from lanner.ipc.wake import prepare_sleep_all
+from lanner.ipc.wake import drain_eventfd, prepare_sleep_all
 from lanner.ops import latency
 from lanner.queues.placement import worker_of
 
@@ -136,14 +136,10 @@ class Front:
     def wake_ring_waiters(self) -> None:
         if self.ring_waiters:
             waiters, self.ring_waiters = self.ring_waiters, set()
-            for c in waiters:
-                c.pump()
+            _pump_each(waiters)
 
     def on_wake(self) -> None:
-        try:
-            os.eventfd_read(self.wake_fd)
-        except BlockingIOError:
-            pass
+        drain_eventfd(self.wake_fd)
         self.push_overflow()
         while True:
             self.drain_responses()
@@ -184,8 +180,7 @@ class Front:
     def flush_writes(self) -> None:
         if self.write_pending:
             pending, self.write_pending = self.write_pending, set()
-            for c in pending:
-                c.pump()
+            _pump_each(pending)
 
     # -- control ---------------------------------------------------------------------------------
     def on_control(self) -> None:
@@ -272,6 +267,13 @@ async def serve_listeners(front: Front) -> None:
             if not front.stopping:
                 loop.call_later(max(timeout / 4000.0, 0.05), sweep)
         loop.call_later(max(timeout / 4000.0, 0.05), sweep)
+
+
+def _pump_each(conns: set) -> None:
+    """Pump every connection of a set its owner has already swapped for an empty one, so a
+    connection that must wait again can re-add itself while the loop runs."""
+    for c in conns:
+        c.pump()
 
 
 def front_main(index, config, status, counters, req_rings, resp_rings, wake_fd, control_sock,

@@ -42,25 +42,13 @@ class MemcacheConn(Conn):
 
     # -- helpers ---------------------------------------------------------------------------------
     def bad_name(self, queue: str) -> bool:
-        reason = self.check_name(queue)
-        if reason is None:
-            return False
-        self.reply_now(mr.client_error(reason), close=True)
-        return True
+        return self.close_with(self.check_name(queue), mr.client_error)
 
     def writes_blocked(self) -> bool:
-        why = self.write_refusal()
-        if why is None:
-            return False
-        self.reply_now(mr.server_error(why), close=True)
-        return True
+        return self.close_with(self.write_refusal(), mr.server_error)
 
     def reads_blocked(self) -> bool:
-        why = self.read_refusal()
-        if why is None:
-            return False
-        self.reply_now(mr.server_error(why), close=True)
-        return True
+        return self.close_with(self.read_refusal(), mr.server_error)
 
     def first_failure(self, slot: Slot) -> bool:
         """If any part failed (worker error, protocol violation), make that the reply."""

@@ -34,11 +34,18 @@ class TextConn(Conn):
         slot.out = tx.error(reason)
 
     def bad_name(self, queue: str) -> bool:
-        reason = self.check_name(queue)
-        if reason is None:
-            return False
-        self.reply_now(tx.error(reason), close=True)
-        return True
+        return self.close_with(self.check_name(queue), tx.error)
+
+    def refused(self, queue: str, refusal, op_name: str) -> bool:
+        """Whether the command ends here: a bad queue name closes the connection; a refused
+        read or write (`refusal`: read_refusal or write_refusal) answers Kestrel's error for the
+        handler `op_name`, and the connection stays."""
+        if self.bad_name(queue):
+            return True
+        if refusal() is not None:
+            self.reply_now(_blocked(op_name))
+            return True
+        return False
 
     def failure(self, slot: Slot) -> bool:
         """A worker failure becomes an error line; if the worker said RF_CLOSE (it rolled the
@@ -53,12 +60,9 @@ class TextConn(Conn):
     # -- commands --------------------------------------------------------------------------------
     def on_put(self, cmd: tx.Put) -> None:
         q = cmd.queue
-        if self.bad_name(q):
+        if self.refused(q, self.write_refusal, "setItem"):
             return
         f = self.front
-        if self.write_refusal() is not None:
-            self.reply_now(_blocked("setItem"))
-            return
         f.my.incr(C_SET, len(cmd.items))
         expiry = 0 if cmd.expiry_ms is None else expiry_at(f.clock.now_ms() + cmd.expiry_ms)
         dests = f.config.aliases.get(q)
@@ -87,12 +91,9 @@ class TextConn(Conn):
         self.seal(slot)
 
     def fetch(self, queue: str, flags: int, timeout: int | None, counter: int, op_name: str) -> None:
-        if self.bad_name(queue):
+        if self.refused(queue, self.read_refusal, op_name):
             return
         f = self.front
-        if self.read_refusal() is not None:
-            self.reply_now(_blocked(op_name))
-            return
         f.my.incr(counter)
         if f.config.aliases.get(queue) is not None:
             self.reply_now(tx.NONE)
@@ -122,12 +123,9 @@ class TextConn(Conn):
 
     def on_monitor(self, cmd: tx.Monitor) -> None:
         q = cmd.queue
-        if self.bad_name(q):
+        if self.refused(q, self.read_refusal, "monitorUntil"):
             return
         f = self.front
-        if self.read_refusal() is not None:
-            self.reply_now(_blocked("monitorUntil"))
-            return
         if f.config.aliases.get(q) is not None:
             self.reply_now(tx.NONE)
             return

@@ -30,6 +30,15 @@ from typing import Iterable
 from lanner.ipc.ring import Ring, fence
 
 
+def drain_eventfd(fd: int) -> int:
+    """Reset a non-blocking eventfd; how many signals were pending (0 if none).  The fronts and
+    shard loops hold the bare fd (an event-loop reader), the WakeFd wraps it: both drain here."""
+    try:
+        return os.eventfd_read(fd)
+    except BlockingIOError:
+        return 0
+
+
 class WakeFd:
     """One non-blocking eventfd per consuming process.
 
@@ -52,10 +61,7 @@ class WakeFd:
 
     def drain(self) -> int:
         """Reset the counter; return how many signals were pending (0 if none)."""
-        try:
-            return os.eventfd_read(self.fd)
-        except BlockingIOError:
-            return 0
+        return drain_eventfd(self.fd)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until signalled (True) or `timeout` seconds pass (False).  Does not

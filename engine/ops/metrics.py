@@ -34,6 +34,8 @@ from prometheus_client.core import (CollectorRegistry, CounterMetricFamily, Gaug
                                     HistogramMetricFamily, InfoMetricFamily)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from lanner.protocols.admin import stat_number
+
 from . import latency
 
 __all__ = ["CONTENT_TYPE", "render", "metric_name"]
@@ -62,16 +64,6 @@ def metric_name(stat: str, counter: bool) -> str:
     return _UNITS.get(stat, stat)
 
 
-def _num(v):
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        try:
-            return float(v)
-        except (TypeError, ValueError):
-            return None
-
-
 class _Snapshot:
     """A collector over one merged stats snapshot."""
 
@@ -88,7 +80,7 @@ class _Snapshot:
             if k == "version":
                 version = str(v)
                 continue
-            n = _num(v)
+            n = stat_number(v)
             if n is None:
                 continue
             if k in GLOBAL_COUNTERS:
@@ -124,11 +116,11 @@ class _Snapshot:
             first = stats[0][0] if stats else None
             if first == "put_items":             # an alias
                 d = dict(stats)
-                alias_items.add_metric([qname], _num(d.get("put_items")) or 0)
-                alias_bytes.add_metric([qname], _num(d.get("put_bytes")) or 0)
+                alias_items.add_metric([qname], stat_number(d.get("put_items")) or 0)
+                alias_bytes.add_metric([qname], stat_number(d.get("put_bytes")) or 0)
                 continue
             for k, v in stats:
-                n = _num(v)
+                n = stat_number(v)
                 if n is None:
                     continue
                 m = families.get(k)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 
 import uvloop
@@ -30,7 +29,7 @@ import uvloop
 from lanner.errors import describe_os_error
 from lanner.fronts.front import serve_listeners
 from lanner.ipc.messages import R_SERVER_ERROR, RF_CLOSE
-from lanner.ipc.wake import clear_sleep_all, prepare_sleep_all
+from lanner.ipc.wake import clear_sleep_all, drain_eventfd, prepare_sleep_all
 
 log = logging.getLogger("lanner.server.worker")
 
@@ -106,15 +105,13 @@ class ShardLoop:
         self.loop.call_later(0.05, self.loop.stop)
 
     def woke(self) -> None:
-        """An event was handled: end a `step` early."""
+        """An event was handled: its work joins this turn's batch, and a `step` ends early."""
+        self.schedule_turn()
         if self.stepping:
             self.loop.stop()
 
     def on_wake(self) -> None:
-        try:
-            os.eventfd_read(self.wake_fd)
-        except BlockingIOError:
-            pass
+        drain_eventfd(self.wake_fd)
         self.pump()
         self.woke()
 
@@ -187,19 +184,16 @@ class ShardLoop:
 
     def on_control_readable(self) -> None:
         self.poll_control()
-        self.schedule_turn()
         self.woke()
 
     def on_sync_readable(self) -> None:
         self.on_sync_done()
-        self.schedule_turn()
         self.woke()
 
     def on_cleaner_readable(self) -> None:
         self.poll_cleaner()
         if self.cleaner_reader.eof:
             self.loop.remove_reader(self.cleaner.fileno())
-        self.schedule_turn()
         self.woke()
 
     def local_request(self, src: int, conn: int, req: int, op: int, flags: int, queue: bytes,

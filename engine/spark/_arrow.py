@@ -82,6 +82,10 @@ class Columns:
     def full(self) -> bool:
         return len(self.cols[self._probe]) >= BATCH_ROWS or self.nbytes >= BATCH_BYTES
 
+    def rest(self) -> list[pa.RecordBatch]:
+        """The last, partial batch when rows remain: every reader ends `yield from cols.rest()`."""
+        return [self.batch()] if len(self) else []
+
     def batch(self) -> pa.RecordBatch:
         n = len(self)
         arrays = []

@@ -242,19 +242,7 @@ def replay_locations(cursors: list["J.Cursor"], sizes: list[int], now_ms: int) -
 
     for fi, cur in enumerate(cursors):
         base = fi << _OFF_BITS
-        read = cur.read
-        size = sizes[fi]
-        while True:
-            off = cur.pos
-            try:
-                r = read(now_ms, size)
-            except J.JournalCorrupt as e:
-                if off < size:
-                    log.warning("lanner-journal: %s: replay stops at offset %d: %s", cur.path, e.offset, e.reason)
-                break
-            if r is None:
-                break
-            op = r[0]
+        for off, op, _item, xid in iter_file(cur, sizes[fi], now_ms):
             if op == 2 or op == 0 or op == 7:
                 fifo.append(base | off)
             elif op == 1:
@@ -265,15 +253,15 @@ def replay_locations(cursors: list["J.Cursor"], sizes: list[int], now_ms: int) -
             elif op == 9 or op == 3:
                 loc = head.popleft() if head else (fifo.popleft() if fifo else None)
                 if loc is not None:
-                    opened[r[2]] = loc
+                    opened[xid] = loc
             elif op == 5:
-                loc = opened.pop(r[2], None)
+                loc = opened.pop(xid, None)
                 if loc is not None:
                     head.appendleft(loc)
             elif op == 6:
-                opened.pop(r[2], None)
+                opened.pop(xid, None)
             elif op == 8:
-                opened.pop(r[2], None)
+                opened.pop(xid, None)
                 fifo.append(base | off)
             # 4 SAVE_XID: only the xid counter
     out = [opened[x] for x in sorted(opened)]

@@ -21,14 +21,16 @@ Partitions: one per segment directory (items) or per segment (records).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from . import _cmdlog as CR
 from ._arrow import Columns, struct
+from ._batch import BatchSource, mode_option
 from ._engine import S, name_str
 from ._journal import option_paths, option_queues
-from ._options import now_option, plain
+from ._options import now_option
 
 ITEMS_SCHEMA = struct("queue STRING, id STRING, data BINARY, priority INT, add_time TIMESTAMP, "
                       "expiry TIMESTAMP, state STRING, position LONG, spool STRING, corrupt BOOLEAN, "
@@ -39,39 +41,19 @@ RECORDS_SCHEMA = struct("spool STRING, segment STRING, offset LONG, time TIMESTA
                         "error STRING")
 
 
-def _mode(options) -> str:
-    mode = (options.get("mode") or "items").lower()
-    if mode not in ("items", "records"):
-        raise ValueError(f"lanner-cmdlog: option mode must be 'items' or 'records', got {mode!r}")
-    return mode
-
-
+@dataclass
 class CmdlogPartition(InputPartition):
-    def __init__(self, spool: str, segments: list, newest: str | None, now_ns: int) -> None:
-        super().__init__(None)
-        self.spool = spool
-        self.segments = segments
-        self.newest = newest
-        self.now_ns = now_ns
-
-
-class CmdlogSource(DataSource):
-    @classmethod
-    def name(cls) -> str:
-        return "lanner-cmdlog"
-
-    def schema(self):
-        return ITEMS_SCHEMA if _mode(self.options) == "items" else RECORDS_SCHEMA
-
-    def reader(self, schema):
-        return CmdlogReader(plain(self.options), schema)
+    spool: str
+    segments: list
+    newest: str | None
+    now_ns: int
 
 
 class CmdlogReader(DataSourceReader):
     def __init__(self, options: dict, schema) -> None:
         self.paths = option_paths(options)
         self.queues = option_queues(options)
-        self.mode = _mode(options)
+        self.mode = mode_option(options, CmdlogSource.NAME)
         self.now_ms = now_option(options)
         self.schema = schema
         if self.queues is not None and self.mode == "records":
@@ -116,8 +98,7 @@ class CmdlogReader(DataSourceReader):
         if error is not None:
             for col, v in zip(cols.cols, (None,) * 8 + (p.spool, True, error)):
                 col.append(v)
-        if len(cols):
-            yield cols.batch()
+        yield from cols.rest()
 
     def _records(self, p: CmdlogPartition):
         cols = Columns(self.schema)
@@ -143,5 +124,10 @@ class CmdlogReader(DataSourceReader):
                 col.append(v)
             if cols.full():
                 yield cols.batch()
-        if len(cols):
-            yield cols.batch()
+        yield from cols.rest()
+
+
+class CmdlogSource(BatchSource):
+    NAME = "lanner-cmdlog"
+    SCHEMAS = {"items": ITEMS_SCHEMA, "records": RECORDS_SCHEMA}
+    READER = CmdlogReader

@@ -20,12 +20,14 @@ exact.  The files are only read: a live server's spool is safe to point at.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from . import _journal as JR
 from ._arrow import Columns, struct
-from ._options import bool_option, now_option, plain
+from ._batch import BatchSource, mode_option
+from ._options import bool_option, now_option
 
 ITEMS_SCHEMA = struct("queue STRING, position LONG, add_time TIMESTAMP, expiry TIMESTAMP, data BINARY, "
                       "spool STRING")
@@ -33,39 +35,19 @@ RECORDS_SCHEMA = struct("queue STRING, file STRING, offset LONG, op STRING, xid 
                         "expiry TIMESTAMP, data BINARY, spool STRING")
 
 
-def _mode(options) -> str:
-    mode = (options.get("mode") or "items").lower()
-    if mode not in ("items", "records"):
-        raise ValueError(f"lanner-journal: option mode must be 'items' or 'records', got {mode!r}")
-    return mode
-
-
+@dataclass
 class JournalPartition(InputPartition):
-    def __init__(self, spool: str, queue: str, files: list, now_ms: int) -> None:
-        super().__init__(None)
-        self.spool = spool
-        self.queue = queue
-        self.files = files
-        self.now_ms = now_ms
-
-
-class JournalSource(DataSource):
-    @classmethod
-    def name(cls) -> str:
-        return "lanner-journal"
-
-    def schema(self):
-        return ITEMS_SCHEMA if _mode(self.options) == "items" else RECORDS_SCHEMA
-
-    def reader(self, schema):
-        return JournalReader(plain(self.options), schema)
+    spool: str
+    queue: str
+    files: list
+    now_ms: int
 
 
 class JournalReader(DataSourceReader):
     def __init__(self, options: dict, schema) -> None:
         self.paths = JR.option_paths(options)
         self.queues = JR.option_queues(options)
-        self.mode = _mode(options)
+        self.mode = mode_option(options, JournalSource.NAME)
         self.now_ms = now_option(options)
         self.include_expired = bool_option(options, "includeExpired", False)
         self.schema = schema
@@ -104,8 +86,7 @@ class JournalReader(DataSourceReader):
             if cols.full():
                 yield cols.batch()
                 _q, _pos, add, exp, data, _spool = cols.cols
-        if len(cols):
-            yield cols.batch()
+        yield from cols.rest()
 
     def _records(self, p: JournalPartition):
         ref = p.files[0]
@@ -133,5 +114,10 @@ class JournalReader(DataSourceReader):
                     _q, _file, offset, op, xid, add, exp, data, _spool = cols.cols
         finally:
             cur.close()
-        if len(cols):
-            yield cols.batch()
+        yield from cols.rest()
+
+
+class JournalSource(BatchSource):
+    NAME = "lanner-journal"
+    SCHEMAS = {"items": ITEMS_SCHEMA, "records": RECORDS_SCHEMA}
+    READER = JournalReader

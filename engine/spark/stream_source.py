@@ -63,6 +63,7 @@ import logging
 import math
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -87,15 +88,13 @@ def option_queue_list(options) -> list[str]:
     return queues
 
 
+@dataclass
 class ItemsPartition(InputPartition):
     """A slice of one micro-batch: the rows themselves, so read() is a pure replay."""
-
-    def __init__(self, servers: list, queues: list, data: list, fetched_us: list) -> None:
-        super().__init__(None)
-        self.servers = servers
-        self.queues = queues
-        self.data = data
-        self.fetched_us = fetched_us
+    servers: list
+    queues: list
+    data: list
+    fetched_us: list
 
 
 class _Slot:

@@ -9,26 +9,22 @@ from __future__ import annotations
 from lanner.perf.context import check_clean
 from lanner.perf.loadgen import Load, start
 from lanner.perf.report import RATE_COLUMNS, Plot, Report, progress_bar
+from lanner.perf.scenarios import add_options
 
 NAME = "fairness"
 HELP = "small sets measured while large items flood the same queue"
-DEFAULT_PORT = 22133
-THROUGHPUT = True
-PRIMARY = "p99_us"
+COMPARE = "p99_us"
 
 
 def add_arguments(p) -> None:
     g = p.add_argument_group("fairness (darner's db names and defaults)")
-    g.add_argument("-s", "--sets", type=int, default=100000, help="small sets measured (default 100000)")
-    g.add_argument("-c", "--concurrency", type=int, default=10, help="small-set connections (default 10)")
-    g.add_argument("-i", "--item-size", type=int, default=64, help="bytes per small item (default 64)")
-    g.add_argument("-q", "--queue", default="db_bench", help="queue (default db_bench)")
+    add_options(g, sets=(100000, "small sets measured"), concurrency=(10, "small-set connections"),
+                item_size=(64, "bytes per small item"), queue="db_bench")
     g.add_argument("--large-size", type=int, default=8 * 2**20, help="bytes per large item (default 8 MiB)")
     g.add_argument("--large-concurrency", type=int, default=10, help="flooding connections (default 10)")
     g.add_argument("--large-get-ratio", type=float, default=0.5,
                    help="share of gets among the flood's requests (default 0.5; darner: 0)")
-    g.add_argument("--duration", type=float, help="measure small sets for this many seconds instead of -s")
-    g.add_argument("-F", "--no-flush", action="store_true", help="don't flush the queue first")
+    add_options(g, duration=(None, "measure small sets for this many seconds instead of -s"), no_flush=True)
 
 
 def run(args, ctx) -> Report:

@@ -11,27 +11,23 @@ from dataclasses import replace
 from lanner.perf.context import check_clean, check_payloads
 from lanner.perf.loadgen import Load
 from lanner.perf.report import RATE_COLUMNS, Plot, Report
+from lanner.perf.scenarios import add_options
 
 NAME = "flood"
 HELP = "producers and consumers at once through one queue; items/s end to end"
-DEFAULT_PORT = 22133
-THROUGHPUT = True
-PRIMARY = "items_s"
+COMPARE = "items_s"
 
 
 def add_arguments(p) -> None:
     g = p.add_argument_group("flood (Kestrel's names and defaults)")
-    g.add_argument("-n", "--count", type=int, default=10000, help="items to push through (default 10000)")
-    g.add_argument("-k", "--kilobytes", type=int, default=1, help="KiB per item (default 1)")
-    g.add_argument("-b", "--bytes", type=int, help="bytes per item (overrides -k)")
-    g.add_argument("-q", "--queue", default="spam", help="queue name (default spam)")
+    add_options(g, count=(10000, "items to push through"), kilobytes=1,
+                bytes=(None, "bytes per item (overrides -k)"), queue=("spam", "queue name"))
     g.add_argument("-P", "--prefill", type=int, default=0, help="items put before the test (default 0)")
     g.add_argument("-R", "--producers", type=int, default=1, help="producer connections (default 1)")
     g.add_argument("-C", "--consumers", type=int, default=1, help="consumer connections (default 1)")
-    g.add_argument("-r", "--rollup", type=int, default=1, help="requests per write (default 1)")
+    add_options(g, rollup=1)
     g.add_argument("-B", "--blocking", action="store_true", help="blocking reads (get q/t=1000)")
-    g.add_argument("-F", "--no-flush", action="store_true", help="don't flush the queue first")
-    g.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds (default 600)")
+    add_options(g, no_flush=True, timeout=600.0)
 
 
 def run(args, ctx) -> Report:

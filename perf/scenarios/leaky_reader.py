@@ -13,29 +13,29 @@ import time
 
 from thrift.Thrift import TException
 
-from lanner.perf.context import ScenarioError
+from lanner.perf.context import ScenarioError, run_threads
 from lanner.perf.report import Plot, Report
+from lanner.perf.scenarios import add_options
 from lanner.perf.thrift_client import KestrelThrift, ThriftAppError
 
 NAME = "leaky-reader"
 HELP = "thrift: reliable reads that sometimes fail to confirm; every item confirmed once"
 DEFAULT_PORT = 2229
-THROUGHPUT = False
+COMPARE = None
 NEEDS_THRIFT = True
 
 
 def add_arguments(p) -> None:
     g = p.add_argument_group("leaky-reader (Kestrel's names and defaults)")
-    g.add_argument("-n", "--count", type=int, default=1000, help="items to put (default 1000)")
+    add_options(g, count=1000)
     g.add_argument("-d", "--drop-rate", type=float, default=0.01,
                    help="fraction of reads left unconfirmed (default 0.01)")
-    g.add_argument("-q", "--queue", default="spam-thrift", help="queue (default spam-thrift)")
+    add_options(g, queue="spam-thrift")
     g.add_argument("-t", "--threads", type=int, default=1, help="consumers (default 1)")
-    g.add_argument("-F", "--no-flush", action="store_true", help="don't flush the queue first")
+    add_options(g, no_flush=True)
     g.add_argument("-v", "--verbose-reads", action="store_true", help="print each read as it is opened")
     g.add_argument("--auto-abort-ms", type=int, default=5000, help="auto-abort of unconfirmed reads (default 5000)")
-    g.add_argument("--seed", type=int, default=1, help="random seed for drops (default 1)")
-    g.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds (default 300)")
+    add_options(g, seed=(1, "random seed for drops"), timeout=300.0)
 
 
 def connect(ctx, port: int) -> KestrelThrift:
@@ -132,12 +132,7 @@ def run(args, ctx) -> Report:
 
     threads = [threading.Thread(target=produce, daemon=True)]
     threads += [threading.Thread(target=consume, args=(k,), daemon=True) for k in range(args.threads)]
-    started = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()) + 5.0)
-    elapsed = time.monotonic() - started
+    elapsed = run_threads(threads, deadline)
     missing = sorted(set(range(args.count)) - confirmed)
     report.rows.append({"label": f"t={args.threads}", "items": len(confirmed), "elapsed_s": round(elapsed, 3),
                         "items_s": round(len(confirmed) / elapsed, 1) if elapsed else None, "reads": counts["reads"],

@@ -15,13 +15,13 @@ import threading
 import time
 
 from lanner.perf.client import ProtocolError
-from lanner.perf.context import ScenarioError
+from lanner.perf.context import ScenarioError, run_threads
 from lanner.perf.report import Plot, Report
+from lanner.perf.scenarios import add_options
 
 NAME = "many-clients"
 HELP = "a trickling producer and many blocking consumers; nothing lost, optional hang-ups"
-DEFAULT_PORT = 22133
-THROUGHPUT = False
+COMPARE = None
 
 LYRIC = (b"crossed off, but never forgotten\nmisplaced, but never losing hold\n"
          b"these are the moments that bind us\nrepressed, but never erased\n")
@@ -30,16 +30,14 @@ LYRIC = (b"crossed off, but never forgotten\nmisplaced, but never losing hold\n"
 def add_arguments(p) -> None:
     g = p.add_argument_group("many-clients (Kestrel's names and defaults)")
     g.add_argument("-s", "--sleep", type=float, default=100, help="milliseconds between puts (default 100)")
-    g.add_argument("-n", "--count", type=int, default=100, help="items to put (default 100)")
-    g.add_argument("-q", "--queue", default="spam", help="queue (default spam)")
-    g.add_argument("-c", "--clients", type=int, default=100, help="consumers (default 100)")
+    add_options(g, count=100, queue="spam", clients=(100, "consumers"))
     g.add_argument("-k", "--kill", type=int, default=0, metavar="PERCENT",
                    help="hang up on PERCENT %% of reads before reading the reply (implies -x)")
     g.add_argument("-x", "--transactions", action="store_true", help="transactional reads (/close/open)")
-    g.add_argument("-F", "--no-flush", action="store_true", help="don't flush the queue first")
+    add_options(g, no_flush=True)
     g.add_argument("-M", "--monitor", action="store_true", help="print queue stats every second to stderr")
-    g.add_argument("--seed", type=int, default=1, help="random seed for hang-ups (default 1)")
-    g.add_argument("--timeout", type=float, help="give up after this many seconds (default: trickle time + 60)")
+    add_options(g, seed=(1, "random seed for hang-ups"),
+                timeout=(None, "give up after this many seconds (default: trickle time + 60)"))
 
 
 class State:
@@ -84,12 +82,7 @@ def run(args, ctx) -> Report:
     threads.append(threading.Thread(target=_produce, args=(ctx, st, args, stop), daemon=True))
     if args.monitor:
         threading.Thread(target=_monitor, args=(ctx, args.queue, stop), daemon=True).start()
-    started = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()) + 5.0)
-    elapsed = time.monotonic() - started
+    elapsed = run_threads(threads, deadline)
     stop.set()
     after = ctx.queue_stats(args.queue)
 

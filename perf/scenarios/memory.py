@@ -10,24 +10,20 @@ from __future__ import annotations
 from lanner.perf.context import ScenarioError, check_clean, check_payloads
 from lanner.perf.loadgen import Load
 from lanner.perf.report import Plot, Report
-from lanner.perf.scenarios import int_list
+from lanner.perf.scenarios import add_options, int_list
 
 NAME = "memory"
 HELP = "RSS/PSS of all server processes as a backlog grows to N items and drains"
-DEFAULT_PORT = 22133
-THROUGHPUT = False
+COMPARE = None
 MB = 2**20
 
 
 def add_arguments(p) -> None:
     g = p.add_argument_group("memory (darner's mem_rss names)")
     g.add_argument("-n", "--items", type=int, default=1048576, help="largest backlog in items (default 1048576)")
-    g.add_argument("-i", "--item-size", type=int, default=1024, help="bytes per item (default 1024)")
-    g.add_argument("-c", "--concurrency", type=int, default=10, help="connections (default 10)")
-    g.add_argument("-r", "--depth", type=int, default=16, help="requests per write (default 16)")
+    add_options(g, item_size=1024, concurrency=10, depth=16)
     g.add_argument("--steps", type=int_list, help="backlog sizes to measure at (default: 0, 1024, 2048, ... N)")
-    g.add_argument("-q", "--queue", default="db_bench", help="queue (default db_bench)")
-    g.add_argument("-F", "--no-flush", action="store_true", help="don't flush the queue first")
+    add_options(g, queue="db_bench", no_flush=True)
 
 
 def steps(n: int) -> list[int]:

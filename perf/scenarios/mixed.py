@@ -9,27 +9,24 @@ from __future__ import annotations
 from lanner.perf.context import check_clean
 from lanner.perf.loadgen import Load
 from lanner.perf.report import RATE_COLUMNS, Plot, Report
-from lanner.perf.scenarios import int_list
+from lanner.perf.scenarios import add_options, int_list
 
 NAME = "mixed"
 HELP = "darner's db: interleaved set/get at a ratio, concurrency sweep"
-DEFAULT_PORT = 22133
-THROUGHPUT = True
+COMPARE = "ops_s"
 
 
 def add_arguments(p) -> None:
     g = p.add_argument_group("mixed (darner's db names and defaults)")
-    g.add_argument("-s", "--sets", type=int, default=10000, help="sets per concurrency level (default 10000)")
+    add_options(g, sets=(10000, "sets per concurrency level"))
     g.add_argument("-g", "--gets", type=int, default=10000, help="gets per concurrency level (default 10000)")
-    g.add_argument("-i", "--item-size", type=int, default=64, help="bytes per item (default 64)")
+    add_options(g, item_size=64)
     g.add_argument("-c", "--concurrency", type=int_list, default=[10],
                    help="connections; a comma list sweeps, e.g. 1,10,100,1000 (default 10)")
-    g.add_argument("-q", "--queue", default="db_bench", help="queue (default db_bench)")
-    g.add_argument("-r", "--depth", type=int, default=1, help="requests per write (default 1: closed loop)")
-    g.add_argument("--duration", type=float,
-                   help="run each level this many seconds (ratio gets/(gets+sets)) instead of counts")
+    add_options(g, queue="db_bench", depth=(1, "requests per write (default 1: closed loop)"))
+    add_options(g, duration=(None, "run each level this many seconds (ratio gets/(gets+sets)) instead of counts"))
     g.add_argument("--prefill", type=int, default=512, help="items put first (default 512, as flood.sh)")
-    g.add_argument("-F", "--no-flush", action="store_true", help="don't flush the queue first")
+    add_options(g, no_flush=True)
 
 
 def run(args, ctx) -> Report:

@@ -14,26 +14,23 @@ from dataclasses import replace
 from lanner.perf.context import check_clean, check_payloads
 from lanner.perf.loadgen import Load
 from lanner.perf.report import Plot, Report
+from lanner.perf.scenarios import add_options
 
 NAME = "packing"
 HELP = "backlog beyond memory, then concurrent write/read cycles with strict order checks"
-DEFAULT_PORT = 22133
-THROUGHPUT = False
+COMPARE = None
 
 
 def add_arguments(p) -> None:
     g = p.add_argument_group("packing (Kestrel's JournalPacking names and defaults)")
-    g.add_argument("-q", "--queue", default="spam", help="queue (default spam)")
-    g.add_argument("-n", "--count", type=int, default=25000, help="items written and read per cycle (default 25000)")
-    g.add_argument("-k", "--kilobytes", type=int, default=1, help="KiB per item (default 1)")
-    g.add_argument("-b", "--bytes", type=int, help="bytes per item (overrides -k)")
+    add_options(g, queue="spam", count=(25000, "items written and read per cycle"), kilobytes=1,
+                bytes=(None, "bytes per item (overrides -k)"))
     g.add_argument("-t", "--pause", type=float, default=1.0, help="seconds between cycles (default 1)")
     g.add_argument("-c", "--cycles", type=int, default=100, help="read/write cycles (default 100)")
     g.add_argument("-x", "--transactions", action="store_true", help="read with get q/t=1000/close/open")
     g.add_argument("--backlog", type=int, help="items written before the cycles (default: -n)")
     g.add_argument("--no-baseline", action="store_true", help="skip the empty-queue cycle")
-    g.add_argument("-F", "--no-flush", action="store_true", help="don't flush the queue first")
-    g.add_argument("--timeout", type=float, default=600.0, help="give up a cycle after this many seconds")
+    add_options(g, no_flush=True, timeout=(600.0, "give up a cycle after this many seconds"))
 
 
 def run(args, ctx) -> Report:

@@ -11,22 +11,20 @@ from dataclasses import replace
 from lanner.perf.context import check_clean, check_payloads
 from lanner.perf.loadgen import Load
 from lanner.perf.report import RATE_COLUMNS, Plot, Report
+from lanner.perf.scenarios import add_options
 
 NAME = "put-many"
 HELP = "C clients put N items of B bytes into Q queues; optional checked get phase"
-DEFAULT_PORT = 22133
-THROUGHPUT = True
+COMPARE = "ops_s"
 
 
 def add_arguments(p) -> None:
     g = p.add_argument_group("put-many (Kestrel's names and defaults)")
-    g.add_argument("-c", "--clients", type=int, default=100, help="concurrent clients (default 100)")
-    g.add_argument("-n", "--count", type=int, default=10000, help="total items to put (default 10000)")
-    g.add_argument("-b", "--bytes", type=int, default=1024, help="bytes per item (default 1024)")
-    g.add_argument("-r", "--rollup", type=int, default=1, help="requests per write, i.e. pipelining (default 1)")
-    g.add_argument("-q", "--queue", default="spam", help="queue name, or prefix with -Q (default spam)")
+    add_options(g, clients=100, count=(10000, "total items to put"), bytes=1024,
+                rollup=(1, "requests per write, i.e. pipelining"),
+                queue=("spam", "queue name, or prefix with -Q"))
     g.add_argument("-Q", "--queues", type=int, default=1, help="number of queues (default 1)")
-    g.add_argument("-F", "--no-flush", action="store_true", help="don't flush the queue(s) first")
+    add_options(g, no_flush=(None, "don't flush the queue(s) first"))
     g.add_argument("-g", "--get", action="store_true", help="get (and check) the items afterwards")
 
 

@@ -24,18 +24,17 @@ import time
 from lanner.perf.context import ScenarioError, check_clean
 from lanner.perf.loadgen import Load
 from lanner.perf.report import RATE_COLUMNS, Report
+from lanner.perf.scenarios import add_options
 
 NAME = "scrape"
 HELP = "Lanner /metrics: scrape time and size with many queues, effect of 100 ms scrapes on mixed"
-DEFAULT_PORT = 22133
-THROUGHPUT = False
+COMPARE = None
 
 
 def add_arguments(p) -> None:
     g = p.add_argument_group("scrape")
     g.add_argument("--admin-port", type=int, help="the server's admin HTTP port")
-    g.add_argument("-c", "--concurrency", type=int, default=10, help="mixed connections (default 10)")
-    g.add_argument("--duration", type=float, default=5.0, help="seconds per mixed run (default 5)")
+    add_options(g, concurrency=(10, "mixed connections"), duration=(5.0, "seconds per mixed run"))
     g.add_argument("--rounds", type=int, default=3, help="runs without and with scraping, each (default 3)")
     g.add_argument("--interval", type=float, default=0.1, help="seconds between scrapes (default 0.1)")
     g.add_argument("--max-drop", type=float, default=5.0, help="allowed throughput drop in %% (default 5)")

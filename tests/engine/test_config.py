@@ -483,33 +483,30 @@ def test_reload_keeps_server_section_and_replaces_the_rest(write):
     assert new.path == path
 
 
-def test_reload_errors_name_key_and_file(write):
-    path = write('[queues."a"]\nmax_items = 1\n')
+def reload_error(write, before: str, after: str):
+    """Load `before`, rewrite the file as `after` and reload: the path and the pytest.raises
+    info of the ConfigError the reload must raise (the reload tests differ only in the files)."""
+    path = write(before)
     old = load_config(path)
     with open(path, "w") as f:
-        f.write('[queues."a"]\nmax_items = "many"\n')
+        f.write(after)
     with pytest.raises(ConfigError) as e:
         reload_config(old)
+    return path, e
+
+
+def test_reload_errors_name_key_and_file(write):
+    path, e = reload_error(write, '[queues."a"]\nmax_items = 1\n', '[queues."a"]\nmax_items = "many"\n')
     assert e.value.key == "queues.a.max_items" and e.value.file == path
 
 
 def test_reload_validates_the_server_section_too(write):
-    path = write("[server]\nworkers = 2\n")
-    old = load_config(path)
-    with open(path, "w") as f:
-        f.write("[server]\nworkers = 0\n")
-    with pytest.raises(ConfigError) as e:
-        reload_config(old)
+    _, e = reload_error(write, "[server]\nworkers = 2\n", "[server]\nworkers = 0\n")
     assert e.value.key == "server.workers"
 
 
 def test_reload_error_brief_names_the_key_but_not_the_file(write):
-    path = write("[default]\nmax_items = 1\n")
-    old = load_config(path)
-    with open(path, "w") as f:
-        f.write("[default]\nmax_itemz = 1\n")
-    with pytest.raises(ConfigError) as e:
-        reload_config(old)
+    path, e = reload_error(write, "[default]\nmax_items = 1\n", "[default]\nmax_itemz = 1\n")
     assert e.value.brief == "default.max_itemz: unknown key"
     assert path in str(e.value)
 

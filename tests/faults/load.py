@@ -139,55 +139,59 @@ class Load:
             time.sleep(0.02)
             return None
 
-    def writer(self, n: int) -> None:
+    def _loop(self, step) -> None:
+        """Call `step(conn, i)` for i = 0, 1, ... until stopped, on a connection made here and
+        made again after `step` reports it failed (returns False): writers and readers survive
+        a killed process alike."""
         c = None
         i = 0
         while not self.stopping.is_set():
             if c is None:
                 c = self._connect()
                 continue
+            ok = step(c, i)
+            i += 1
+            if not ok:
+                c.close()
+                c = None
+
+    def writer(self, n: int) -> None:
+        def put(c: Conn, i: int) -> bool:
             q = self.queues[i % len(self.queues)]
             data = b"%s-w%d-%d" % (self.tag, n, i)
-            i += 1
             try:
                 r = c.set(q, data)
             except OSError:
                 r = b""
-            if r == b"STORED\r\n":
-                with self.lock:
-                    self.books.acked[q].append(data)
-                continue
             with self.lock:
+                if r == b"STORED\r\n":
+                    self.books.acked[q].append(data)
+                    return True
                 self.books.errors += 1
-            c.close()
-            c = None
+            return False
+        self._loop(put)
 
     def reader(self, n: int) -> None:
-        c = None
-        i = 0
-        while not self.stopping.is_set():
-            if c is None:
-                c = self._connect()
-                continue
+        def take(c: Conn, i: int) -> bool:
             q = self.queues[(n + i) % len(self.queues)]
-            i += 1
             item = None
             try:
                 item = c.get(q, b"/open")
                 if item is None:
-                    continue
+                    return True
                 if c.get(q, b"/close") is not None:
                     raise ConnectionResetError("close handed out an item")
                 with self.lock:
                     self.books.confirmed.append(item)
                     self.books.uncertain.discard(item)
+                return True
             except OSError:
                 with self.lock:
                     self.books.errors += 1
                     if item is not None:
                         self.books.uncertain.add(item)
-                c.close()
-                c = None
+                return False
+        self._loop(take)
 
 
 @dataclass

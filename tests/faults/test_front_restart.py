@@ -6,13 +6,12 @@ that ring's records as "data waiting", so the first request of the replacement f
 at 100 % CPU without ever reading the control socket that carried `peer_up`.
 """
 import signal
-import time
 
 import psutil
 import pytest
 
 from tests.faults.load import Load, queues_per_worker, service_time, verify
-from tests.helpers import start_server
+from tests.helpers import start_server, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -27,15 +26,6 @@ def pid_named(h, name: str) -> psutil.Process | None:
         except psutil.NoSuchProcess:
             continue
     return None
-
-
-def wait_for(cond, timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_front_killed_under_durable_load_every_shard_keeps_serving(tmp_path):

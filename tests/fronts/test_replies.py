@@ -11,6 +11,7 @@ from thrift.transport import TTransport
 from lanner.fronts.text import TextConn
 from lanner.fronts.thrift import ThriftConn
 from lanner.ipc import messages as m
+from lanner.perf.thrift_client import write_collection, write_field
 from tests.fronts.harness import Rig
 
 
@@ -126,15 +127,8 @@ def thrift_call(method: str, seqid: int, write_args) -> bytes:
 
 def put_args(queue: bytes, items: list[bytes]):
     def w(p):
-        p.writeFieldBegin("queue_name", TType.STRING, 1)
-        p.writeBinary(queue)
-        p.writeFieldEnd()
-        p.writeFieldBegin("items", TType.LIST, 2)
-        p.writeListBegin(TType.STRING, len(items))
-        for i in items:
-            p.writeBinary(i)
-        p.writeListEnd()
-        p.writeFieldEnd()
+        write_field(p, TType.STRING, 1, queue)
+        write_collection(p, TType.LIST, 2, TType.STRING, items)
     return w
 
 

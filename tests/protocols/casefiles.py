@@ -10,7 +10,7 @@ A case file is gunicorn's raw-request-plus-expected-parse idea in one file:
 close)`, which matches any ProtocolError whose reply is that keyword, optionally followed by
 ` <reason>`, ending the line; the reason text itself is free (deviation 1).  The thrift cases
 (binary frames written by the `thrift` package, see cases/thrift/generate.py) use their own
-matchers, `Stop()` and `Bad(method, seqid, type)` (test_thrift_cases.py).
+matchers, `Stop()` and `Bad(method, seqid, type)` (test_cases.py).
 """
 from __future__ import annotations
 

@@ -49,6 +49,16 @@ def drive(parser, chunks, bound):
     return out
 
 
+def drive_three_ways(make_parser, data: bytes, cuts, bound: int) -> list:
+    """The commands of `data` fed whole, in the given cuts and byte by byte, which must agree
+    (a parser's output may not depend on how the bytes arrive)."""
+    whole = drive(make_parser(), [data], bound + len(data))
+    pieces = drive(make_parser(), split(data, cuts), bound + len(data))
+    bytewise = drive(make_parser(), [data[i:i + 1] for i in range(len(data))], bound)
+    assert whole == pieces == bytewise
+    return whole
+
+
 def mc_parser():
     return mc.MemcacheParser(max_line=MAX_LINE, item_limit=lambda q: ITEM_LIMIT)
 
@@ -57,10 +67,7 @@ def mc_parser():
 @given(stream(MC_WORDS), st.lists(st.integers(0, 10_000), max_size=12))
 def test_memcache_any_bytes(data, cuts):
     bound = max(MAX_LINE + 1, ITEM_LIMIT + 2)
-    whole = drive(mc_parser(), [data], bound + len(data))
-    pieces = drive(mc_parser(), split(data, cuts), bound + len(data))
-    bytewise = drive(mc_parser(), [data[i:i + 1] for i in range(len(data))], bound)
-    assert whole == pieces == bytewise
+    whole = drive_three_ways(mc_parser, data, cuts, bound)
     for cmd in whole:
         assert isinstance(cmd, MC_TYPES)
         if isinstance(cmd, mc.ProtocolError):
@@ -82,10 +89,7 @@ def test_text_any_bytes(data, cuts):
     def parser():
         return tx.TextParser(max_line=MAX_LINE, max_block=max_block)
 
-    whole = drive(parser(), [data], bound + len(data))
-    pieces = drive(parser(), split(data, cuts), bound + len(data))
-    bytewise = drive(parser(), [data[i:i + 1] for i in range(len(data))], bound)
-    assert whole == pieces == bytewise
+    whole = drive_three_ways(parser, data, cuts, bound)
     for cmd in whole:
         assert isinstance(cmd, TX_TYPES)
         if isinstance(cmd, (tx.Reply, tx.ProtocolError)):

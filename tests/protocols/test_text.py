@@ -31,13 +31,18 @@ def test_after_the_1025th_line_the_rest_of_a_long_block_is_read_as_commands():
         Reply(b"-Unknown command: \n")]
 
 
-def test_put_block_byte_cap_closes():
-    p = TextParser(max_block=10)
-    p.feed(b"put q:\n12345\n12345\n")
+@pytest.mark.parametrize("limits, within, over, reply", [
+    ({"max_block": 10}, b"put q:\n12345\n12345\n", b"1\n", b"-Put block larger than 10 bytes.\n"),
+    ({"max_line": 8}, b"get qqqq\r", b"q", b"-Line longer than 8 bytes.\n"),
+])
+def test_caps_close(limits, within, over, reply):
+    """Up to a cap the parser waits for more; one byte over, it closes with the cap's error
+    and holds nothing more."""
+    p = TextParser(**limits)
+    p.feed(within)
     assert p.next() is None
-    p.feed(b"1\n")
-    err = p.next()
-    assert isinstance(err, ProtocolError) and err.close and err.reply.startswith(b"-")
+    p.feed(over)
+    assert p.next() == ProtocolError(reply, True)
     assert p.stopped and p.buffered == 0
 
 
@@ -46,15 +51,6 @@ def test_buffered_counts_items_held_in_an_open_block():
     p.feed(b"put q:\nabcdef\nxy")
     assert p.next() is None
     assert p.buffered == 6 + 2
-
-
-def test_line_cap_closes():
-    p = TextParser(max_line=8)
-    p.feed(b"get qqqq\r")
-    assert p.next() is None
-    p.feed(b"q")
-    err = p.next()
-    assert err == ProtocolError(b"-Line longer than 8 bytes.\n", True) and p.stopped
 
 
 def test_line_cap_applies_to_item_lines():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+from functools import partial
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -22,7 +23,9 @@ from lanner.protocols.thrift import (
     BadCall, Call, Item, ProtocolError, QueueInfo, ThriftParser, Upgrade, encode_exception,
     encode_reply, encode_upgrade_reply, internal_error,
 )
-from lanner.perf.thrift_client import KestrelThrift, ThriftAppError, TItem, TQueueInfo
+from lanner.perf.thrift_client import (
+    KestrelThrift, ThriftAppError, TItem, TQueueInfo, field, write_collection,
+)
 
 CALL, REPLY, EXCEPTION, ONEWAY = (TMessageType.CALL, TMessageType.REPLY, TMessageType.EXCEPTION,
                                   TMessageType.ONEWAY)
@@ -40,50 +43,15 @@ def framed(write, strict: bool = True) -> bytes:
     return buf.getvalue()
 
 
-def f_str(fid, s):
-    def w(p):
-        p.writeFieldBegin("", TType.STRING, fid)
-        p.writeString(s) if isinstance(s, str) else p.writeBinary(s)
-        p.writeFieldEnd()
-    return w
+f_str, f_i32, f_i64 = (partial(field, ttype) for ttype in (TType.STRING, TType.I32, TType.I64))
 
 
-def f_i32(fid, v):
-    def w(p):
-        p.writeFieldBegin("", TType.I32, fid)
-        p.writeI32(v)
-        p.writeFieldEnd()
-    return w
-
-
-def f_i64(fid, v):
-    def w(p):
-        p.writeFieldBegin("", TType.I64, fid)
-        p.writeI64(v)
-        p.writeFieldEnd()
-    return w
-
-
-def f_bin_list(fid, items, etype=TType.STRING):
-    def w(p):
-        p.writeFieldBegin("", TType.LIST, fid)
-        p.writeListBegin(etype, len(items))
-        for i in items:
-            p.writeBinary(i)
-        p.writeListEnd()
-        p.writeFieldEnd()
-    return w
+def f_bin_list(fid, items):
+    return lambda p: write_collection(p, TType.LIST, fid, TType.STRING, items)
 
 
 def f_i64_set(fid, ids):
-    def w(p):
-        p.writeFieldBegin("", TType.SET, fid)
-        p.writeSetBegin(TType.I64, len(ids))
-        for i in ids:
-            p.writeI64(i)
-        p.writeSetEnd()
-        p.writeFieldEnd()
-    return w
+    return lambda p: write_collection(p, TType.SET, fid, TType.I64, ids)
 
 
 def f_struct(fid, *fields):
@@ -137,21 +105,14 @@ def parse_one(data: bytes, parser: ThriftParser | None = None):
     return out
 
 
+# scalar type -> thrift's reader method for it
+SCALAR_READERS = {TType.BOOL: "readBool", TType.BYTE: "readByte", TType.I16: "readI16", TType.I32: "readI32",
+                  TType.I64: "readI64", TType.DOUBLE: "readDouble", TType.STRING: "readBinary"}
+
+
 def read_value(p, t):
-    if t == TType.BOOL:
-        return p.readBool()
-    if t == TType.BYTE:
-        return p.readByte()
-    if t == TType.I16:
-        return p.readI16()
-    if t == TType.I32:
-        return p.readI32()
-    if t == TType.I64:
-        return p.readI64()
-    if t == TType.DOUBLE:
-        return p.readDouble()
-    if t == TType.STRING:
-        return p.readBinary()
+    if t in SCALAR_READERS:
+        return getattr(p, SCALAR_READERS[t])()
     if t == TType.STRUCT:
         return read_struct(p)
     if t in (TType.LIST, TType.SET):

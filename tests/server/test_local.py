@@ -5,7 +5,7 @@ import psutil
 import pytest
 
 from lanner.queues.placement import worker_of
-from tests.helpers import start_server
+from tests.helpers import start_server, wait_for
 from tests.server.conftest import Client
 
 pytestmark = pytest.mark.integration
@@ -63,240 +63,203 @@ def stat(c: Client, name: bytes) -> int:
     raise AssertionError(f"no stat {name!r}")
 
 
-def test_local_and_routed_requests(tmp_path):
+@pytest.fixture
+def h(tmp_path):
+    """A running `lanner serve` with two workers (the ServerHandle these tests call h), stopped
+    after the test whatever it did."""
+    server = start_server(tmp_path, workers=2)
+    yield server
+    server.stop()
+
+
+def test_local_and_routed_requests(h):
     """A client of worker 0 is served inline for worker 0's queues and over the rings for worker
     1's; routed_requests counts only the latter."""
-    h = start_server(tmp_path, workers=2)
-    try:
-        [c] = clients_on(h, 0, 1)
-        mine, theirs = queue_of(0), queue_of(1)
-        before = stat(c, b"routed_requests")
-        assert c.ask(b"set %s 0 0 1\r\na\r\n" % mine) == b"STORED\r\n"
-        assert c.ask(b"get %s\r\n" % mine, b"END\r\n") == b"VALUE %s 0 1\r\na\r\nEND\r\n" % mine
-        after_local = stat(c, b"routed_requests")
-        assert c.ask(b"set %s 0 0 1\r\nb\r\n" % theirs) == b"STORED\r\n"
-        after_routed = stat(c, b"routed_requests")
-        # stats itself is a fan-out: one routed part per other worker, each time
-        assert after_local - before == 1
-        assert after_routed - after_local == 2
-    finally:
-        h.stop()
+    [c] = clients_on(h, 0, 1)
+    mine, theirs = queue_of(0), queue_of(1)
+    before = stat(c, b"routed_requests")
+    assert c.ask(b"set %s 0 0 1\r\na\r\n" % mine) == b"STORED\r\n"
+    assert c.ask(b"get %s\r\n" % mine, b"END\r\n") == b"VALUE %s 0 1\r\na\r\nEND\r\n" % mine
+    after_local = stat(c, b"routed_requests")
+    assert c.ask(b"set %s 0 0 1\r\nb\r\n" % theirs) == b"STORED\r\n"
+    after_routed = stat(c, b"routed_requests")
+    # stats itself is a fan-out: one routed part per other worker, each time
+    assert after_local - before == 1
+    assert after_routed - after_local == 2
 
 
-def test_kill_worker_returns_open_reads_of_its_clients(tmp_path):
+def test_kill_worker_returns_open_reads_of_its_clients(h):
     """kill -9 of a worker is also the death of the clients it served: the open reads they held
     on another worker's queue go back to that queue."""
-    h = start_server(tmp_path, workers=2)
-    try:
-        q = queue_of(1)
-        setter = Client(h.connect())
-        for i in range(3):
-            assert setter.ask(b"set %s 0 0 1\r\n%d\r\n" % (q, i)) == b"STORED\r\n"
-        [victim_client] = clients_on(h, 0, 1)
-        assert victim_client.ask(b"get %s/open\r\n" % q, b"END\r\n") == b"VALUE %s/open 0 1\r\n0\r\nEND\r\n" % q
-        victim = worker_procs(h)[0]
-        victim.send_signal(signal.SIGKILL)
-        assert victim_client.is_closed()
-        [survivor] = clients_on(h, 1, 1)
-        got = []
-        for _ in range(3):
-            r = survivor.ask(b"get %s\r\n" % q, b"END\r\n")
-            got.append(r.split(b"\r\n")[1])
-        assert sorted(got) == [b"0", b"1", b"2"]
-    finally:
-        h.stop()
+    q = queue_of(1)
+    setter = Client(h.connect())
+    for i in range(3):
+        assert setter.ask(b"set %s 0 0 1\r\n%d\r\n" % (q, i)) == b"STORED\r\n"
+    [victim_client] = clients_on(h, 0, 1)
+    assert victim_client.ask(b"get %s/open\r\n" % q, b"END\r\n") == b"VALUE %s/open 0 1\r\n0\r\nEND\r\n" % q
+    victim = worker_procs(h)[0]
+    victim.send_signal(signal.SIGKILL)
+    assert victim_client.is_closed()
+    [survivor] = clients_on(h, 1, 1)
+    got = []
+    for _ in range(3):
+        r = survivor.ask(b"get %s\r\n" % q, b"END\r\n")
+        got.append(r.split(b"\r\n")[1])
+    assert sorted(got) == [b"0", b"1", b"2"]
 
 
 # -- connection handoff ------------------------------------------------------------------------
 
-def wait_for(cond, timeout=20.0):
-    import time
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return False
-
-
-def test_single_queue_connections_all_end_local(tmp_path):
+def test_single_queue_connections_all_end_local(h):
     """200 connections, each using one queue: every one ends on the worker that owns its queue;
     `handoffs` counts exactly those that started elsewhere, each after two routed requests."""
-    h = start_server(tmp_path, workers=2)
-    try:
-        watcher = Client(h.connect())
-        conns = [Client(h.connect()) for _ in range(200)]
+    watcher = Client(h.connect())
+    conns = [Client(h.connect()) for _ in range(200)]
+    for c in conns:
+        c.ask(b"version\r\n")
+    queues = [b"one%d" % (i % 16) for i in range(len(conns))]
+    started = [serving_worker(h, c) for c in conns]
+    movers = sum(1 for c, q, w in zip(conns, queues, started) if worker_of(q.decode(), 2) != w)
+    assert 0 < movers < len(conns)
+    h0, r0 = stat(watcher, b"handoffs"), stat(watcher, b"routed_requests")
+    for round_ in range(3):
+        for c, q in zip(conns, queues):
+            c.send(b"set %s 0 0 2\r\nv%d\r\n" % (q, round_))
         for c in conns:
-            c.ask(b"version\r\n")
-        queues = [b"one%d" % (i % 16) for i in range(len(conns))]
-        started = [serving_worker(h, c) for c in conns]
-        movers = sum(1 for c, q, w in zip(conns, queues, started) if worker_of(q.decode(), 2) != w)
-        assert 0 < movers < len(conns)
-        h0, r0 = stat(watcher, b"handoffs"), stat(watcher, b"routed_requests")
-        for round_ in range(3):
-            for c, q in zip(conns, queues):
-                c.send(b"set %s 0 0 2\r\nv%d\r\n" % (q, round_))
-            for c in conns:
-                assert c.recv_until(b"\r\n") == b"STORED\r\n"
-        for c, q in zip(conns, queues):
-            assert c.ask(b"get %s\r\n" % q, b"END\r\n").startswith(b"VALUE %s 0 2\r\nv" % q)
-        assert stat(watcher, b"handoffs") - h0 == movers
-        # + one routed part for each of the two stats commands since r0 was read
-        assert stat(watcher, b"routed_requests") - r0 == 2 * movers + 2
-        for c, q in zip(conns, queues):
-            assert serving_worker(h, c) == worker_of(q.decode(), 2)
-    finally:
-        h.stop()
+            assert c.recv_until(b"\r\n") == b"STORED\r\n"
+    for c, q in zip(conns, queues):
+        assert c.ask(b"get %s\r\n" % q, b"END\r\n").startswith(b"VALUE %s 0 2\r\nv" % q)
+    assert stat(watcher, b"handoffs") - h0 == movers
+    # + one routed part for each of the two stats commands since r0 was read
+    assert stat(watcher, b"routed_requests") - r0 == 2 * movers + 2
+    for c, q in zip(conns, queues):
+        assert serving_worker(h, c) == worker_of(q.decode(), 2)
 
 
-def test_pipelined_bytes_during_a_handoff_keep_their_order(tmp_path):
+def test_pipelined_bytes_during_a_handoff_keep_their_order(h):
     """An unparsed half command travels with the connection, bytes sent while it moves are read
     by the adopter, and every reply comes back once, in order."""
-    h = start_server(tmp_path, workers=2)
-    try:
-        watcher = Client(h.connect())
-        [c] = clients_on(h, 0, 1)
-        q = queue_of(1)
-        assert c.ask(b"set %s 0 0 1\r\na\r\n" % q) == b"STORED\r\n"
-        before = stat(watcher, b"handoffs")
-        c.send(b"set %s 0 0 1\r\nb\r\nget %s" % (q, q))        # the get is not finished yet
+    watcher = Client(h.connect())
+    [c] = clients_on(h, 0, 1)
+    q = queue_of(1)
+    assert c.ask(b"set %s 0 0 1\r\na\r\n" % q) == b"STORED\r\n"
+    before = stat(watcher, b"handoffs")
+    c.send(b"set %s 0 0 1\r\nb\r\nget %s" % (q, q))        # the get is not finished yet
+    assert c.recv_until(b"\r\n") == b"STORED\r\n"
+    assert wait_for(lambda: stat(watcher, b"handoffs") == before + 1)
+    pipeline = b"\r\n" + b"".join(b"set %s 0 0 3\r\n%03d\r\nget %s\r\n" % (q, i, q) for i in range(100))
+    for i in range(0, len(pipeline), 37):                  # in pieces, as they come
+        c.send(pipeline[i:i + 37])
+    assert c.recv_until(b"END\r\n") == b"VALUE %s 0 1\r\na\r\nEND\r\n" % q
+    expect = [b"b"] + [b"%03d" % i for i in range(99)]
+    for i in range(100):
         assert c.recv_until(b"\r\n") == b"STORED\r\n"
-        assert wait_for(lambda: stat(watcher, b"handoffs") == before + 1)
-        pipeline = b"\r\n" + b"".join(b"set %s 0 0 3\r\n%03d\r\nget %s\r\n" % (q, i, q) for i in range(100))
-        for i in range(0, len(pipeline), 37):                  # in pieces, as they come
-            c.send(pipeline[i:i + 37])
-        assert c.recv_until(b"END\r\n") == b"VALUE %s 0 1\r\na\r\nEND\r\n" % q
-        expect = [b"b"] + [b"%03d" % i for i in range(99)]
-        for i in range(100):
-            assert c.recv_until(b"\r\n") == b"STORED\r\n"
-            assert c.recv_until(b"END\r\n") == b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (q, len(expect[i]), expect[i])
-        assert serving_worker(h, c) == 1
-    finally:
-        h.stop()
+        assert c.recv_until(b"END\r\n") == b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (q, len(expect[i]), expect[i])
+    assert serving_worker(h, c) == 1
 
 
-def test_handoff_moves_open_reads(tmp_path):
+def test_handoff_moves_open_reads(h):
     """A connection moves with an open read: the adopter can close it, and the open read it
     holds at disconnect goes back to the queue, exactly once."""
-    h = start_server(tmp_path, workers=2)
-    try:
-        watcher = Client(h.connect())
-        q = queue_of(1)
-        for i in range(4):
-            assert watcher.ask(b"set %s 0 0 1\r\n%d\r\n" % (q, i)) == b"STORED\r\n"
-        [c] = clients_on(h, 0, 1)
-        before = stat(watcher, b"handoffs")
-        assert c.ask(b"get %s/open\r\n" % q, b"END\r\n").endswith(b"\r\n0\r\nEND\r\n")
-        assert c.ask(b"get %s/close/open\r\n" % q, b"END\r\n").endswith(b"\r\n1\r\nEND\r\n")
-        assert wait_for(lambda: stat(watcher, b"handoffs") == before + 1)
-        assert serving_worker(h, c) == 1
-        # item 1 is open on the moved connection: closing it confirms it, the next one opens
-        assert c.ask(b"get %s/close/open\r\n" % q, b"END\r\n").endswith(b"\r\n2\r\nEND\r\n")
-        c.close()                                               # item 2 goes back
-        got = []
-        assert wait_for(lambda: watcher.ask(b"stats\r\n", b"END\r\n").count(
-            b"STAT queue_%s_open_transactions 0\r\n" % q) == 1)
-        while (r := watcher.ask(b"get %s\r\n" % q, b"END\r\n")) != b"END\r\n":
-            got.append(r.split(b"\r\n")[1])
-        assert got == [b"2", b"3"]
-    finally:
-        h.stop()
+    watcher = Client(h.connect())
+    q = queue_of(1)
+    for i in range(4):
+        assert watcher.ask(b"set %s 0 0 1\r\n%d\r\n" % (q, i)) == b"STORED\r\n"
+    [c] = clients_on(h, 0, 1)
+    before = stat(watcher, b"handoffs")
+    assert c.ask(b"get %s/open\r\n" % q, b"END\r\n").endswith(b"\r\n0\r\nEND\r\n")
+    assert c.ask(b"get %s/close/open\r\n" % q, b"END\r\n").endswith(b"\r\n1\r\nEND\r\n")
+    assert wait_for(lambda: stat(watcher, b"handoffs") == before + 1)
+    assert serving_worker(h, c) == 1
+    # item 1 is open on the moved connection: closing it confirms it, the next one opens
+    assert c.ask(b"get %s/close/open\r\n" % q, b"END\r\n").endswith(b"\r\n2\r\nEND\r\n")
+    c.close()                                               # item 2 goes back
+    got = []
+    assert wait_for(lambda: watcher.ask(b"stats\r\n", b"END\r\n").count(
+        b"STAT queue_%s_open_transactions 0\r\n" % q) == 1)
+    while (r := watcher.ask(b"get %s\r\n" % q, b"END\r\n")) != b"END\r\n":
+        got.append(r.split(b"\r\n")[1])
+    assert got == [b"2", b"3"]
 
 
-def test_blocking_get_is_not_moved_while_it_waits(tmp_path):
-    h = start_server(tmp_path, workers=2)
-    try:
-        watcher = Client(h.connect())
-        q = queue_of(1)
-        [c] = clients_on(h, 0, 1)
-        before = stat(watcher, b"handoffs")
-        assert c.ask(b"set %s 0 0 1\r\na\r\n" % q) == b"STORED\r\n"
-        assert c.ask(b"get %s\r\n" % q, b"END\r\n").endswith(b"\r\na\r\nEND\r\n")
-        # the handoff happens once that reply is out; then a blocking get waits on the adopter
-        assert wait_for(lambda: stat(watcher, b"handoffs") == before + 1)
-        [d] = clients_on(h, 0, 1)
-        assert d.ask(b"get %s/open\r\n" % q, b"END\r\n") == b"END\r\n"
-        d.send(b"get %s/t=3000/open\r\n" % q)             # routed #2, blocks: in flight
-        assert wait_for(lambda: b"STAT queue_%s_waiters 1\r\n" % q in watcher.ask(b"stats\r\n", b"END\r\n"))
-        assert stat(watcher, b"handoffs") == before + 1            # d does not move while it waits
-        assert watcher.ask(b"set %s 0 0 1\r\nc\r\n" % q) == b"STORED\r\n"
-        assert d.recv_until(b"END\r\n").endswith(b"\r\nc\r\nEND\r\n")
-        assert wait_for(lambda: stat(watcher, b"handoffs") == before + 2), h.log()   # with its open read
-        assert d.ask(b"get %s/close\r\n" % q, b"END\r\n") == b"END\r\n"
-        assert serving_worker(h, d) == 1
-    finally:
-        h.stop()
+def test_blocking_get_is_not_moved_while_it_waits(h):
+    watcher = Client(h.connect())
+    q = queue_of(1)
+    [c] = clients_on(h, 0, 1)
+    before = stat(watcher, b"handoffs")
+    assert c.ask(b"set %s 0 0 1\r\na\r\n" % q) == b"STORED\r\n"
+    assert c.ask(b"get %s\r\n" % q, b"END\r\n").endswith(b"\r\na\r\nEND\r\n")
+    # the handoff happens once that reply is out; then a blocking get waits on the adopter
+    assert wait_for(lambda: stat(watcher, b"handoffs") == before + 1)
+    [d] = clients_on(h, 0, 1)
+    assert d.ask(b"get %s/open\r\n" % q, b"END\r\n") == b"END\r\n"
+    d.send(b"get %s/t=3000/open\r\n" % q)             # routed #2, blocks: in flight
+    assert wait_for(lambda: b"STAT queue_%s_waiters 1\r\n" % q in watcher.ask(b"stats\r\n", b"END\r\n"))
+    assert stat(watcher, b"handoffs") == before + 1            # d does not move while it waits
+    assert watcher.ask(b"set %s 0 0 1\r\nc\r\n" % q) == b"STORED\r\n"
+    assert d.recv_until(b"END\r\n").endswith(b"\r\nc\r\nEND\r\n")
+    assert wait_for(lambda: stat(watcher, b"handoffs") == before + 2), h.log()   # with its open read
+    assert d.ask(b"get %s/close\r\n" % q, b"END\r\n") == b"END\r\n"
+    assert serving_worker(h, d) == 1
 
 
 @pytest.mark.parametrize("victim", ["receiver", "sender"])
-def test_kill_either_side_mid_handoff(tmp_path, victim):
+def test_kill_either_side_mid_handoff(h, victim):
     """The adopter is stopped while a connection is being handed to it, then one side is killed:
     the client gets its reply or the connection closes, never a wrong reply."""
-    h = start_server(tmp_path, workers=2)
+    q = queue_of(1)
+    [c] = clients_on(h, 0, 1)
+    procs = worker_procs(h)
+    procs[1].send_signal(signal.SIGSTOP)
     try:
-        q = queue_of(1)
-        [c] = clients_on(h, 0, 1)
-        procs = worker_procs(h)
-        procs[1].send_signal(signal.SIGSTOP)
-        try:
-            # two fire-and-forget sets make the connection a candidate with nothing in flight
-            c.send(b"set %s 0 0 1 noreply\r\nx\r\nset %s 0 0 1 noreply\r\ny\r\n" % (q, q))
-            c.send(b"get %s\r\n" % q)
-            (procs[1] if victim == "receiver" else procs[0]).send_signal(signal.SIGKILL)
-        finally:
-            if victim == "sender":
-                procs[1].send_signal(signal.SIGCONT)
-        c.sock.settimeout(30)
-        got = b""
-        while True:
-            try:
-                chunk = c.sock.recv(4096)
-            except ConnectionResetError:
-                break
-            if not chunk:
-                break
-            got += chunk
-            if got.endswith(b"END\r\n"):
-                break
-        assert got in (b"", b"END\r\n", b"VALUE %s 0 1\r\nx\r\nEND\r\n" % q) or \
-            got.startswith(b"SERVER_ERROR"), got
+        # two fire-and-forget sets make the connection a candidate with nothing in flight
+        c.send(b"set %s 0 0 1 noreply\r\nx\r\nset %s 0 0 1 noreply\r\ny\r\n" % (q, q))
+        c.send(b"get %s\r\n" % q)
+        (procs[1] if victim == "receiver" else procs[0]).send_signal(signal.SIGKILL)
     finally:
-        h.stop()
+        if victim == "sender":
+            procs[1].send_signal(signal.SIGCONT)
+    c.sock.settimeout(30)
+    got = b""
+    while True:
+        try:
+            chunk = c.sock.recv(4096)
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        got += chunk
+        if got.endswith(b"END\r\n"):
+            break
+    assert got in (b"", b"END\r\n", b"VALUE %s 0 1\r\nx\r\nEND\r\n" % q) or \
+        got.startswith(b"SERVER_ERROR"), got
 
 
-def test_text_connection_moves_with_its_open_read(tmp_path):
+def test_text_connection_moves_with_its_open_read(h):
     """A text-protocol client (every get opens a read that the next get confirms) moves to the
     worker of its queue with its open read."""
-    h = start_server(tmp_path, workers=2)
-    try:
-        watcher = Client(h.connect())
-        q = queue_of(1)
-        [c] = clients_on(h, 0, 1, port=h.text_port, probe=(b"version\n", b"\n"))
-        before = stat(watcher, b"handoffs")
-        assert c.ask(b"put %s:\na\nb\nc\n\n" % q, b"\n") == b"+3\n"
-        assert c.ask(b"get %s\n" % q, b"\n") == b":a\n"
-        assert wait_for(lambda: stat(watcher, b"handoffs") == before + 1)
-        assert serving_worker(h, c) == 1
-        assert c.ask(b"get %s\n" % q, b"\n") == b":b\n"       # confirms a, opens b: on the adopter
-        c.close()                                              # b goes back
-        t = Client(h.connect(h.text_port))
-        assert t.ask(b"get %s 5000\n" % q, b"\n") == b":b\n"
-    finally:
-        h.stop()
+    watcher = Client(h.connect())
+    q = queue_of(1)
+    [c] = clients_on(h, 0, 1, port=h.text_port, probe=(b"version\n", b"\n"))
+    before = stat(watcher, b"handoffs")
+    assert c.ask(b"put %s:\na\nb\nc\n\n" % q, b"\n") == b"+3\n"
+    assert c.ask(b"get %s\n" % q, b"\n") == b":a\n"
+    assert wait_for(lambda: stat(watcher, b"handoffs") == before + 1)
+    assert serving_worker(h, c) == 1
+    assert c.ask(b"get %s\n" % q, b"\n") == b":b\n"       # confirms a, opens b: on the adopter
+    c.close()                                              # b goes back
+    t = Client(h.connect(h.text_port))
+    assert t.ask(b"get %s 5000\n" % q, b"\n") == b":b\n"
 
 
-def test_connection_moves_after_a_stats(tmp_path):
+def test_connection_moves_after_a_stats(h):
     """`stats` touches every worker; once the client uses one queue it still moves."""
-    h = start_server(tmp_path, workers=2)
-    try:
-        watcher = Client(h.connect())
-        q = queue_of(1)
-        [c] = clients_on(h, 0, 1)
-        assert stat(c, b"handoffs") >= 0
-        before = stat(watcher, b"handoffs")
-        for i in range(3):
-            assert c.ask(b"set %s 0 0 1\r\n%d\r\n" % (q, i)) == b"STORED\r\n"
-        assert wait_for(lambda: stat(watcher, b"handoffs") == before + 1)
-        assert serving_worker(h, c) == 1
-    finally:
-        h.stop()
+    watcher = Client(h.connect())
+    q = queue_of(1)
+    [c] = clients_on(h, 0, 1)
+    assert stat(c, b"handoffs") >= 0
+    before = stat(watcher, b"handoffs")
+    for i in range(3):
+        assert c.ask(b"set %s 0 0 1\r\n%d\r\n" % (q, i)) == b"STORED\r\n"
+    assert wait_for(lambda: stat(watcher, b"handoffs") == before + 1)
+    assert serving_worker(h, c) == 1

@@ -1,5 +1,6 @@
 """Raw-byte tests of the memcache dialect against a real `lanner serve` (reference §1)."""
 import itertools
+import os
 import time
 
 import pytest
@@ -17,9 +18,18 @@ def setq(c, q, data, exp=0):
     return c.ask(b"set %s 0 %d %d\r\n%s\r\n" % (q, exp, len(data), data))
 
 
-def test_set_get_fifo(mc):
+def filled(mc, *items: bytes):
+    """A new client and a fresh queue holding `items`, each set checked STORED: how most of these
+    tests begin."""
     c = mc()
     q = qname()
+    for data in items:
+        assert setq(c, q, data) == b"STORED\r\n"
+    return c, q
+
+
+def test_set_get_fifo(mc):
+    c, q = filled(mc)
     assert setq(c, q, b"hello") == b"STORED\r\n"
     assert setq(c, q, b"world") == b"STORED\r\n"
     assert c.ask(b"get " + q + b"\r\n", b"END\r\n") == b"VALUE " + q + b" 0 5\r\nhello\r\nEND\r\n"
@@ -28,16 +38,13 @@ def test_set_get_fifo(mc):
 
 
 def test_value_echoes_key_as_sent(mc):
-    c = mc()
-    q = qname()
-    setq(c, q, b"hello")
+    c, q = filled(mc, b"hello")
     got = c.ask(b"get " + q + b"/t=10/open\r\n", b"END\r\n")
     assert got == b"VALUE " + q + b"/t=10/open 0 5\r\nhello\r\nEND\r\n"
 
 
 def test_binary_data_and_empty_item(mc):
-    c = mc()
-    q = qname()
+    c, q = filled(mc)
     data = bytes(range(256)) + b"\r\nEND\r\n"
     assert setq(c, q, data) == b"STORED\r\n"
     assert setq(c, q, b"") == b"STORED\r\n"
@@ -48,8 +55,7 @@ def test_binary_data_and_empty_item(mc):
 
 
 def test_pipelining_in_order(mc):
-    c = mc()
-    q = qname()
+    c, q = filled(mc)
     req = b"".join(b"set %s 0 0 1\r\n%d\r\n" % (q, i) for i in range(10))
     req += b"".join(b"get %s\r\n" % q for i in range(10))
     c.send(req)
@@ -60,10 +66,7 @@ def test_pipelining_in_order(mc):
 
 
 def test_reliable_read_open_close(mc):
-    c = mc()
-    q = qname()
-    setq(c, q, b"a")
-    setq(c, q, b"b")
+    c, q = filled(mc, b"a", b"b")
     assert c.ask(b"get " + q + b"/open\r\n", b"END\r\n").startswith(b"VALUE")
     # plain get with an open read on the same queue: ERROR + close, and the read rolls back
     c.send(b"get " + q + b"\r\n")
@@ -76,8 +79,7 @@ def test_reliable_read_open_close(mc):
 
 
 def test_close_open_and_abort(mc):
-    c = mc()
-    q = qname()
+    c, q = filled(mc)
     for x in (b"1", b"2", b"3"):
         setq(c, q, x)
     assert c.ask(b"get %s/open\r\n" % q, b"END\r\n").endswith(b"1\r\nEND\r\n")
@@ -88,10 +90,7 @@ def test_close_open_and_abort(mc):
 
 
 def test_open_beyond_limit_is_error_and_close(mc):
-    c = mc()
-    q = qname()
-    setq(c, q, b"x")
-    setq(c, q, b"y")
+    c, q = filled(mc, b"x", b"y")
     assert c.ask(b"get %s/open\r\n" % q, b"END\r\n").endswith(b"x\r\nEND\r\n")
     c.send(b"get %s/open\r\n" % q)
     assert c.recv_until(b"\r\n") == b"ERROR\r\n"
@@ -101,9 +100,7 @@ def test_open_beyond_limit_is_error_and_close(mc):
 
 
 def test_disconnect_rolls_back(mc):
-    c = mc()
-    q = qname()
-    setq(c, q, b"keep")
+    c, q = filled(mc, b"keep")
     assert c.ask(b"get %s/open\r\n" % q, b"END\r\n").endswith(b"keep\r\nEND\r\n")
     c.close()
     d = mc()
@@ -111,8 +108,7 @@ def test_disconnect_rolls_back(mc):
 
 
 def test_peek(mc):
-    c = mc()
-    q = qname()
+    c, q = filled(mc)
     assert c.ask(b"get %s/peek\r\n" % q, b"END\r\n") == b"END\r\n"
     setq(c, q, b"p")
     assert c.ask(b"get %s/peek\r\n" % q, b"END\r\n").endswith(b"p\r\nEND\r\n")
@@ -121,8 +117,7 @@ def test_peek(mc):
 
 
 def test_blocking_get_times_out_and_wakes(mc):
-    c = mc()
-    q = qname()
+    c, q = filled(mc)
     t0 = time.monotonic()
     assert c.ask(b"get %s/t=300\r\n" % q, b"END\r\n") == b"END\r\n"
     assert time.monotonic() - t0 >= 0.28
@@ -151,8 +146,7 @@ def test_blocking_get_fifo_across_fronts(mc):
 
 
 def test_expiry_relative_and_absolute(mc):
-    c = mc()
-    q = qname()
+    c, q = filled(mc)
     assert c.ask(b"set %s 0 1000000 1\r\nx\r\n" % q) == b"STORED\r\n"   # absolute, long past
     assert c.ask(b"get %s\r\n" % q, b"END\r\n") == b"END\r\n"
     assert c.ask(b"set %s 0 -1 1\r\nx\r\n" % q) == b"STORED\r\n"
@@ -163,10 +157,7 @@ def test_expiry_relative_and_absolute(mc):
 
 
 def test_delete_and_flush(mc):
-    c = mc()
-    q = qname()
-    setq(c, q, b"1")
-    setq(c, q, b"2")
+    c, q = filled(mc, b"1", b"2")
     assert c.ask(b"flush %s\r\n" % q) == b"END\r\n"
     assert c.ask(b"get %s\r\n" % q, b"END\r\n") == b"END\r\n"
     setq(c, q, b"3")
@@ -176,8 +167,7 @@ def test_delete_and_flush(mc):
 
 
 def test_noreply(mc):
-    c = mc()
-    q = qname()
+    c, q = filled(mc)
     c.send(b"set %s 0 0 1 noreply\r\na\r\n" % q)
     c.send(b"set %s 0 0 1 noreply\r\nb\r\n" % q)
     assert c.ask(b"get %s\r\n" % q, b"END\r\n").endswith(b"a\r\nEND\r\n")
@@ -204,39 +194,26 @@ def test_errors(mc):
     assert c.ask(b"set q 0 0 1\r\nx\r\n".replace(b"q", qname()) ) == b"STORED\r\n"
     assert c.ask(b"set foo x 0 1\r\nx\r\n").startswith(b"CLIENT_ERROR")   # flags: stays open
     assert c.ask(b"version\r\n").startswith(b"VERSION ")
-    c.send(b"get a.b\r\n")
-    assert c.recv_until(b"\r\n").startswith(b"CLIENT_ERROR")
-    assert c.is_closed()
-    c = mc()
-    c.send(b"get q/open/peek\r\n")
-    assert c.recv_until(b"\r\n").startswith(b"CLIENT_ERROR")
-    assert c.is_closed()
-    c = mc()
-    c.send(b"add q 0 0 1\r\nx\r\n")
-    assert c.recv_until(b"\r\n").startswith(b"CLIENT_ERROR")
-    assert c.is_closed()
-    c = mc()
-    c.send(b"get q/t=abc\r\n")
+    closes_with_client_error(c, b"get a.b\r\n")
+    for request in (b"get q/open/peek\r\n", b"add q 0 0 1\r\nx\r\n", b"get q/t=abc\r\n"):
+        closes_with_client_error(mc(), request)
+
+
+def closes_with_client_error(c, request: bytes) -> None:
+    c.send(request)
     assert c.recv_until(b"\r\n").startswith(b"CLIENT_ERROR")
     assert c.is_closed()
 
 
 def test_illegal_names_never_escape(mc, server):
-    import os
-    c = mc()
     for bad in (b"../x", b"a/b", b"..", b"~root", b"x\\y"):
-        c = mc()
-        c.send(b"set %s 0 0 1\r\nx\r\n" % bad)
-        assert c.recv_until(b"\r\n").startswith(b"CLIENT_ERROR")
-        assert c.is_closed()
+        closes_with_client_error(mc(), b"set %s 0 0 1\r\nx\r\n" % bad)
     parent = os.path.dirname(server.queue_path)
     assert not os.path.exists(os.path.join(parent, "x"))
 
 
 def test_confirm(mc):
-    c = mc()
-    q = qname()
-    setq(c, q, b"1")
+    c, q = filled(mc, b"1")
     assert c.ask(b"confirm %s 1\r\n" % q) == b"ERROR\r\n"
     assert c.ask(b"get %s/open\r\n" % q, b"END\r\n").endswith(b"1\r\nEND\r\n")
     assert c.ask(b"confirm %s 0\r\n" % q) == b"ERROR\r\n"
@@ -245,9 +222,7 @@ def test_confirm(mc):
 
 
 def test_monitor(mc):
-    c = mc()
-    q = qname()
-    setq(c, q, b"a")
+    c, q = filled(mc, b"a")
     assert c.ask(b"monitor %s 0\r\n" % q) == b"END\r\n"
     got = c.ask(b"monitor %s 1 1\r\n" % q, b"END\r\nEND\r\n")
     assert got == b"VALUE %s 0 1\r\na\r\nEND\r\nEND\r\n" % q
@@ -255,8 +230,7 @@ def test_monitor(mc):
 
 
 def test_flush_expired_and_flush_all_expired(mc):
-    c = mc()
-    q = qname()
+    c, q = filled(mc)
     c.ask(b"set %s 0 -1 1\r\nx\r\n" % q)
     c.ask(b"set %s 0 -1 1\r\nx\r\n" % q)
     time.sleep(0.01)
@@ -267,9 +241,7 @@ def test_flush_expired_and_flush_all_expired(mc):
 
 
 def test_stats_shape(mc):
-    c = mc()
-    q = qname()
-    setq(c, q, b"hello")
+    c, q = filled(mc, b"hello")
     out = c.ask(b"stats\r\n", b"\r\nEND\r\n").decode()
     lines = out.split("\r\n")
     keys = [ln.split(" ")[1] for ln in lines if ln.startswith("STAT ")]
@@ -286,9 +258,7 @@ def test_stats_shape(mc):
 
 
 def test_dump_stats(mc):
-    c = mc()
-    q = qname()
-    setq(c, q, b"hello")
+    c, q = filled(mc, b"hello")
     out = c.ask(b"dump_stats %s nosuch%s\r\n" % (q, q), b"\r\nEND\r\n")
     assert out.startswith(b"queue '%s' {\r\n  items=1\r\n" % q)
     assert b"queue 'nosuch%s' {\r\n  \r\n}\r\nEND\r\n" % q in out
@@ -304,9 +274,7 @@ def test_status_and_version(mc):
 
 
 def test_status_readonly_blocks_writes(mc):
-    c = mc()
-    q = qname()
-    setq(c, q, b"z")
+    c, q = filled(mc, b"z")
     assert c.ask(b"status readonly\r\n") == b"END\r\n"
     try:
         assert c.ask(b"status\r\n") == b"READONLY\r\n"
@@ -328,8 +296,7 @@ def test_quit_closes_silently(mc):
 
 
 def test_data_block_over_many_writes(mc):
-    c = mc()
-    q = qname()
+    c, q = filled(mc)
     data = b"x" * 300_000
     c.send(b"set %s 0 0 %d\r\n" % (q, len(data)))
     for i in range(0, len(data), 7000):
@@ -343,8 +310,7 @@ def test_data_block_over_many_writes(mc):
 
 
 def test_large_item_through_rings(mc):
-    c = mc()
-    q = qname()
+    c, q = filled(mc)
     data = bytes(range(256)) * (9 * 4096)     # 9 MiB: larger than a ring, and than the pipeline cap
     c.send(b"set %s 0 0 %d\r\n" % (q, len(data)) + data + b"\r\n")
     assert c.recv_until(b"\r\n") == b"STORED\r\n"
@@ -354,9 +320,7 @@ def test_large_item_through_rings(mc):
 
 
 def test_dump_config(mc):
-    c = mc()
-    q = qname()
-    setq(c, q, b"x")
+    c, q = filled(mc, b"x")
     out = c.ask(b"dump_config\r\n", b"END\r\n")
     block = out.split(b"queue '%s' {\r\n" % q)[1].split(b"}\r\n")[0]
     lines = block.decode().split("\r\n")
@@ -365,10 +329,7 @@ def test_dump_config(mc):
 
 
 def test_close_then_open_while_quiescent(mc):
-    c = mc()
-    q = qname()
-    setq(c, q, b"a")
-    setq(c, q, b"b")
+    c, q = filled(mc, b"a", b"b")
     assert c.ask(b"get %s/open\r\n" % q, b"END\r\n").endswith(b"a\r\nEND\r\n")
     admin = mc()
     assert admin.ask(b"status quiescent\r\n") == b"END\r\n"

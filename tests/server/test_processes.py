@@ -8,7 +8,7 @@ import time
 import psutil
 import pytest
 
-from tests.helpers import free_port, start_server
+from tests.helpers import free_port, start_server, wait_for
 from tests.server.conftest import Client
 
 pytestmark = pytest.mark.integration
@@ -29,15 +29,6 @@ def kind_pids(h, kind):
                 (name.startswith("lanner-" + kind[0]) and name != "lanner-cleaner"):
             out.append(p)
     return out
-
-
-def wait_for(cond, timeout=30.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def client(h, port=None):

@@ -13,18 +13,27 @@ def _addr(server):
     return f"127.0.0.1:{server.memcache_port}"
 
 
+def reliable_read_cycle(c, q: str) -> None:
+    """What every stock client must be able to drive through plain get/set with Kestrel's
+    suffixes: open, close, peek, abort, a plain get, and a blocking get that misses then hits."""
+    assert c.set(q, b"one")
+    assert c.set(q, b"two")
+    assert c.get(q + "/open") == b"one"
+    assert c.get(q + "/close") is None
+    assert c.get(q + "/peek") == b"two"
+    assert c.get(q + "/open") == b"two"
+    assert c.get(q + "/abort") is None
+    assert c.get(q) == b"two"
+    assert c.get(q) is None
+    assert c.get(q + "/t=100") is None
+    c.set(q, b"three")
+    assert c.get(q + "/t=1000") == b"three"
+
+
 def test_pymemcache(server):
-    from pymemcache.client.base import Client
+    from pymemcache.client.base import Client    # here: each client library is one test's concern
     c = Client(("127.0.0.1", server.memcache_port))
-    assert c.set("pm", b"one")
-    assert c.set("pm", b"two")
-    assert c.get("pm/open") == b"one"
-    assert c.get("pm/close") is None
-    assert c.get("pm/peek") == b"two"
-    assert c.get("pm/open") == b"two"
-    assert c.get("pm/abort") is None
-    assert c.get("pm") == b"two"
-    assert c.get("pm") is None
+    reliable_read_cycle(c, "pm")
     result = {}
 
     def blocked():
@@ -39,36 +48,16 @@ def test_pymemcache(server):
 
 
 def test_python_memcached(server):
-    import memcache
+    import memcache                               # here: each client library is one test's concern
     c = memcache.Client([_addr(server)])
-    assert c.set("pyq", b"alpha")
-    assert c.set("pyq", b"beta")
-    assert c.get("pyq/open") == b"alpha"
-    assert c.get("pyq/close") is None
-    assert c.get("pyq/peek") == b"beta"
-    assert c.get("pyq/t=100") == b"beta"
-    assert c.get("pyq/t=100") is None
-    c.set("pyq", b"gamma")
-    assert c.get("pyq/open") == b"gamma"
-    assert c.get("pyq/abort") is None
-    assert c.get("pyq") == b"gamma"
+    reliable_read_cycle(c, "pyq")
     c.disconnect_all()
 
 
 def test_pylibmc(server):
-    import pylibmc
+    import pylibmc                                # here: each client library is one test's concern
     c = pylibmc.Client([_addr(server)])
-    assert c.set("plq", b"x1")
-    assert c.set("plq", b"x2")
-    assert c.get("plq/open") == b"x1"
-    assert c.get("plq/close") is None
-    assert c.get("plq/peek") == b"x2"
-    assert c.get("plq/open") == b"x2"
-    assert c.get("plq/abort") is None
-    assert c.get("plq") == b"x2"
-    assert c.get("plq/t=100") is None
-    c.set("plq", b"x3")
-    assert c.get("plq/t=1000") == b"x3"
+    reliable_read_cycle(c, "plq")
 
 
 def test_libmemcached_tools_copy_file(server, tmp_path):
@@ -84,7 +73,7 @@ def test_libmemcached_tools_copy_file(server, tmp_path):
 
 def test_pylibmc_binary_gets_an_error_not_a_hang(server):
     """The binary protocol is not spoken; a binary client must fail fast, not time out."""
-    import pylibmc
+    import pylibmc                                # here: each client library is one test's concern
     c = pylibmc.Client([_addr(server)], binary=True, behaviors={"connect_timeout": 2000,
                                                                 "receive_timeout": 5_000_000})
     started = time.monotonic()
