@@ -261,17 +261,13 @@ class QueueCollection:
             log.error("cannot move an expired item to %r: no worker serves it here", target)
 
     def remove(self, name: str, transactional: bool = False) -> QItem | None:
-        item = (self._queues.get(name) or self.queue(name)).remove(transactional)
-        if item is None:
-            self.get_misses += 1
-        else:
-            self.get_hits += 1
-        if self.autoflush:
-            self.flush_storages()
-        return item
+        return self._counted((self._queues.get(name) or self.queue(name)).remove(transactional))
 
     def peek(self, name: str) -> QItem | None:
-        item = (self._queues.get(name) or self.queue(name)).peek()
+        return self._counted((self._queues.get(name) or self.queue(name)).peek())
+
+    def _counted(self, item: QItem | None) -> QItem | None:
+        """A read's hit or miss goes into the global stats; stand-alone use flushes at once."""
         if item is None:
             self.get_misses += 1
         else:
@@ -281,15 +277,15 @@ class QueueCollection:
         return item
 
     def unremove(self, name: str, xid: int) -> bool:
-        q = self._queues.get(name)
-        ok = q is not None and q.unremove(xid)
-        if ok and self.autoflush:
-            self.flush_storages()
-        return ok
+        return self._settle(name, xid, confirm=False)
 
     def confirm_remove(self, name: str, xid: int) -> bool:
+        return self._settle(name, xid, confirm=True)
+
+    def _settle(self, name: str, xid: int, confirm: bool) -> bool:
+        """Finish an open read either way; False if the queue or the read is unknown."""
         q = self._queues.get(name)
-        ok = q is not None and q.confirm_remove(xid)
+        ok = q is not None and (q.confirm_remove(xid) if confirm else q.unremove(xid))
         if ok and self.autoflush:
             self.flush_storages()
         return ok

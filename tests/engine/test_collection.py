@@ -446,12 +446,17 @@ def test_failed_replay_closes_storage_and_registers_nothing(make):
 
 
 # -- waiters (§5.10) -----------------------------------------------------------------------------
-def test_add_wakes_the_oldest_waiter_into_woken(make, clock):
-    c = make()
-    w1 = Waiter("1", "q", clock.now_ms() + 100)
-    w2 = Waiter("2", "q", clock.now_ms() + 100)
+def two_waiting(c, deadline1, deadline2):
+    """Two waiters parked on "q", the first one oldest."""
+    w1, w2 = Waiter("1", "q", deadline1), Waiter("2", "q", deadline2)
     c.wait(w1)
     c.wait(w2)
+    return w1, w2
+
+
+def test_add_wakes_the_oldest_waiter_into_woken(make, clock):
+    c = make()
+    w1, w2 = two_waiting(c, clock.now_ms() + 100, clock.now_ms() + 100)
     assert dict(c.queue_stats("q"))["waiters"] == "2"
     c.add("q", b"x")
     assert c.woken == [w1]
@@ -460,9 +465,7 @@ def test_add_wakes_the_oldest_waiter_into_woken(make, clock):
 
 def test_woken_list_may_be_swapped_by_the_owner(make):
     c = make()
-    w1, w2 = Waiter("1", "q", None), Waiter("2", "q", None)
-    c.wait(w1)
-    c.wait(w2)
+    w1, w2 = two_waiting(c, None, None)
     c.add("q", b"x")
     drained, c.woken = c.woken, []
     c.add("q", b"y")
@@ -471,10 +474,7 @@ def test_woken_list_may_be_swapped_by_the_owner(make):
 
 def test_loser_rejoins_at_the_tail_with_its_deadline(make, clock):
     c = make()
-    w1 = Waiter("1", "q", clock.now_ms() + 100)
-    w2 = Waiter("2", "q", clock.now_ms() + 200)
-    c.wait(w1)
-    c.wait(w2)
+    w1, w2 = two_waiting(c, clock.now_ms() + 100, clock.now_ms() + 200)
     c.add("q", b"x")
     assert c.remove("q").data == b"x"            # another client wins the race
     (w,) = c.woken
@@ -543,9 +543,7 @@ def test_cancel_wait_on_a_deleted_queue(make):
 
 def test_wake_one_passes_a_wake_up_on(make):
     c = make()
-    w1, w2 = Waiter("1", "q", None), Waiter("2", "q", None)
-    c.wait(w1)
-    c.wait(w2)
+    w1, w2 = two_waiting(c, None, None)
     c.add("q", b"x")
     c.woken = []                  # w1's client had gone
     assert c.wake_one("q") is w2 and c.woken == [w2]

@@ -39,6 +39,14 @@ def setq(c: Client, q: bytes, data: bytes) -> bytes:
     return c.ask(b"set %s 0 0 %d\r\n%s\r\n" % (q, len(data), data))
 
 
+def put_items(h, sizes: list[int]) -> Client:
+    """Put item(i, size) into q for each size, each STORED; the client, for more."""
+    c = Client(h.connect())
+    for i, size in enumerate(sizes):
+        assert setq(c, b"q", item(i, size)) == b"STORED\r\n"
+    return c
+
+
 def value_of(reply: bytes) -> bytes | None:
     if reply.startswith(b"VALUE"):
         return reply.split(b"\r\n")[1]
@@ -68,9 +76,7 @@ def test_refused_items_never_reach_readers_and_reads_fail_truthfully(tmp_path, f
     qp = os.path.join(fs.path, "queues")
     h = start_server(tmp_path, queue_path=qp)
     try:
-        c = Client(h.connect())
-        for i in range(10):
-            assert setq(c, b"q", item(i)) == b"STORED\r\n"
+        c = put_items(h, [BLOCK - ADDX] * 10)
         assert os.path.getsize(os.path.join(qp, "q")) == 10 * BLOCK
         filler = fs.fill()
 
@@ -110,11 +116,8 @@ def test_sigterm_while_full_exits_nonzero_and_restart_serves_the_truth(tmp_path,
     qp = os.path.join(fs.path, "queues")
     h = start_server(tmp_path, queue_path=qp)
     try:
-        c = Client(h.connect())
-        for i in range(9):
-            assert setq(c, b"q", item(i)) == b"STORED\r\n"
         # the open read's 5-byte record brings the journal to an exact 40 KiB
-        assert setq(c, b"q", item(9, BLOCK - ADDX - 5)) == b"STORED\r\n"
+        put_items(h, [BLOCK - ADDX] * 9 + [BLOCK - ADDX - 5])
         holder = Client(h.connect())
         assert value_of(holder.ask(b"get q/open\r\n", b"END\r\n")) == item(0)
         assert os.path.getsize(os.path.join(qp, "q")) == 10 * BLOCK

@@ -138,22 +138,18 @@ class CmdlogStorage:
         return mark
 
     def record_remove(self, item: QItem) -> int | None:
-        jid = item.job_id
-        if jid is None:
+        if (started := self._start(item)) is None:
             return None
-        plog = self._log
-        mark = plog._flushed + len(plog._buf)
+        jid, plog, mark = started
         expiry = item.expiry
         plog._append_id(EXPIRE if expiry and expiry < plog._clock.now_ms() else DELETE, jid)
         self._discard(jid)
         return mark
 
     def record_open(self, item: QItem, xid: int) -> int | None:
-        jid = item.job_id
-        if jid is None:
+        if (started := self._start(item)) is None:
             return None
-        plog = self._log
-        mark = plog._flushed + len(plog._buf)
+        jid, plog, mark = started
         plog._append_id(START_ATTEMPT, jid)
         if plog._limited:
             job = plog._limited.get(jid)
@@ -164,11 +160,9 @@ class CmdlogStorage:
         return mark
 
     def record_unremove(self, item: QItem, xid: int) -> int | None:
-        jid = item.job_id
-        if jid is None:
+        if (started := self._start(item)) is None:
             return None
-        plog = self._log
-        mark = plog._flushed + len(plog._buf)
+        jid, plog, mark = started
         job = plog._limited.get(jid) if plog._limited else None
         if job is not None and job.attempts >= job.cmd.max_attempts:
             self._relog(item, job)
@@ -177,14 +171,20 @@ class CmdlogStorage:
         return mark
 
     def record_confirm(self, item: QItem, xid: int) -> int | None:
+        if (started := self._start(item)) is None:
+            return None
+        jid, plog, mark = started
+        plog._put(b"".join((plog._now_time(), _CONFIRM, jid, b"\x00")))
+        self._discard(jid)
+        return mark
+
+    def _start(self, item: QItem) -> tuple[bytes, object, int] | None:
+        """(job id, partition log, mark) for a record about a logged item; None if never logged."""
         jid = item.job_id
         if jid is None:
             return None
         plog = self._log
-        mark = plog._flushed + len(plog._buf)
-        plog._put(b"".join((plog._now_time(), _CONFIRM, jid, b"\x00")))
-        self._discard(jid)
-        return mark
+        return jid, plog, plog._flushed + len(plog._buf)
 
     def undo_record(self, kind: int, item: QItem, xid: int) -> None:
         """A record of this queue was rolled back (queues/undo.py): put the partition's

@@ -103,12 +103,7 @@ class JournalCompaction:
             if size >= config.default_journal_size and view.length == 0 and self._rewrite_safe(view):
                 log.info("queue %r: rewriting journal (qsize=0)", self.name)
                 self._rewrite(view)
-            elif (allowed and total > config.max_journal_size and view.size_bytes < config.max_memory_size
-                  and self._rewrite_safe(view)):
-                log.info("queue %r: rewriting journal (qsize=%d)", self.name, view.size_bytes)
-                self._rewrite(view)
-                self._disallow_rewrites(config)
-            elif size > config.max_memory_size:
+            elif not self._compact(view, config, total, allowed) and size > config.max_memory_size:
                 self._rotate(view, total > config.max_journal_size)
         else:
             if allowed and size >= config.default_journal_size and view.length == 0 and self._rewrite_safe(view):
@@ -116,17 +111,23 @@ class JournalCompaction:
                 self._rewrite(view)
                 if self.logsize >= config.default_journal_size // 2:
                     self._disallow_rewrites(config)
-            elif (allowed and total > config.max_journal_size and view.size_bytes < config.max_memory_size
-                  and self._rewrite_safe(view)):
-                log.info("queue %r: rewriting journal (qsize=%d)", self.name, view.size_bytes)
-                self._rewrite(view)
-                self._disallow_rewrites(config)
-            elif size > config.max_memory_size:
+            elif not self._compact(view, config, total, allowed) and size > config.max_memory_size:
                 if view.length == 0 and self._rewrite_safe(view):
                     log.info("queue %r: rewriting journal (qsize=0)", self.name)
                     self._rewrite(view)
                 if self.logsize > config.max_memory_size:
                     self._rotate(view, self.logsize + self._archived_size > config.max_journal_size)
+
+    def _compact(self, view, config, total: int, allowed: bool) -> bool:
+        """Kestrel's rule 2 (the same in both modes): the files together pass max_journal_size
+        while the live state fits in memory, so a rewrite shrinks them; then rate-limited."""
+        if not (allowed and total > config.max_journal_size and view.size_bytes < config.max_memory_size
+                and self._rewrite_safe(view)):
+            return False
+        log.info("queue %r: rewriting journal (qsize=%d)", self.name, view.size_bytes)
+        self._rewrite(view)
+        self._disallow_rewrites(config)
+        return True
 
     def _disallow_rewrites(self, config) -> None:
         delay = config.min_journal_compact_delay
