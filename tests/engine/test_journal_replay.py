@@ -455,13 +455,18 @@ def test_disable_aggressive_rewrites(tmp_path, clock):
 
 # ---------------------------------------------------------------- read-behind (§5.8)
 
-def test_read_behind_example(tmp_path, clock):
-    """maxMemorySize 1 KB, 128-byte items: items 0-7 in memory, 8 onward not."""
-    cfg = QueueConfig(max_memory_size=1024)
-    q = FakeQueue(journal(tmp_path, clock), cfg, clock)
+def behind_by_12(tmp_path, clock) -> FakeQueue:
+    """maxMemorySize 1 KB and twenty 128-byte items: items 0-7 in memory, 8 onward not."""
+    q = FakeQueue(journal(tmp_path, clock), QueueConfig(max_memory_size=1024), clock)
     q.replay()
     for i in range(20):
         q.add(bytes([i]) * 128)
+    return q
+
+
+def test_read_behind_example(tmp_path, clock):
+    """maxMemorySize 1 KB, 128-byte items: items 0-7 in memory, 8 onward not."""
+    q = behind_by_12(tmp_path, clock)
     assert len(q.mem) == 8 and q.mem_bytes == 1024 and q.length == 20 and q.storage.in_read_behind
     assert q.remove().data == bytes([0]) * 128
     assert len(q.mem) == 8 and q.mem[-1].data == bytes([8]) * 128
@@ -470,11 +475,7 @@ def test_read_behind_example(tmp_path, clock):
 
 
 def test_replay_comes_up_in_read_behind(tmp_path, clock):
-    cfg = QueueConfig(max_memory_size=1024)
-    q = FakeQueue(journal(tmp_path, clock), cfg, clock)
-    q.replay()
-    for i in range(20):
-        q.add(bytes([i]) * 128)
+    q = behind_by_12(tmp_path, clock)
     for _ in range(3):
         q.remove()
     q.storage.flush()

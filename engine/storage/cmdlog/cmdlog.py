@@ -42,13 +42,6 @@ records is kept in the log and applied by replay exactly as workq does (a
 timeout-attempt at the limit fails the job); Lanner itself never refuses an open
 read for it.  workq's hard cap of 255 attempts is not applied.  max-fails is
 kept and ignored, as in workq.  Job names may contain `.` (cmdlog queues only).
-
-TTR is always written as 60000 ms and ignored: a Lanner open read never times
-out unless the queue sets open_transaction_timeout.  max-attempts from workq
-records is kept in the log and applied by replay exactly as workq does (a
-timeout-attempt at the limit fails the job); Lanner itself never refuses an open
-read for it.  workq's hard cap of 255 attempts is not applied.  max-fails is
-kept and ignored, as in workq.  Job names may contain `.` (cmdlog queues only).
 """
 from __future__ import annotations
 
