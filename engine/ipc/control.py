@@ -6,6 +6,7 @@ client requests travel over the rings (ring.py, messages.py).
 """
 from __future__ import annotations
 
+import select
 import socket
 import struct
 
@@ -15,8 +16,16 @@ _LEN = struct.Struct("<I")
 
 
 def send(sock: socket.socket, msg: dict) -> None:
+    """Write one whole message, even on a socket a Reader made non-blocking: a partial
+    write would corrupt the framing, so a full buffer waits for the peer to read (a peer
+    that never does is stuck, and the heartbeat replaces it, which ends this wait)."""
     body = msgpack.packb(msg)
-    sock.sendall(_LEN.pack(len(body)) + body)
+    data = memoryview(_LEN.pack(len(body)) + body)
+    while data:
+        try:
+            data = data[sock.send(data):]
+        except BlockingIOError:
+            select.select([], [sock], [], 1.0)
 
 
 class Reader:
