@@ -36,9 +36,8 @@ from tqdm import tqdm
 from lanner.clock import SystemClock
 from lanner.server.dirlock import refuse_live
 from lanner.storage.cmdlog.replay import Replayer, job_uuid
-from lanner.storage.cmdlog.segment import (COMMAND_NAMES, CORRUPT, NS, ZERO_TIME_NS, CmdlogError, JobCommand, ResultCommand,
-                      SegmentFile, check_header, decode_command, list_segments, never_expires, record_spans,
-                      time_fields)
+from lanner.storage.cmdlog.segment import (COMMAND_NAMES, NS, ZERO_TIME_NS, CmdlogError, JobCommand, ResultCommand,
+                      list_segments, never_expires, segment_records, time_fields)
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 ZERO_TEXT = "ZERO (0001-01-01T00:00:00Z, Go time.Time{})"
@@ -84,21 +83,10 @@ def iter_records(directory: str, progress=None) -> Iterator[tuple[str, int, obje
     for every record in log order; CmdlogError at the first problem."""
     for _seq, name in list_segments(directory):
         path = os.path.join(directory, name)
-        with SegmentFile(path) as seg:
-            buf = seg.buf
-            check_header(buf, path)
-            spans = record_spans(buf, path)
-            try:
-                for off, ps, pe, end in spans:
-                    try:
-                        cmd = decode_command(buf, ps, pe)
-                    except ValueError as e:
-                        raise CmdlogError(path, off, str(e), CORRUPT) from None
-                    yield name, off, buf, ps, pe, end, cmd
-            finally:
-                spans.close()
-            if progress is not None:
-                progress(len(buf))
+        for buf, off, ps, pe, end, cmd in segment_records(path):
+            yield name, off, buf, ps, pe, end, cmd
+        if progress is not None:
+            progress(os.path.getsize(path))
 
 
 def record_json(index: int, name: str, off: int, buf, ps: int, pe: int, end: int, cmd) -> dict:

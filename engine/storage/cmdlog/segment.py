@@ -470,23 +470,33 @@ class SegmentFile:
         self.close()
 
 
-def iter_segment(path: str, keep_payload: bool = True) -> Iterator[tuple[int, int, Command]]:
-    """Stream one segment: (offset, record_time_ns, command) per record.
-    Raises CmdlogError (with path and offset) at the first problem."""
+def segment_records(path: str, keep_payload: bool = True) -> Iterator[tuple]:
+    """Stream one segment's records as (buf, offset, payload_start, payload_end, record_end,
+    command); `buf` is valid until the next record is asked for.  Raises CmdlogError (with
+    path and offset) at the first problem."""
     with SegmentFile(path) as seg:
         buf = seg.buf
         check_header(buf, path)
         spans = record_spans(buf, path)
         try:
-            for off, ps, pe, _end in spans:
+            for off, ps, pe, end in spans:
                 try:
-                    t_ns = decode_time(buf, off)
                     cmd = decode_command(buf, ps, pe, keep_payload)
                 except ValueError as e:
                     raise CmdlogError(path, off, str(e), CORRUPT) from None
-                yield off, t_ns, cmd
+                yield buf, off, ps, pe, end, cmd
         finally:
             spans.close()
+
+
+def iter_segment(path: str, keep_payload: bool = True) -> Iterator[tuple[int, int, Command]]:
+    """Stream one segment: (offset, record_time_ns, command) per record."""
+    for buf, off, _ps, _pe, _end, cmd in segment_records(path, keep_payload):
+        try:
+            t_ns = decode_time(buf, off)
+        except ValueError as e:
+            raise CmdlogError(path, off, str(e), CORRUPT) from None
+        yield off, t_ns, cmd
 
 
 # ------------------------------------------------------------------ directory
