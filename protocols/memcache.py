@@ -405,7 +405,7 @@ STREAM_PIECE = 64 << 10
 
 # --------------------------------------------------------------------------- the parser
 
-BINARY_MAGIC = b"\x80"   # starts every binary request; its client would wait forever for a newline
+BINARY_MAGIC = 0x80     # starts every binary request; its client would wait forever for a newline
 
 
 class MemcacheParser(StreamParser):
@@ -459,7 +459,7 @@ class MemcacheParser(StreamParser):
         while True:
             state = self._state
             if state == _LINE:
-                if not self._scan and buf[:1] == BINARY_MAGIC:
+                if not self._scan and buf and buf[0] == BINARY_MAGIC:
                     return self._stop(ProtocolError(client_error(
                         "the memcache binary protocol is not supported; use the text protocol"), True))
                 line = self._take_line()
