@@ -201,14 +201,21 @@ class ShardLoop:
         """A request from this worker's own client: run it now; its reply leaves with the batch."""
         if self.closed_conns and self.void_after_close(src, conn, op, flags):
             return
-        name = queue.decode("latin-1")
         try:
-            self.execute(src, conn, req, op, flags, name, a, b, payload)
-        except OSError as e:   # a full disk, an I/O error: the log names the file, the reply never does
-            log.error("worker %d: queue %r: %s", self.index, name, e)
-            self.reply(src, conn, req, R_SERVER_ERROR, RF_CLOSE, 0,
-                       describe_os_error(e, name).encode("latin-1", "replace"))
-        except Exception:   # one bad request must not take the shard down
-            log.exception("worker %d: request from its own client failed", self.index)
-            self.reply(src, conn, req, R_SERVER_ERROR, RF_CLOSE, 0, b"internal error")
+            self.execute(src, conn, req, op, flags, queue.decode("latin-1"), a, b, payload)
+        except Exception as e:   # one bad request must not take the shard down
+            self.request_failed(src, conn, req, queue, e)
         self.schedule_turn()
+
+    def request_failed(self, src: int, conn: int, req: int, queue: bytes, e: Exception) -> None:
+        """Answer a request that raised with SERVER_ERROR and close its connection.  An OSError
+        (a full disk, an I/O error) is logged with its file; the reply carries the errno's text
+        and the queue name, never a server path."""
+        name = queue.decode("latin-1")
+        if isinstance(e, OSError):
+            log.error("worker %d: queue %r: %s", self.index, name, e)
+            why = describe_os_error(e, name).encode("latin-1", "replace")
+        else:
+            log.error("worker %d: request from slot %d on queue %r failed", self.index, src, name, exc_info=e)
+            why = b"internal error"
+        self.reply(src, conn, req, R_SERVER_ERROR, RF_CLOSE, 0, why)

@@ -36,7 +36,6 @@ from collections import defaultdict
 import msgpack
 
 from lanner.clock import SYSTEM_CLOCK
-from lanner.errors import describe_os_error
 from lanner.ipc import control
 from lanner.ipc.bodies import Bodies
 from lanner.ipc.mesh import Peers
@@ -186,16 +185,9 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
                         continue
                     try:
                         self.handle(src, msg)
-                    except OSError as e:   # a full disk, an I/O error: the log names the file
+                    except Exception as e:   # one bad request must not take the shard down
                         conn, req, _, _, qlen = unpack_req(msg, 0)[:5]
-                        queue = bytes(msg[REQ_SIZE:REQ_SIZE + qlen]).decode("latin-1")
-                        log.error("worker %d: queue %r: %s", self.index, queue, e)
-                        self.reply(src, conn, req, R_SERVER_ERROR, RF_CLOSE, 0,
-                                   describe_os_error(e, queue).encode("latin-1", "replace"))
-                    except Exception:   # one bad request must not take the shard down
-                        log.exception("worker %d: request from peer %d failed", self.index, src)
-                        conn, req = unpack_req(msg, 0)[:2]
-                        self.reply(src, conn, req, R_SERVER_ERROR, RF_CLOSE, 0, b"internal error")
+                        self.request_failed(src, conn, req, bytes(msg[REQ_SIZE:REQ_SIZE + qlen]), e)
                 del batch
                 ring.release()
         if self.coll.woken:
