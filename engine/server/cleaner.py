@@ -66,6 +66,25 @@ def _wait_beating(pid: int, heart) -> int:
         os.close(pidfd)
 
 
+def run_rewrites(queue_path: str, heart=None) -> bool:
+    """Rewrite every partition in a forked child, for run_pack's reasons; the heart keeps
+    beating meanwhile, because a rewrite of many partitions can outlast the heartbeat
+    timeout and the supervisor would kill a cleaner that is only busy."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            rewrite_all(queue_path, SYSTEM_CLOCK)
+            code = 0
+        except BaseException:
+            log.exception("cleaner: rewriting the command logs under %s failed", queue_path)
+        finally:
+            logging.shutdown()
+            os._exit(code)
+    status = _wait_beating(pid, heart)
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
 def rewrite_all(queue_path: str, clock) -> None:
     root = os.path.join(queue_path, "cmdlog")
     if not os.path.isdir(root):
@@ -125,6 +144,7 @@ def cleaner_main(config, worker_socks, control_sock, heart=None) -> int:
             if reader.eof:
                 sel.unregister(worker_socks[key.data])
         if time.monotonic() >= next_clean:
-            rewrite_all(config.server.queue_path, SYSTEM_CLOCK)
+            if os.path.isdir(os.path.join(config.server.queue_path, "cmdlog")):
+                run_rewrites(config.server.queue_path, heart)
             next_clean = time.monotonic() + interval
     return 0
