@@ -102,7 +102,7 @@ class ProcTree:
 
 
 def role_of(p: psutil.Process, root_pid: int) -> str:
-    """A Lanner child names itself lanner-w0 / lanner-f1 / lanner-cleaner (PR_SET_NAME)."""
+    """A Lanner child names itself lanner-w0 / lanner-f1 / lanner-admin / lanner-cleaner (PR_SET_NAME)."""
     try:
         name = p.name()
     except psutil.Error:
@@ -113,6 +113,8 @@ def role_of(p: psutil.Process, root_pid: int) -> str:
         return "front"
     if name == "lanner-cleaner":
         return "cleaner"
+    if name == "lanner-admin":
+        return "admin"
     if p.pid == root_pid:
         return "supervisor" if name.startswith("python") or "lanner" in name else "main"
     return "other"

@@ -94,6 +94,7 @@ class PeerOps:
         ring = self.inbound[peer]
         if ring is not None:
             ring.resync_consumer(discard=True)
+            ring.prepare_sleep()    # resync cleared our flag: the replacement must signal us
             self.asm[peer].reset()
             self.bodies.drop(peer)
         out = self.outbound[peer]
