@@ -76,6 +76,11 @@ class ProcTree:
                 pass
         return sum(self._last_cpu.values())
 
+    def count(self, role: str) -> int:
+        """How many of the server's live processes have `role` (worker, front, admin, ...)."""
+        self.cpu_seconds()
+        return sum(1 for pid in self._procs if self._roles.get(pid) == role)
+
     def cpu_by_role(self) -> dict[str, float]:
         """`cpu_seconds()` split by process role (worker, front, cleaner, supervisor; one
         process server: main), read at the same instant."""

@@ -8,13 +8,12 @@ import http.client
 import json
 import signal
 import socket
-import subprocess
-import sys
 import time
 
 import psutil
 import pytest
 
+from lanner.perf import stall
 from tests.faults.load import queues_per_worker
 from tests.helpers import recv_until, start_server, wait_for
 
@@ -121,34 +120,6 @@ def test_an_idle_server_serves_through_a_replaced_front(tmp_path):
         assert h.stop() == 0
 
 
-GETTER = r"""
-import json, select, socket, sys, time
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-cmd, n, slow = b"get %s\r\n" % sys.argv[2].encode(), 0, []
-while not select.select([sys.stdin], [], [], 0)[0]:
-    t = time.perf_counter()
-    s.sendall(cmd)
-    buf = b""
-    while not buf.endswith(b"END\r\n"):
-        buf += s.recv(4096)
-    assert buf == b"END\r\n", buf
-    d = time.perf_counter() - t
-    n += 1
-    if d > 0.001:
-        slow.append((t, d))
-print(json.dumps({"gets": n, "slow": slow}))
-"""
-
-
-def getter(port: int, queue: bytes) -> subprocess.Popen:
-    """A process (not a thread: the test's own interpreter lock would stall it) doing
-    back-to-back gets of an empty queue until its stdin gets a line; it prints how many,
-    and (start, seconds) of each that took over 1 ms, on the system-wide perf_counter clock."""
-    return subprocess.Popen([sys.executable, "-c", GETTER, str(port), queue.decode()],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-
-
 QUEUES = 10_000
 
 
@@ -161,12 +132,14 @@ def test_a_big_scrape_does_not_stall_the_workers_clients(tmp_path):
     Judged per scrape, by the median of the scrapes' worst stalls, so that one stall of a
     loaded CI machine does not decide."""
     h = start_server(tmp_path, admin=True, workers=2, config='[default]\nkeep_journal = false\n')
-    procs = []
+    clients = []
     try:
         with h.connect() as s:
             batch = b"".join(b"set big%05d 0 0 1\r\nx\r\n" % i for i in range(QUEUES))
             assert mc(s, batch, b"STORED\r\n" * QUEUES).count(b"STORED") == QUEUES
-        procs = [getter(h.memcache_port, q) for q in queues_per_worker(2, "idle")]
+        for q in queues_per_worker(2, "idle"):       # a client of each worker
+            path = str(tmp_path / f"{q.decode()}.gets")
+            clients.append((stall.start(h.memcache_port, q.decode(), path), path))
         assert get(h.admin_port, "/metrics")[0] == 200   # warm up (and the connections settle)
         windows = []
         for _ in range(3):
@@ -174,18 +147,16 @@ def test_a_big_scrape_does_not_stall_the_workers_clients(tmp_path):
             status, body = get(h.admin_port, "/metrics")
             windows.append((t, time.perf_counter()))
             assert status == 200 and body.count(b"lanner_queue_items{") == QUEUES + 2  # + idle ones
-        results = [json.loads(p.communicate("stop\n", timeout=30)[0]) for p in procs]
-        slow = [x for r in results for x in r["slow"]]
-        assert all(r["gets"] > 100 for r in results), "a getter was hardly served"
-        worst = sorted(max([d for t, d in slow if t < t1 and t + d > t0], default=0.0)
-                       for t0, t1 in windows)
+        gets = [g for proc, path in clients for g in stall.finish(proc, path)]
+        assert len(gets) > 200, "the clients were hardly served"
+        worst = sorted(max(ds, default=0.0) for ds in stall.within(gets, windows))
         took = sorted(t1 - t0 for t0, t1 in windows)
         assert worst[1] < took[1] / 20, \
             f"gets held {[round(w * 1000) for w in worst]} ms; scrapes took {[round(x * 1000) for x in took]} ms"
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+        for proc, _ in clients:
+            if proc.poll() is None:
+                proc.kill()
         assert h.stop() == 0
 
 
