@@ -129,8 +129,8 @@ def test_a_big_scrape_does_not_stall_the_workers_clients(tmp_path):
     sliced stats answer, the worker that answered the scrape held its clients for its own
     share (all its queues formatted in one go) and the merge of every queue's figures, each
     scrape: 8-9 % of the scrape (about 1 % now, mostly the machine's own scheduling).
-    Judged per scrape, by the median of the scrapes' worst stalls, so that one stall of a
-    loaded CI machine does not decide."""
+    Judged per scrape, by the median of 5 scrapes' worst stalls, so that a stall or two of a
+    loaded CI machine do not decide."""
     h = start_server(tmp_path, admin=True, workers=2, config='[default]\nkeep_journal = false\n')
     clients = []
     try:
@@ -142,7 +142,7 @@ def test_a_big_scrape_does_not_stall_the_workers_clients(tmp_path):
             clients.append((stall.start(h.memcache_port, q.decode(), path), path))
         assert get(h.admin_port, "/metrics")[0] == 200   # warm up (and the connections settle)
         windows = []
-        for _ in range(3):
+        for _ in range(5):
             t = time.perf_counter()
             status, body = get(h.admin_port, "/metrics")
             windows.append((t, time.perf_counter()))
@@ -151,7 +151,7 @@ def test_a_big_scrape_does_not_stall_the_workers_clients(tmp_path):
         assert len(gets) > 200, "the clients were hardly served"
         worst = sorted(max(ds, default=0.0) for ds in stall.within(gets, windows))
         took = sorted(t1 - t0 for t0, t1 in windows)
-        assert worst[1] < took[1] / 20, \
+        assert worst[2] < took[2] / 20, \
             f"gets held {[round(w * 1000) for w in worst]} ms; scrapes took {[round(x * 1000) for x in took]} ms"
     finally:
         for proc, _ in clients:
