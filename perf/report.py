@@ -23,7 +23,7 @@ from lanner.perf.paths import writable
 RATE_COLUMNS = [("ops_s", "ops/s", "{:,.0f}"), ("p50_us", "p50 µs", "{:,.0f}"), ("p99_us", "p99 µs", "{:,.0f}"),
                 ("p999_us", "p99.9 µs", "{:,.0f}"), ("client_us_op", "client µs/op", "{:.1f}"),
                 ("server_us_op", "server µs/op", "{:.1f}"),
-                ("server_us_op_by_role", "by role (w/f/c/s)", "{:.1f}")]
+                ("server_us_op_by_role", "by role (w/f/a/c/s)", "{:.1f}")]
 
 
 @dataclass(slots=True)

@@ -76,6 +76,11 @@ class ProcTree:
                 pass
         return sum(self._last_cpu.values())
 
+    def count(self, role: str) -> int:
+        """How many of the server's live processes have `role` (worker, front, admin, ...)."""
+        self.cpu_seconds()
+        return sum(1 for pid in self._procs if self._roles.get(pid) == role)
+
     def cpu_by_role(self) -> dict[str, float]:
         """`cpu_seconds()` split by process role (worker, front, cleaner, supervisor; one
         process server: main), read at the same instant."""
@@ -102,7 +107,7 @@ class ProcTree:
 
 
 def role_of(p: psutil.Process, root_pid: int) -> str:
-    """A Lanner child names itself lanner-w0 / lanner-f1 / lanner-cleaner (PR_SET_NAME)."""
+    """A Lanner child names itself lanner-w0 / lanner-f1 / lanner-admin / lanner-cleaner (PR_SET_NAME)."""
     try:
         name = p.name()
     except psutil.Error:
@@ -113,6 +118,8 @@ def role_of(p: psutil.Process, root_pid: int) -> str:
         return "front"
     if name == "lanner-cleaner":
         return "cleaner"
+    if name == "lanner-admin":
+        return "admin"
     if p.pid == root_pid:
         return "supervisor" if name.startswith("python") or "lanner" in name else "main"
     return "other"

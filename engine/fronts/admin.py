@@ -1,5 +1,6 @@
-"""An admin HTTP connection in a front: `/ping.json`, `/stats.json`, `/server_info.json`,
-and the operations routes of lanner.ops.endpoints (`/metrics`, `/`, `/stats.txt`, ...).
+"""An admin HTTP connection: `/ping.json`, `/stats.json`, `/server_info.json`, and the
+operations routes of lanner.ops.endpoints (`/metrics`, `/`, `/stats.txt`, ...).  Only the
+admin process (`lanner-admin`, a front slot that listens on the admin port alone) runs these.
 
 The figures are the same as the memcache `stats` command's, gathered from every
 worker the same way, rendered in the shape Kestrel's Ostrich admin served them.

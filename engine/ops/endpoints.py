@@ -2,12 +2,16 @@
 `/dashboard.json`, `/stats.json` (with `labels`, `metrics` and `?period=`) and
 `/stats.txt`.
 
-Each route that needs figures gathers them with the connection's `stats_slot`,
-the very request and merge that the memcache `stats` command uses, then
-renders them: on the loop when there are few queues (a few milliseconds), on a
-one-thread executor beyond INLINE_QUEUES, so that a large scrape (10,000
-queues, about a second of rendering) does not stop the front's event loop: it
-keeps serving requests between the interpreter's thread switches.  The
+These run in the admin process only (`lanner-admin`: the front slot that alone
+listens on the admin port and serves no queue client), so rendering never holds
+up a loop that serves queues, and the period listeners below exist once per
+server.  Each route that needs figures gathers them with the connection's
+`stats_slot`, the very request and merge that the memcache `stats` command uses
+(each worker answers in slices: server/statsjob.py), then renders them: on the
+loop when there are few queues (a few milliseconds), on a one-thread executor
+beyond INLINE_QUEUES, so that a large scrape (10,000 queues, seconds of
+rendering) leaves the admin process answering `/ping.json` and beating its
+heartbeat between the interpreter's thread switches.  The
 reply keeps its place in the connection's in-order reply queue: the stats slot
 (which writes nothing) is followed by a slot that the render fills.  If a worker
 cannot answer, the stats slot writes the 503 and closes, as `/stats.json` did.

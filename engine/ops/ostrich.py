@@ -16,10 +16,10 @@ for that period, it latches the figures every N seconds and every request
 until the next latch gets the same answer: counters (and metrics) as deltas
 over the latched period, gauges and labels as they were at the latch.  The
 first answer, like Ostrich's, counts from zero (the server's start).  Latches
-fall on multiples of N seconds of wall-clock time, so that every front, each
-of which keeps its own listener, latches at the same instants; with several
-fronts a client may reach a front whose listener is newer and so still
-reports from zero.  At most `MAX_LISTENERS` periods are kept per front.
+fall on multiples of N seconds of wall-clock time.  The admin process alone
+serves the admin port, so there is one listener per period for the whole
+server and every scraper, on whatever connection, sees the same window.  At
+most `MAX_LISTENERS` periods are kept.
 
 `/stats.txt` is Ostrich's plain-text rendering of the same document (its
 `CommandHandler.flatten`): keys sorted, a nested map as `key:` followed by
@@ -107,7 +107,7 @@ def _delta_dist(now: tuple[list[int], int], before: tuple[list[int], int] | None
 
 
 class Listener:
-    """One period's latch (Ostrich LatchedStatsListener) in one front."""
+    """One period's latch (Ostrich LatchedStatsListener), in the admin process."""
 
     def __init__(self, period: float) -> None:
         self.period = period

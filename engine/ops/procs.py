@@ -1,9 +1,10 @@
 """CPU and memory of every Lanner process: the supervisor and its children.
 
-Read from /proc through psutil by whichever front answers the request: the
-supervisor is the front's parent, and its children are the workers, fronts,
-cleaner and server-set process, each named by `prctl(PR_SET_NAME)`
-(`lanner-w0`, `lanner-f1`, `lanner-cleaner`, `lanner-zk`).  The list of
+Read from /proc through psutil by the admin process, which answers the admin
+port: the supervisor is its parent, and its children are the workers, fronts,
+the admin process itself, the cleaner and the server-set process, each named by
+`prctl(PR_SET_NAME)` (`lanner-w0`, `lanner-f1`, `lanner-admin`,
+`lanner-cleaner`, `lanner-zk`).  The list of
 children is cached and refreshed every `REFRESH` seconds or when one is gone,
 so a scrape every 100 ms does not walk /proc each time.
 

@@ -44,12 +44,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import select
 import signal
 import socket
 import threading
-import time
 
 log = logging.getLogger("lanner.serverset")
 

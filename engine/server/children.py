@@ -8,8 +8,10 @@ import socket
 from dataclasses import dataclass, field
 
 from lanner.ipc import control
+from lanner.ipc.mesh import CLEANER
 
 ZK = "zk"                    # the ZooKeeper server-set child (ops/serverset.py): no rings, no heartbeat
+ADMIN = "admin"              # the role of the front that alone serves the admin port (no queue clients)
 
 RESTART_WINDOW = 60.0        # seconds of restart history that count towards the backoff
 BACKOFF_FIRST = 0.05
@@ -19,6 +21,7 @@ BACKOFF_MAX = 5.0
 class Child:
     kind: str                 # "worker" | "front" | "cleaner"
     index: int
+    role: str = ""            # ADMIN: the front slot that serves the admin port only
     pid: int = 0              # 0: not running (dead, waiting for its replacement)
     sock: socket.socket | None = None     # supervisor's end of the control socketpair
     reader: control.Reader | None = None
@@ -33,7 +36,15 @@ class Child:
         return (self.kind, self.index)
 
     def __str__(self) -> str:
-        return f"{self.kind} {self.index}"
+        return self.role or f"{self.kind} {self.index}"
+
+    @property
+    def process_name(self) -> str:
+        """The name `ps`, `top` and the per-process metrics show (lanner-w0, lanner-f1,
+        lanner-admin, lanner-cleaner, lanner-zk)."""
+        if self.role or self.kind in (ZK, CLEANER):
+            return f"lanner-{self.role or self.kind}"
+        return f"lanner-{self.kind[0]}{self.index}"
 
 
 def backoff(restarts: int) -> float:

@@ -9,6 +9,7 @@ import msgpack
 
 from lanner.config import ConfigError, config_items, reload_config
 from lanner.ipc import control
+from lanner.server import statsjob
 
 log = logging.getLogger(__name__)
 
@@ -20,22 +21,23 @@ class PeerOps:
     """
 
     # -- stats, config ---------------------------------------------------------------------------
+    def stats_names(self, names) -> list[str]:
+        """The queues a stats answer covers: `names`, or every queue and each alias this
+        worker owns."""
+        if names is not None:
+            return names
+        return self.coll.names() + [a for a in self.config.aliases if self.owns(a)]
+
+    def stats_of(self, name: str):
+        """One queue's (or owned alias's) figures; None for a queue that does not exist."""
+        if name in self.config.aliases and self.owns(name):
+            return self.coll.alias_stats(name)
+        return self.coll.queue_stats(name)
+
     def stats_payload(self, names) -> bytes:
-        coll = self.coll
-        aliases = self.config.aliases
-        out_queues = []
-        wanted = names if names is not None else coll.names()
-        for name in wanted:
-            if name in aliases and self.owns(name):
-                out_queues.append((name, coll.alias_stats(name)))
-                continue
-            st = coll.queue_stats(name)
-            out_queues.append((name, st))
-        if names is None:
-            for name in aliases:
-                if self.owns(name):
-                    out_queues.append((name, coll.alias_stats(name)))
-        return msgpack.packb({"global": coll.stats(), "queues": out_queues})
+        """The whole answer at once (statsjob.py slices the large ones)."""
+        out_queues = [(name, self.stats_of(name)) for name in self.stats_names(names)]
+        return msgpack.packb({"global": self.coll.stats(), "queues": out_queues})
 
     def config_payload(self) -> bytes:
         entries = [(name, config_items(self.coll.queue(name, create=False).config))
@@ -92,8 +94,10 @@ class PeerOps:
         "Crashed peers")."""
         self.down_peers.add(peer)
         ring = self.inbound[peer]
+        statsjob.cancel(self, peer)
         if ring is not None:
             ring.resync_consumer(discard=True)
+            ring.prepare_sleep()    # resync cleared our flag: the replacement must signal us
             self.asm[peer].reset()
             self.bodies.drop(peer)
         out = self.outbound[peer]

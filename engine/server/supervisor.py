@@ -9,8 +9,10 @@ Start-up, in order:
      no resource tracker can unlink shared memory under a live process;
   2. fork the cleaner and the shard workers; each worker replays its journals and
      says `ready` (or `boot_failed`, which halts the server: exit 3);
-  3. fork the protocol fronts on the inherited listening sockets; when all are
-     ready, print the contract's `lanner ready ...` line.
+  3. fork the protocol fronts on the inherited listening sockets, and the admin
+     process (a front slot that alone accepts on the admin port and serves no queue
+     client, so that rendering a scrape never holds up a loop that serves queues);
+     when all are ready, print the contract's `lanner ready ...` line.
 
 Main loop (`tick`): signal handlers only queue the signal; the loop dispatches to
 `handle_term`/`handle_hup`/`handle_chld`, reads control messages, kills children
@@ -57,7 +59,7 @@ from lanner.ipc.mesh import CLEANER, FRONT, WORKER, Mesh, Peers
 from lanner.ipc.shm import CounterBlock, IdBlocks, SharedCounter
 from lanner.ops import logfile, notify
 from lanner.server import dirlock
-from lanner.server.children import (RESTART_WINDOW, ZK, Child, backoff, name_process,
+from lanner.server.children import (ADMIN, RESTART_WINDOW, ZK, Child, backoff, name_process,
                                     pdeathsig)
 from lanner.server.cleaner import cleaner_main
 from lanner.server.exits import EXIT_BOOT_ERROR, EXIT_CHILD_CRASHED, EXIT_OK, EXIT_START_REFUSED
@@ -79,8 +81,10 @@ class Supervisor:
         self.config = config
         self.clock = clock
         srv = config.server
-        # front slots: the dedicated fronts, then each serving worker's own (mesh.Peers)
-        self.peers = Peers(srv.workers, srv.fronts, srv.worker_fronts)
+        # front slots: the dedicated fronts, the admin process (the last dedicated slot, when
+        # there is an admin port), then each serving worker's own (mesh.Peers)
+        self.admin_index = srv.fronts if srv.admin_port is not None else None
+        self.peers = Peers(srv.workers, srv.fronts + (self.admin_index is not None), srv.worker_fronts)
         self.nworkers = srv.workers
         self.nfronts = srv.fronts
         self.children: dict[tuple[str, int], Child] = {}
@@ -88,7 +92,7 @@ class Supervisor:
         self.sig_queue: list[int] = []
         self.stopping = False
         self.started_at = time.time()
-        self.listeners: dict[str, list[socket.socket]] = {}
+        self.listeners: dict[str, dict[int, socket.socket]] = {}    # kind -> front slot -> socket
         self.lock_fds: list[int] = []
         self.sel = selectors.DefaultSelector()
         self.exit_code = EXIT_OK
@@ -131,10 +135,18 @@ class Supervisor:
             else None
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
 
-    def bind(self, kind: str, host: str, port: int) -> list[socket.socket]:
-        """One SO_REUSEPORT socket per front slot, so the kernel spreads connections evenly and a
-        restarted front or worker finds its backlog waiting.  A probe bind without SO_REUSEPORT first
-        makes a port held by anyone, another Lanner included, a start-up error."""
+    def serving_slots(self, kind: str) -> list[int]:
+        """The front slots that accept `kind` connections: the admin port only the admin
+        process's, every other port every other slot's."""
+        if kind == "admin":
+            return [self.admin_index]
+        return [s for s in range(self.peers.slots) if s != self.admin_index]
+
+    def bind(self, kind: str, host: str, port: int) -> dict[int, socket.socket]:
+        """One SO_REUSEPORT socket per front slot that serves `kind` (serving_slots), so the kernel
+        spreads connections evenly and a restarted front or worker finds its backlog waiting.
+        A probe bind without SO_REUSEPORT first makes a port held by anyone, another Lanner
+        included, a start-up error."""
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         probe = socket.socket(family)
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -144,8 +156,8 @@ class Supervisor:
             raise StartupError(f"cannot listen on {host}:{port} ({kind}): {e.strerror or e}") from None
         finally:
             probe.close()
-        socks = []
-        for _ in range(self.peers.slots):
+        socks: dict[int, socket.socket] = {}
+        for slot in self.serving_slots(kind):
             s = socket.socket(family)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
@@ -154,18 +166,19 @@ class Supervisor:
                 s.listen(1024)
             except OSError as e:
                 s.close()
-                for x in socks:
+                for x in socks.values():
                     x.close()
                 raise StartupError(f"cannot listen on {host}:{port} ({kind}): {e.strerror or e}") from None
             s.setblocking(False)
-            socks.append(s)
+            socks[slot] = s
             if port == 0:        # an ephemeral port: every front shares the one the kernel chose
                 port = s.getsockname()[1]
         return socks
 
     # -- forking ---------------------------------------------------------------------------------
     def spawn(self, kind: str, index: int) -> Child:
-        child = self.children.get((kind, index)) or Child(kind, index)
+        child = self.children.get((kind, index)) or \
+            Child(kind, index, ADMIN if kind == FRONT and index == self.admin_index else "")
         self.children[child.key] = child
         parent_sock, child_sock = socket.socketpair()
         slot = self.peers.heartbeat_slot(kind, index)
@@ -224,14 +237,15 @@ class Supervisor:
             os._exit(code)
 
     def child_main(self, kind: str, index: int, sock: socket.socket) -> int:
-        name_process(f"lanner-{kind[0]}{index}" if kind not in (CLEANER, ZK) else f"lanner-{kind}")
+        name_process(self.children[(kind, index)].process_name)
         # Everything allocated so far lives as long as the process: keep the collector off it,
         # and let young garbage (per-request objects) build up more before a collection.
         gc.freeze()
         gc.set_threshold(50_000, 20, 20)
+        mine = self.listener_slot(kind, index)
         for socks in self.listeners.values():
-            for i, s in enumerate(socks):
-                if i != self.listener_slot(kind, index):
+            for i, s in socks.items():
+                if i != mine:
                     s.close()
         slot = self.peers.heartbeat_slot(kind, index)
         heart = self.heartbeats.heart(slot) if slot is not None else None
@@ -242,7 +256,7 @@ class Supervisor:
                 slot = self.peers.of_embedded(index)
                 req, resp = self.mesh.front_rings(slot)
                 self.counters.slot(slot).set(0, 0)    # curr_connections of a dead worker's clients
-                mine = {k: socks[slot] for k, socks in self.listeners.items()}
+                mine = {k: socks[slot] for k, socks in self.listeners.items() if slot in socks}
                 front = (slot, req, resp, self.mesh.front_wake[slot].fd, mine, self.counters,
                          self.started_at, self.handoff)
             return worker_main(index, self.peers, self.config, self.status_view(), inbound, outbound,
@@ -251,7 +265,7 @@ class Supervisor:
         if kind == FRONT:
             req, resp = self.mesh.front_rings(index)
             self.counters.slot(index).set(0, 0)    # curr_connections of a dead front
-            mine = {k: socks[index] for k, socks in self.listeners.items()}
+            mine = {k: socks[index] for k, socks in self.listeners.items() if index in socks}
             return front_main(index, self.config, self.status_view(), self.counters, req, resp,
                               self.mesh.front_wake[index].fd, sock, mine, self.started_at,
                               self.clock, heart=heart)
@@ -277,7 +291,7 @@ class Supervisor:
     # -- running ---------------------------------------------------------------------------------
     def run(self) -> int:
         self.prepare()
-        self.ports = {k: socks[0].getsockname()[1] for k, socks in self.listeners.items()}
+        self.ports = {k: self.address(k)[1] for k in self.listeners}
         r, w = os.pipe()
         os.set_blocking(r, False)
         os.set_blocking(w, False)
@@ -291,7 +305,7 @@ class Supervisor:
         if not self.wait_ready(WORKER):
             self.shutdown()
             return self.exit_code or EXIT_BOOT_ERROR
-        for i in range(self.nfronts):
+        for i in range(self.peers.fronts):      # the queue fronts, then the admin process
             self.spawn(FRONT, i)
         if not self.wait_ready(FRONT):
             self.shutdown()
@@ -300,7 +314,8 @@ class Supervisor:
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
         notify.ready(line[len("lanner ready "):])
-        log.info("ready: %d workers, %d fronts", self.nworkers, self.nfronts)
+        log.info("ready: %d workers, %d fronts%s", self.nworkers, self.nfronts,
+                 ", the admin process" if self.admin_index is not None else "")
         if self.config.zookeeper is not None:
             self.spawn(ZK, 0)
         while not self.stopping:
@@ -314,9 +329,13 @@ class Supervisor:
         for kind, port in (("memcache", srv.memcache_port), ("text", srv.text_port),
                            ("thrift", srv.thrift_port), ("admin", srv.admin_port)):
             if port is not None and kind in self.listeners:
-                host, p = self.listeners[kind][0].getsockname()[:2]
+                host, p = self.address(kind)
                 parts.append(f"{kind}={host}:{p}")
         return " ".join(parts)
+
+    def address(self, kind: str) -> tuple[str, int]:
+        """(host, port) of the `kind` listener (every slot's socket shares them)."""
+        return next(iter(self.listeners[kind].values())).getsockname()[:2]
 
     def tick_interval(self) -> float:
         """How long the loop may sleep: a second, less while a restart or a heartbeat is due."""
@@ -534,7 +553,7 @@ class Supervisor:
                     self.kill(c.pid, signal.SIGKILL)
             self.reap_quietly(block=True, pids=[c.pid for c in group])
         for socks in self.listeners.values():
-            for s in socks:
+            for s in socks.values():
                 s.close()
         for fd in self.lock_fds:
             os.close(fd)

@@ -56,6 +56,7 @@ from lanner.server.local import attach_front
 from lanner.server.commit import GroupCommit
 from lanner.server.peers import PeerOps
 from lanner.server.shardloop import ShardLoop
+from lanner.server import statsjob
 from lanner.server.waiting import Pending, Waiting
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,7 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         self.sessions: dict[tuple[int, int], Session] = {}
         self.pending_by_conn: dict[tuple[int, int], set[Pending]] = defaultdict(set)
         self.down_peers: set[int] = set()
+        self.stats_jobs: set = set()          # stats answers being built in slices (statsjob.py)
         self.replies: list[tuple[int, bytes, bytes]] = []
         self.held: list[tuple[int, bytes, bytes]] = []
         self.sync_inflight = False
@@ -298,8 +300,10 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         elif op == OP_FLUSH_ALL_EXPIRED:
             self.reply(src, conn, req, R_VALUE, 0, coll.flush_all_expired())
         elif op == OP_STATS:
-            names = msgpack.unpackb(bytes(payload)) if payload else None
-            self.reply(src, conn, req, R_DATA, 0, 0, self.stats_payload(names))
+            if payload:
+                self.reply(src, conn, req, R_DATA, 0, 0, self.stats_payload(msgpack.unpackb(bytes(payload))))
+            else:
+                statsjob.answer(self, src, conn, req)     # in slices when there are many queues
         elif op == OP_DUMP_CONFIG:
             self.reply(src, conn, req, R_DATA, 0, 0, self.config_payload())
         elif op == OP_ALIAS_PUT:

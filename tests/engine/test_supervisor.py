@@ -22,6 +22,7 @@ from lanner.server.exits import EXIT_BOOT_ERROR
 from lanner.server.heartbeat import Heartbeats
 from lanner.server.children import BACKOFF_FIRST, backoff
 from lanner.server.supervisor import Supervisor
+from tests.helpers import free_port
 
 KILLED = signal.SIGKILL          # wait status of a child killed by SIGKILL
 
@@ -76,7 +77,9 @@ class FakeSupervisor(Supervisor):
 def sup(tmp_path):
     cfg = tmp_path / "lanner.toml"
     cfg.write_text('[server]\nheartbeat_timeout = "2s"\n')
-    config = load_config(str(cfg), {"workers": "2", "fronts": "2", "worker_fronts": "off"})
+    # no admin port: the peer numbering below has no admin slot (test_admin_process has)
+    config = load_config(str(cfg), {"workers": "2", "fronts": "2", "worker_fronts": "off",
+                                    "admin_port": "off"})
     s = FakeSupervisor(config, FakeClock())
     for i in range(2):
         s.spawn(WORKER, i)
@@ -132,13 +135,14 @@ def test_a_dead_worker_is_named_the_way_each_peer_numbers_it(sup):
 
 
 def test_a_dead_serving_worker_is_named_after_the_front_slots(tmp_path):
-    """Workers that serve clients are front slots too (mesh.Peers): with 2 dedicated fronts and
-    2 serving workers, a worker is peer 4 + index to the other workers."""
+    """Workers that serve clients are front slots too (mesh.Peers): with 2 dedicated fronts,
+    the admin process (front slot 2) and 2 serving workers, a worker is peer 5 + index to the
+    other workers; the admin process hears of it like any front."""
     config = load_config(None, {"workers": "2", "fronts": "2", "heartbeat_timeout": "2s",
                                 "queue_path": str(tmp_path / "q")})
     s = FakeSupervisor(config, FakeClock())
-    for kind in (WORKER, FRONT):
-        for i in range(2):
+    for kind, n in ((WORKER, 2), (FRONT, 3)):
+        for i in range(n):
             s.spawn(kind, i)
     for key in list(s.children):
         s.child_says(*key, {"cmd": "ready"})
@@ -146,10 +150,41 @@ def test_a_dead_serving_worker_is_named_after_the_front_slots(tmp_path):
     s.die(WORKER, 1)
     s.turn()
     assert s.said_to(FRONT, 0) == [{"cmd": "peer_down", "peer": 1}]
-    assert s.said_to(WORKER, 0) == [{"cmd": "peer_down", "peer": 5}]
-    s.child_says(WORKER, 0, {"cmd": "ack_down", "peer": 5, "worker": 0})
+    assert s.said_to(FRONT, 2) == [{"cmd": "peer_down", "peer": 1}]
+    assert s.said_to(WORKER, 0) == [{"cmd": "peer_down", "peer": 6}]
+    s.child_says(WORKER, 0, {"cmd": "ack_down", "peer": 6, "worker": 0})
     s.turn()
     assert (WORKER, 0) not in s.children[(WORKER, 1)].awaiting_acks
+    assert (FRONT, 2) in s.children[(WORKER, 1)].awaiting_acks
+
+
+def test_the_admin_process_alone_serves_the_admin_port(tmp_path):
+    """The admin port's one listening socket belongs to the admin process's front slot (the
+    last dedicated one); the other ports have a socket for every other slot, so no worker or
+    queue front ever accepts an admin connection.  The admin process is named for its role."""
+    mc, tx, ad = free_port(), free_port(), free_port()
+    config = load_config(None, {"workers": "2", "fronts": "1", "queue_path": str(tmp_path / "q"),
+                                "status_file": str(tmp_path / "status"),
+                                "listen_address": "127.0.0.1", "memcache_port": str(mc),
+                                "text_port": str(tx), "thrift_port": "off", "admin_port": str(ad)})
+    s = FakeSupervisor(config, FakeClock())
+    assert s.peers.slots == 4 and s.admin_index == 1        # f0, admin, w0's front, w1's front
+    s.prepare()
+    try:
+        assert list(s.listeners["admin"]) == [1]
+        assert list(s.listeners["memcache"]) == list(s.listeners["text"]) == [0, 2, 3]
+        assert s.listener_slot(FRONT, 1) == 1 and s.listener_slot(WORKER, 0) == 2
+        admin = s.spawn(FRONT, 1)
+        assert str(admin) == "admin" and admin.process_name == "lanner-admin"
+        assert s.spawn(FRONT, 0).process_name == "lanner-f0"
+        assert s.ready_line() == f"lanner ready memcache=127.0.0.1:{mc} text=127.0.0.1:{tx} " \
+                                 f"admin=127.0.0.1:{ad}"
+    finally:
+        s.shutdown()
+    off = load_config(None, {"workers": "2", "fronts": "1", "admin_port": "off",
+                             "queue_path": str(tmp_path / "q2")})
+    s = FakeSupervisor(off, FakeClock())
+    assert s.admin_index is None and s.peers.slots == 3      # no admin port: no admin process
 
 
 def test_backoff_doubles_within_the_window_and_resets_after_it(sup):

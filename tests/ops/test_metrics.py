@@ -89,7 +89,7 @@ def test_latency_histograms_and_processes(server):
     assert m[("lanner_request_latency_seconds_bucket", (("family", "set"), ("le", "+Inf")))] >= 9
     assert m[("lanner_request_latency_seconds_sum", (("family", "set"),))] > 0
     procs = {dict(lab)["process"] for n, lab in m if n == "lanner_process_cpu_seconds_total"}
-    assert {"supervisor", "w0", "w1", "f0", "f1", "cleaner"} <= procs
+    assert {"supervisor", "w0", "w1", "f0", "f1", "admin", "cleaner"} <= procs
     rss = [v for (n, _), v in m.items() if n == "lanner_process_resident_memory_bytes"]
     assert len(rss) >= 6 and all(v > 1_000_000 for v in rss)
 
@@ -124,7 +124,7 @@ def test_bad_period_is_400(server):
 def test_stats_json_period_latches(tmp_path):
     """Ostrich's LatchedStatsListener: deltas over the last whole period, fixed until the next."""
     period = 2
-    srv = start_server(tmp_path, admin=True, workers=1)    # one process accepts: one listener
+    srv = start_server(tmp_path, admin=True, workers=1)
     try:
         first = json.loads(get(srv, f"/stats.json?period={period}")[2])   # creates the listener
         assert first["counters"]["cmd_set"] == 0 and "labels" in first

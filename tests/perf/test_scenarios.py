@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.helpers import start_server
+
 pytestmark = pytest.mark.integration
 
 
@@ -100,3 +102,21 @@ def test_compare_lanner_with_memcached(run_perf):
     assert row["label"] == "c=2" and row["a"] > 0 and row["b"] > 0
     assert row["ratio"] == pytest.approx(row["a"] / row["b"], rel=0.01)
     assert data["settings"]["a"]["name"] == "lanner" and data["settings"]["b"]["kind"] == "memcached"
+
+
+def test_scrape_effect_size_and_stalls(tmp_path, run_perf):
+    h = start_server(tmp_path, workers=2, admin=True)
+    try:
+        rc, data, printed = run_perf("scrape", "-p", str(h.memcache_port), "--server-pid", str(h.proc.pid),
+                                     "--admin-port", str(h.admin_port), "--rounds", "1", "--duration", "0.5",
+                                     "--queues", "300", "--repeats", "2", "--max-drop", "1000")
+        assert_ok(rc, data, printed)
+        assert [r["label"] for r in data["rows"]] == ["plain 1", "scrape 1", "/metrics x2"]
+        assert data["rows"][1]["scrapes"] > 0 and data["rows"][0]["server_us_op"] is not None
+        notes = "\n".join(data["notes"])
+        assert "server CPU per request: median" in notes and "/metrics with 300 queues" in notes
+        assert "CPU per scrape: " in notes and "admin " in notes.split("CPU per scrape: ")[1]
+        for w in (0, 1):            # a client of each worker, its gets timed during and between
+            assert f"worker {w}'s client, back-to-back empty gets: during scrapes" in notes
+    finally:
+        h.stop()
