@@ -8,29 +8,39 @@ from lanner.server import cleaner
 
 
 class RecordingHeart:
-    interval = 0.02
+    """Counts beats; after `signal_after` of them it creates `flag`, which a child waits for."""
+    interval = 0.01
 
-    def __init__(self):
+    def __init__(self, flag=None, signal_after=5):
         self.beats = []
+        self.flag = flag
+        self.signal_after = signal_after
 
     def beat(self, now):
         self.beats.append(now)
+        if self.flag is not None and len(self.beats) == self.signal_after:
+            self.flag.write_text("beating")
 
 
 def test_a_long_rewrite_keeps_the_heart_beating(tmp_path, monkeypatch):
     (tmp_path / "cmdlog" / "0").mkdir(parents=True)
     seen = tmp_path / "rewritten"
+    flag = tmp_path / "parent-beat-5-times"
 
     def slow_rewrite(d, clock):
-        time.sleep(0.3)
-        seen.write_text(str(os.getpid()))
+        """A rewrite that lasts until the parent has beaten five times (or 30 s)."""
+        deadline = time.monotonic() + 30
+        while not flag.exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        seen.write_text(f"{os.getpid()} {flag.exists()}")
         return {}
 
     monkeypatch.setattr(cleaner, "rewrite_segments", slow_rewrite)
-    heart = RecordingHeart()
+    heart = RecordingHeart(flag)
     assert cleaner.run_rewrites(str(tmp_path), heart)
-    assert int(seen.read_text()) != os.getpid()       # it ran in a child
-    assert len(heart.beats) >= 5                       # and the parent beat meanwhile
+    pid, beaten = seen.read_text().split()
+    assert int(pid) != os.getpid()                     # it ran in a child
+    assert beaten == "True"                            # while the parent's heart kept beating
 
 
 def test_a_crashing_rewrite_is_reported_not_raised(tmp_path, monkeypatch):
