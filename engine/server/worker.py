@@ -50,6 +50,7 @@ from lanner.ipc.messages import (F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_STREAM, F_T
 from lanner.queues.placement import worker_of
 from lanner.queues.sessions import Session
 from lanner.storage.factory import StorageFactory
+from lanner.storage.syncer import Syncer
 from lanner.server.exits import EXIT_BOOT_ERROR, EXIT_OK, EXIT_UNSAVED
 from lanner.server.heartbeat import MAX_BEAT_INTERVAL
 from lanner.server.local import attach_front
@@ -107,13 +108,10 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         self.down_peers: set[int] = set()
         self.replies: list[tuple[int, bytes, bytes]] = []
         self.held: list[tuple[int, bytes, bytes]] = []
-        self.sync_inflight = False
-        self.sync_pool = self.sync_coord = None
-        self.sync_batch: list = []       # replies waiting for the fsync under way
-        self.sync_failed: list = []      # (storage, error) of the fsync round under way
-        self.sync_queue: list = []       # storages dirtied since, for the next fsync round
+        self.sync_queue: list = []       # storages written since the last round, for the next one
         self.sync_done_r, self.sync_done_w = os.pipe()
         os.set_blocking(self.sync_done_r, False)
+        self.syncer = Syncer(self.sync_done_w)      # fsync rounds (commit.py)
         self.stopping = False
         self.mot = config.server.max_open_transactions
         self.coll: QueueCollection | None = None
@@ -424,6 +422,7 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
                     if c.transport is not None:
                         c.transport.abort()
         finally:
+            self.syncer.close()
             try:
                 coll.close()
             except CloseError as e:
