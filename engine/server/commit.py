@@ -97,6 +97,7 @@ class GroupCommit:
                 self.undo_replies(self.coll.rollback(st, unsynced=True),
                                   describe_os_error(e, getattr(st, "name", None)),
                                   done=r.replies)
+                self.syncer.clear(st)
             self.publish(r.replies)
         self.coll.undo.trim()
         if (self.held or self.sync_queue) and len(self.syncer) < MAX_ROUNDS:

@@ -12,7 +12,16 @@ commit, not up to two plus a loop turn.
 The owner finishes rounds in the order it started them (`done_prefix`), so replies leave in batch
 order and a failed fsync can still turn every later reply that depends on it into an error.
 Media are only ever asked to `sync()` (fsync what their owner already wrote; seam.py), never to
-touch their buffers, so several rounds may fsync one medium at once.
+touch their buffers.
+
+One medium is never fsynced twice at once: Linux reports a write-back error to only one of the
+fsyncs of a file that check for it, so with two under way the later round could take the error
+and the earlier one report success for bytes that were lost.  A round that needs a medium whose
+fsync is under way waits for it, and every round that waited gets one fsync after it (which
+covers all of them: they all wrote before it starts).  Rounds over different media overlap.
+Once an fsync of a medium failed, a later fsync may succeed although the bytes are gone, so every
+round that needs that medium fails with the same error, without an fsync, until the owner has
+rolled the medium back (`clear`).
 
 Periodic fsyncs (`later`) run on the same threads; their failures are logged (storage/sync.py).
 """
@@ -49,6 +58,8 @@ class Syncer:
         self.rounds: deque[Round] = deque()
         self._tasks: SimpleQueue = SimpleQueue()
         self._lock = threading.Lock()
+        self._busy: dict = {}           # medium -> rounds waiting for its fsync under way
+        self._failed: dict = {}         # medium -> the OSError of its failed fsync, until `clear`
         self._threads: list[threading.Thread] = []
         self._nthreads = threads
         self._name = name
@@ -66,14 +77,46 @@ class Syncer:
         if not media:
             os.write(self.notify_w, b"x")
         for m in media:
-            self._tasks.put((r, m))
+            self._ask(m, r)
         return r
 
     def later(self, media) -> None:
         """Periodic fsyncs: nobody waits for them; a failure is logged."""
         self._spawn()
         for m in media:
-            self._tasks.put((None, m))
+            self._ask(m, None)
+
+    def clear(self, medium) -> None:
+        """The owner rolled `medium` back after its failed fsync: it may be fsynced again."""
+        with self._lock:
+            self._failed.pop(medium, None)
+
+    def _ask(self, medium, r: Round | None) -> None:
+        """fsync `medium` for round `r` (None: periodic): now, or after the one under way."""
+        with self._lock:
+            error = self._failed.get(medium)
+            if error is None:
+                waiting = self._busy.get(medium)
+                if waiting is not None:
+                    waiting.append(r)
+                    return
+                self._busy[medium] = []
+        if error is None:
+            self._tasks.put((medium, [r]))
+        elif self._settle(medium, [r], error):
+            os.write(self.notify_w, b"x")
+
+    def _settle(self, medium, rounds: list, error: OSError | None) -> bool:
+        """`medium` is done (or failed) for `rounds`; True if one of them is finished."""
+        finished = False
+        with self._lock:
+            for r in rounds:
+                if r is not None:
+                    if error is not None:
+                        r.failed.append((medium, error))
+                    r.remaining -= 1
+                    finished |= r.remaining == 0
+        return finished
 
     def done_prefix(self) -> list[Round]:
         """Take the finished rounds at the head, in the order they were started."""
@@ -100,22 +143,25 @@ class Syncer:
             self._threads.append(t)
 
     def _run(self) -> None:
-        tasks, lock = self._tasks, self._lock
+        tasks, lock, busy = self._tasks, self._lock, self._busy
         while True:
             task = tasks.get()
             if task is None:
                 return
-            r, medium = task
+            medium, rounds = task
+            error = None
             try:
                 medium.sync()
             except OSError as e:
                 log.error("fsync failed: %s", e)
-                if r is not None:
-                    r.failed.append((medium, e))
-            if r is None:
-                continue
+                error = e
             with lock:
-                r.remaining -= 1
-                last = r.remaining == 0
-            if last:
+                waiting = busy.pop(medium)
+                if error is not None:
+                    self._failed[medium] = error
+                    rounds = rounds + waiting     # their bytes may be gone too: no fsync for them
+                elif waiting:
+                    busy[medium] = []
+                    tasks.put((medium, waiting))
+            if self._settle(medium, rounds, error):
                 os.write(self.notify_w, b"x")

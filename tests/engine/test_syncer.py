@@ -76,3 +76,28 @@ def test_a_round_with_nothing_to_fsync_finishes_after_the_ones_before(syncer):
     a.go.set()
     wait_notified(syncer)
     assert syncer.done_prefix() == [first, marker]
+
+
+def test_one_medium_is_never_fsynced_twice_at_once(syncer):
+    """Linux reports a write-back error to one fsync only: rounds of one medium take turns, and
+    the rounds that waited share the next fsync."""
+    a = Medium("a")
+    running = []
+    real = a.sync
+
+    def sync():
+        running.append(1)
+        assert len(running) == 1, "two fsyncs of one medium at once"
+        try:
+            real()
+        finally:
+            running.pop()
+    a.sync = sync
+    rounds = [syncer.start([a], [i]) for i in range(3)]
+    assert a.started.wait(10)
+    a.go.set()
+    done = []
+    while len(done) < 3:
+        wait_notified(syncer)
+        done += syncer.done_prefix()
+    assert done == rounds and a.syncs == 2               # the 2nd and 3rd share one fsync
