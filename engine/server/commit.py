@@ -4,7 +4,12 @@ Replies leave only after the records they acknowledge reached the OS (one write 
 dirty journal or segment per turn); replies that depend on an fsync (sync "always")
 wait in a round while threads fsync every file the round's batch wrote, at once
 (storage/syncer.py); rounds overlap, so the disk commits one round while the loop
-serves the next batch.  A write or fsync that
+serves the next batch.
+
+A journal with a megabyte or more to write (a flood of big items, sync not "always") is
+written behind, by the worker's writer thread (storage/writer.py): only the replies of the
+requests whose records are in it wait for that write (`write_held`, found through the undo
+log), so the other queues' replies leave with their own batch.  A write or fsync that
 fails is rolled back (queues/undo.py), and the replies of the requests it undid
 become SERVER_ERROR, so what a client is told is what the queue holds.
 """
@@ -23,6 +28,8 @@ log = logging.getLogger(__name__)
 
 #: fsync rounds under way at once; a batch beyond them waits in `held` for the next round.
 MAX_ROUNDS = 4
+#: Buffered bytes from which a journal's write goes to the writer thread, off the loop.
+WRITE_BEHIND_BYTES = 1 << 20
 
 
 class GroupCommit:
@@ -40,12 +47,25 @@ class GroupCommit:
         that cannot write is rolled back, and the replies of what it undid become errors."""
         coll = self.coll
         coll.undo.ctx = None
+        writing = self.writing
+        if writing:
+            self.settle_writes()
         dirty = coll.dirty_storages()
         needs_sync = self.sync_queue
         now = self.clock.now_ms()
         scheduled = len(coll.sync_schedule)
         for st in dirty:
             try:
+                if not getattr(st, "write_done", True):    # its next bytes wait for the write under way
+                    writing.add(st)
+                    continue
+                if getattr(st, "writer", False) is None:     # a journal: its big buffers go behind too
+                    st.writer = self.writer
+                if getattr(st, "pending_bytes", 0) >= WRITE_BEHIND_BYTES and st.sync_policy != "always":
+                    st.settle_write()
+                    if st.write_behind():
+                        writing.add(st)
+                        continue
                 st.flush()
             except OSError as e:
                 log.error("worker %d: %s", self.index, e)      # the file is named here, not to clients
@@ -56,6 +76,8 @@ class GroupCommit:
         if len(coll.sync_schedule) > scheduled:         # a periodic fsync came due later
             self.deadlines_changed = True
         coll.undo.trim()
+        if writing or self.write_held:
+            self.hold_unwritten()
         replies = self.replies
         if not replies and not needs_sync:
             return
@@ -69,6 +91,34 @@ class GroupCommit:
             syncer.rounds[-1].replies.extend(replies)
         else:
             self.publish(replies)
+
+    def settle_writes(self, block: bool = False) -> None:
+        """Take the results of the finished write-behinds (all of them, waiting, if `block`);
+        a failed one is rolled back like a failed flush."""
+        for st in [m for m in self.writing if block or m.write_done]:
+            self.writing.discard(st)
+            try:
+                st.settle_write()
+            except OSError as e:
+                log.error("worker %d: %s", self.index, e)
+                self.undo_replies(self.coll.rollback(st), describe_os_error(e, getattr(st, "name", None)))
+
+    def hold_unwritten(self) -> None:
+        """Replies whose requests have records in a write under way wait in `write_held`; the
+        ones whose writes are done join this batch's replies."""
+        keys = set()
+        writing = self.writing
+        for e in self.coll.undo.entries:
+            if e[0] in writing and e[6] is not None:
+                ctx = e[6]
+                keys.add((ctx.src, ctx.conn, ctx.req) if type(ctx) is Pending else ctx)
+        waiting = self.write_held + self.replies
+        self.write_held, self.replies = [], []
+        for r in waiting:
+            if (r[0], *unpack_resp(r[1], 0)[:2]) in keys:
+                self.write_held.append(r)
+            else:
+                self.replies.append(r)
 
     @property
     def sync_inflight(self) -> bool:
@@ -84,6 +134,7 @@ class GroupCommit:
         """Every list of replies not yet published: the rounds', the held ones, this batch's."""
         for r in self.syncer.rounds:
             yield r.replies
+        yield self.write_held
         yield self.held
         yield self.replies
 
@@ -160,7 +211,11 @@ class GroupCommit:
             _fail_requests(replies, failed, why, seen)
 
     def wait_for_sync(self) -> None:
-        """Block until no group fsync is under way and no reply waits for one (shutdown)."""
+        """Block until no write or group fsync is under way and no reply waits for one
+        (shutdown)."""
+        if self.writing or self.write_held:
+            self.settle_writes(block=True)
+            self.finish_batch()
         while self.syncer.rounds or self.held or self.sync_queue:
             if not self.syncer.rounds:
                 self.start_sync()

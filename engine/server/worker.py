@@ -51,6 +51,7 @@ from lanner.queues.placement import worker_of
 from lanner.queues.sessions import Session
 from lanner.storage.factory import StorageFactory
 from lanner.storage.syncer import Syncer
+from lanner.storage.writer import Writer
 from lanner.server.exits import EXIT_BOOT_ERROR, EXIT_OK, EXIT_UNSAVED
 from lanner.server.heartbeat import MAX_BEAT_INTERVAL
 from lanner.server.local import attach_front
@@ -112,6 +113,9 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         self.sync_done_r, self.sync_done_w = os.pipe()
         os.set_blocking(self.sync_done_r, False)
         self.syncer = Syncer(self.sync_done_w)      # fsync rounds (commit.py)
+        self.writer = Writer(self.sync_done_w)      # write-behind of big journal writes (commit.py)
+        self.writing: set = set()                   # journals with a write-behind under way
+        self.write_held: list = []                  # replies whose records it is writing
         self.stopping = False
         self.mot = config.server.max_open_transactions
         self.coll: QueueCollection | None = None
@@ -409,6 +413,7 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         coll = self.coll
         failures = []
         try:
+            self.settle_writes(block=True)
             self.finish_batch()
             self.wait_for_sync()
             if coll.stranded:
@@ -423,6 +428,7 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
                         c.transport.abort()
         finally:
             self.syncer.close()
+            self.writer.close()
             try:
                 coll.close()
             except CloseError as e:

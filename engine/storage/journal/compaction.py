@@ -62,6 +62,7 @@ class JournalCompaction:
     _fd: int
     _pending: bytearray
     _disk_size: int
+    _inflight_n: int
     _synced_size: int
     _rb: Cursor | None
     _closed: bool
@@ -93,7 +94,7 @@ class JournalCompaction:
         self._check_rotate(view, config)
 
     def _check_rotate(self, view, config) -> None:
-        size = self._disk_size + len(self._pending)
+        size = self._disk_size + self._inflight_n + len(self._pending)
         total = size + self._archived_size
         if size < config.default_journal_size and size <= config.max_memory_size \
                 and total <= config.max_journal_size:
