@@ -9,10 +9,20 @@ to the fd it was given, in order of submission, and says how it went: the stream
 marks, rollback) stays the owner's, who settles the job when it is done (`Journal.settle_write`),
 and who never touches the buffer or closes the fd while the job is under way.
 
+The thread also waits until the kernel has written those pages to the disk (sync_file_range:
+write-out only, no metadata, not a durability promise; that is still fsync's job).  Otherwise a
+flood leaves hundreds of MB dirty, and the kernel's dirty-page throttling then pauses every
+writer of the process, the loop's small journal writes too, and the loop's later rename of the
+file at rotation (ext4 writes out a renamed file's delayed blocks) or unlink of a packed file
+waits for all of it.  Waiting here makes the flood, and only the flood, go at the disk's pace.
+Python's os module has no sync_file_range, so it is called through ctypes (which releases the
+GIL); without it (not Linux) the thread only writes.
+
 When a job is done the thread writes one byte to `notify_w`, which wakes the owner's loop.
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import threading
@@ -20,6 +30,15 @@ from queue import SimpleQueue
 
 # The thread's write, looked up at call time so tests can inject failures (ENOSPC, EIO).
 _write = os.write
+
+# sync_file_range(2) flags: wait for write-out under way, start it, wait for it.
+_WRITE_OUT = 1 | 2 | 4
+try:
+    _sync_file_range = ctypes.CDLL(None, use_errno=True).sync_file_range
+    _sync_file_range.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    _sync_file_range.restype = ctypes.c_int
+except (AttributeError, OSError):
+    _sync_file_range = None
 
 
 class WriteJob:
@@ -70,6 +89,9 @@ class Writer:
                 _write_all(job.fd, job.buf)
             except OSError as e:
                 job.error = e
+            else:
+                if _sync_file_range is not None:       # a hint: its failure changes nothing
+                    _sync_file_range(job.fd, 0, 0, _WRITE_OUT)
             job.done.set()
             os.write(self.notify_w, b"w")
 

@@ -63,6 +63,7 @@ class JournalCompaction:
     _pending: bytearray
     _disk_size: int
     _inflight_n: int
+    write_done: bool
     _synced_size: int
     _rb: Cursor | None
     _closed: bool
@@ -99,6 +100,8 @@ class JournalCompaction:
         if size < config.default_journal_size and size <= config.max_memory_size \
                 and total <= config.max_journal_size:
             return                               # no rule can match: the per-operation fast path
+        if not self.write_done:
+            return            # not while a write-behind is under way: again at a later operation
         allowed = self._clock.monotonic() >= self._rewrites_allowed_at
         if not config.disable_aggressive_rewrites:
             if size >= config.default_journal_size and view.length == 0 and self._rewrite_safe(view):
