@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import logging
 import os
 import threading
 from queue import SimpleQueue
+
+log = logging.getLogger(__name__)
 
 # The thread's write, looked up at call time so tests can inject failures (ENOSPC, EIO).
 _write = os.write
@@ -66,11 +69,19 @@ class Writer:
 
     def submit(self, fd: int, buf: bytearray) -> WriteJob:
         job = WriteJob(fd, buf)
+        self._start()
+        self._jobs.put(job)
+        return job
+
+    def call(self, fn, *args) -> None:
+        """Run `fn(*args)` on the thread after the jobs before it (an unlink); an OSError is logged."""
+        self._start()
+        self._jobs.put((fn, args))
+
+    def _start(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
             self._thread.start()
-        self._jobs.put(job)
-        return job
 
     def close(self) -> None:
         """Stop the thread after the jobs already submitted (shutdown, tests)."""
@@ -85,6 +96,13 @@ class Writer:
             job = jobs.get()
             if job is None:
                 return
+            if type(job) is tuple:
+                fn, args = job
+                try:
+                    fn(*args)
+                except OSError as e:
+                    log.error("%s", e)
+                continue
             try:
                 _write_all(job.fd, job.buf)
             except OSError as e:

@@ -64,6 +64,7 @@ class JournalCompaction:
     _disk_size: int
     _inflight_n: int
     write_done: bool
+    writer: object
     _synced_size: int
     _rb: Cursor | None
     _closed: bool
@@ -163,6 +164,18 @@ class JournalCompaction:
                 continue
             self._last_ts = ts
             return fname
+
+    def _discard(self, path: str) -> None:
+        """Delete a packed archive.  With a writer thread (storage/writer.py) the unlink is its:
+        unlinking hundreds of MB takes the filesystem tens of ms.  The file is first renamed to a
+        `~~` temporary, which is no archive any more and which replay deletes if a crash comes
+        first (files.py)."""
+        if self.writer is None:
+            os.unlink(path)
+            return
+        trash = os.path.join(self._dir, f"{self.name}~~gone{os.path.basename(path)[len(self.name):]}")
+        os.rename(path, trash)
+        self.writer.call(unlink_quietly, trash)
 
     def _switch_writer(self) -> None:
         """The current file was renamed away: start a fresh `<queue>`."""
@@ -267,7 +280,7 @@ class JournalCompaction:
                 ts += 1
             self._last_ts = ts
             os.rename(tmp_path, os.path.join(self._dir, f"{self.name}.{ts}.pack"))
-            archived_files(self._dir, self.name)
+            archived_files(self._dir, self.name, self._discard)
             os.rename(os.path.join(self._dir, f"{self.name}.{ts}"), self._path)
             fsync_dir(self._dir)
         except OSError as e:
@@ -283,7 +296,7 @@ class JournalCompaction:
     def _update_archived_size(self) -> None:
         try:
             self._archived_size = sum(os.path.getsize(os.path.join(self._dir, a))
-                                      for a in archived_files(self._dir, self.name))
+                                      for a in archived_files(self._dir, self.name, self._discard))
         except OSError as e:
             log.error("queue %r: cannot list archived journals: %s", self.name, e)
 
@@ -299,7 +312,7 @@ class JournalCompaction:
         if rb is not None and rb.name != self.name and \
                 parse_archive(self.name, rb.name)[0] <= parse_archive(self.name, cp.file)[0]:
             return None                          # cheap answer for owners that poll every batch
-        archives = archived_files(self._dir, self.name)
+        archives = archived_files(self._dir, self.name, self._discard)
         if cp.file not in archives:
             self.checkpoint = None
             return None
@@ -331,7 +344,7 @@ class JournalCompaction:
         if result.out_path != req.out_path:
             unlink_quietly(req.out_path)
         try:
-            archived_files(self._dir, self.name)     # deletes the packed archives, renames the pack
+            archived_files(self._dir, self.name, self._discard)     # deletes the packed archives, renames the pack
             fsync_dir(self._dir)
         except OSError as e:                         # the next listing (or replay) finishes the job
             log.error("queue %r: installing the pack of %s: %s", self.name, req.checkpoint_file, e)

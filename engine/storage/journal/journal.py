@@ -48,7 +48,7 @@ _write = os.write
 _fsync = os.fsync
 
 AUTOFLUSH = 4 << 20             # pending bytes that force a flush
-WRITE_BEHIND_MAX = 64 << 20     # pending bytes, behind a write under way, that force a flush
+WRITE_BEHIND_MAX = 256 << 20    # pending bytes, behind a write under way, that force a flush
 
 
 _WFLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT
