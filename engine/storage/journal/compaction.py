@@ -29,6 +29,10 @@ from lanner.storage.journal.codec import CHUNK, pack_addx, pack_xid, Cursor, enc
 from lanner.storage.journal.files import archived_files, fsync_dir, parse_archive, unlink_quietly, write_all
 from lanner.storage.journal.packer import pack_files
 
+#: Buffered bytes a journal with a writer thread sends behind before rotating or rewriting
+#: (which write the buffer first, on the loop).
+ROTATE_PENDING_MAX = 1 << 20
+
 log = logging.getLogger(__name__)
 
 
@@ -64,6 +68,7 @@ class JournalCompaction:
     _disk_size: int
     _inflight_n: int
     write_done: bool
+    write_behind: Callable[[], bool]
     writer: object
     _synced_size: int
     _rb: Cursor | None
@@ -103,6 +108,9 @@ class JournalCompaction:
             return                               # no rule can match: the per-operation fast path
         if not self.write_done:
             return            # not while a write-behind is under way: again at a later operation
+        if self.writer is not None and len(self._pending) >= ROTATE_PENDING_MAX:
+            self.write_behind()     # rather than a big write on the loop: rotate once it is written
+            return
         allowed = self._clock.monotonic() >= self._rewrites_allowed_at
         if not config.disable_aggressive_rewrites:
             if size >= config.default_journal_size and view.length == 0 and self._rewrite_safe(view):
