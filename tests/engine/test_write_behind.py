@@ -10,9 +10,13 @@ import threading
 
 import pytest
 
+from lanner.config import QueueConfig
 from lanner.ipc.messages import OP_GET, OP_SET, R_ITEM, R_OK, R_SERVER_ERROR, RF_CLOSE
 from lanner.server.commit import WRITE_BEHIND_BYTES
 from lanner.storage import writer as W
+from lanner.storage.journal.files import archived_files
+from lanner.storage.journal.journal import Journal
+from lanner.storage.writer import Writer
 from tests.engine.test_worker_rollback import queue_datas, replies, req, worker  # noqa: F401 (fixture)
 
 BIG = b"x" * (WRITE_BEHIND_BYTES + 1)
@@ -108,3 +112,27 @@ def test_a_write_that_fails_in_the_thread_is_rolled_back(worker, gated, tmp_path
     w.handle(0, req(5, OP_GET, "big"))
     settle(w)
     assert replies(w) == {5: [(R_ITEM, 0, b"old")]}
+
+
+def test_packed_archives_are_deleted_by_the_writer_thread_and_a_leftover_by_replay(tmp_path, clock):
+    """A worker's journal deletes the archives a pack replaced off the loop: renamed to a `~~`
+    temporary at once (no longer an archive), unlinked by the writer thread; one a crash left
+    behind is deleted at the next replay."""
+    d = tmp_path / "queues"
+    d.mkdir()
+    for n in ("q.100", "q.200.pack", "q.300"):
+        (d / n).write_bytes(b"")
+    (d / "q~~gone.50").write_bytes(b"left by a crash")
+    r, w = os.pipe()
+    writer = Writer(w)
+    j = Journal(str(d), "q", clock)
+    j.replay(QueueConfig())
+    assert "q~~gone.50" not in os.listdir(d)
+    j.writer = writer
+    (d / "q.400.pack").write_bytes(b"")
+    assert archived_files(str(d), "q", j._discard) == ["q.400"]
+    writer.close()                               # runs what was queued, then stops
+    assert sorted(os.listdir(d)) == ["q", "q.400"]
+    j.close()
+    os.close(r)
+    os.close(w)
