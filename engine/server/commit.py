@@ -213,7 +213,7 @@ class GroupCommit:
     def wait_for_sync(self) -> None:
         """Block until no write or group fsync is under way and no reply waits for one
         (shutdown)."""
-        if self.writing or self.write_held:
+        while self.writing or self.write_held:      # (a batch may start one more write-behind)
             self.settle_writes(block=True)
             self.finish_batch()
         while self.syncer.rounds or self.held or self.sync_queue:

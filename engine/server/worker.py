@@ -13,9 +13,12 @@ A turn (shardloop.py):
      against the QueueCollection, collecting replies;
   2. at the end of the turn: retry the waiters that adds and aborts woke; hand
      every dirty journal/segment's buffered records to the OS in one write each
-     (so an acknowledged item survives `kill -9` of this process);
-  3. replies that depend on an fsync (sync "always") are held while a helper
-     thread fsyncs all of them at once (group commit); other replies are
+     (so an acknowledged item survives `kill -9` of this process); a journal
+     write of a megabyte or more goes to the writer thread instead, and only the
+     replies whose records it carries wait for it (commit.py, storage/writer.py);
+  3. replies that depend on an fsync (sync "always") are held in a round while
+     threads fsync all of its files at once (group commit; rounds overlap,
+     storage/syncer.py); other replies are
      published now, one publish per ring, or handed to the worker's own clients.
      A write (or such an fsync) that fails is rolled back (queues/undo.py): every
      change whose record is lost is undone and the replies of the requests that
