@@ -122,12 +122,12 @@ def test_packed_archives_are_deleted_by_the_writer_thread_and_a_leftover_by_repl
     d.mkdir()
     for n in ("q.100", "q.200.pack", "q.300"):
         (d / n).write_bytes(b"")
-    (d / "q~~gone.50").write_bytes(b"left by a crash")
+    (d / "q~~50.old").write_bytes(b"left by a crash")
     r, w = os.pipe()
     writer = Writer(w)
     j = Journal(str(d), "q", clock)
     j.replay(QueueConfig())
-    assert "q~~gone.50" not in os.listdir(d)
+    assert "q~~50.old" not in os.listdir(d)
     j.writer = writer
     (d / "q.400.pack").write_bytes(b"")
     assert archived_files(str(d), "q", j._discard) == ["q.400"]

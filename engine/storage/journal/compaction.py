@@ -181,7 +181,8 @@ class JournalCompaction:
         if self.writer is None:
             os.unlink(path)
             return
-        trash = os.path.join(self._dir, f"{self.name}~~gone{os.path.basename(path)[len(self.name):]}")
+        # `<name>~~<ts>.old`: as long as `<name>.<ts>.pack`, which the name limit allows for
+        trash = os.path.join(self._dir, f"{self.name}~~{os.path.basename(path)[len(self.name) + 1:]}.old")
         os.rename(path, trash)
         self.writer.call(unlink_quietly, trash)
 
