@@ -2,7 +2,14 @@
 
 Replies leave only after the records they acknowledge reached the OS (one write per
 dirty journal or segment per turn); replies that depend on an fsync (sync "always")
-wait while a helper thread fsyncs every dirty file at once.  A write or fsync that
+wait in a round while threads fsync every file the round's batch wrote, at once
+(storage/syncer.py); rounds overlap, so the disk commits one round while the loop
+serves the next batch.
+
+A journal with a megabyte or more to write (a flood of big items, sync not "always") is
+written behind, by the worker's writer thread (storage/writer.py): only the replies of the
+requests whose records are in it wait for that write (`write_held`, found through the undo
+log), so the other queues' replies leave with their own batch.  A write or fsync that
 fails is rolled back (queues/undo.py), and the replies of the requests it undid
 become SERVER_ERROR, so what a client is told is what the queue holds.
 """
@@ -11,8 +18,6 @@ from __future__ import annotations
 import logging
 import os
 import select
-from concurrent.futures import ThreadPoolExecutor
-
 
 from lanner.errors import describe_os_error
 from lanner.ipc.messages import (R_SERVER_ERROR, RF_CLOSE, pack_resp, send, unpack_resp)
@@ -21,11 +26,20 @@ from lanner.server.waiting import STRAND_RETRY_MS, Pending
 
 log = logging.getLogger(__name__)
 
+#: fsync rounds under way at once; a batch beyond them waits in `held` for the next round.
+MAX_ROUNDS = 4
+#: Buffered bytes from which a journal's write goes to the writer thread, off the loop.
+WRITE_BEHIND_BYTES = 1 << 20
+
 
 class GroupCommit:
     """Worker methods; the attributes they use are set in Worker.__init__.
 
-    Filled by Worker: replies, held, sync_* state, coll, loop hooks (reply, arm).
+    Filled by Worker: replies, held, sync_queue, syncer (storage/syncer.py), coll, loop hooks.
+    Replies of a batch that wrote records under sync "always" wait in an fsync round; rounds
+    overlap (a new one starts while earlier ones are under way, up to MAX_ROUNDS) and finish in
+    the order they started.  Other replies leave at once unless a round is under way, in which
+    case they follow the latest round (a rollback may still have to turn them into errors).
     """
 
     def finish_batch(self) -> None:
@@ -33,12 +47,25 @@ class GroupCommit:
         that cannot write is rolled back, and the replies of what it undid become errors."""
         coll = self.coll
         coll.undo.ctx = None
+        writing = self.writing
+        if writing:
+            self.settle_writes()
         dirty = coll.dirty_storages()
-        needs_sync = []
+        needs_sync = self.sync_queue
         now = self.clock.now_ms()
         scheduled = len(coll.sync_schedule)
         for st in dirty:
             try:
+                if not getattr(st, "write_done", True):    # its next bytes wait for the write under way
+                    writing.add(st)
+                    continue
+                if getattr(st, "writer", False) is None:     # a journal: its big buffers go behind too
+                    st.writer = self.writer
+                if getattr(st, "pending_bytes", 0) >= WRITE_BEHIND_BYTES and st.sync_policy != "always":
+                    st.settle_write()
+                    if st.write_behind():
+                        writing.add(st)
+                        continue
                 st.flush()
             except OSError as e:
                 log.error("worker %d: %s", self.index, e)      # the file is named here, not to clients
@@ -49,67 +76,83 @@ class GroupCommit:
         if len(coll.sync_schedule) > scheduled:         # a periodic fsync came due later
             self.deadlines_changed = True
         coll.undo.trim()
-        if needs_sync or (self.sync_inflight and self.replies):
-            self.held.extend(self.replies)
-            self.replies = []
-            if needs_sync and not self.sync_inflight:
-                self.start_sync(needs_sync)
-            elif needs_sync:
-                self.sync_queue.extend(needs_sync)
-        if self.replies:
-            self.publish(self.replies)
-            self.replies = []
+        if writing or self.write_held:
+            self.hold_unwritten()
+        replies = self.replies
+        if not replies and not needs_sync:
+            return
+        self.replies = []
+        syncer = self.syncer
+        if needs_sync or self.held:
+            self.held.extend(replies)
+            if len(syncer) < MAX_ROUNDS:
+                self.start_sync()
+        elif syncer.rounds:
+            syncer.rounds[-1].replies.extend(replies)
+        else:
+            self.publish(replies)
 
-    def start_sync(self, storages) -> None:
-        """fsync every storage the held replies depend on, in parallel (the filesystem
-        journal commits concurrent fsyncs together), off the loop's thread."""
-        self.sync_inflight = True
-        held, self.held = self.held, []
-        self.sync_batch = held
-        pool = self.fsync_pool()
-
-        def sync_one(st):
+    def settle_writes(self, block: bool = False) -> None:
+        """Take the results of the finished write-behinds (all of them, waiting, if `block`);
+        a failed one is rolled back like a failed flush."""
+        for st in [m for m in self.writing if block or m.write_done]:
+            self.writing.discard(st)
             try:
-                st.sync()
+                st.settle_write()
             except OSError as e:
-                log.error("worker %d: fsync failed: %s", self.index, e)
-                self.sync_failed.append((st, e))
+                log.error("worker %d: %s", self.index, e)
+                self.undo_replies(self.coll.rollback(st), describe_os_error(e, getattr(st, "name", None)))
 
-        def work():
-            if len(storages) == 1:
-                sync_one(storages[0])
+    def hold_unwritten(self) -> None:
+        """Replies whose requests have records in a write under way wait in `write_held`; the
+        ones whose writes are done join this batch's replies."""
+        keys = set()
+        writing = self.writing
+        for e in self.coll.undo.entries:
+            if e[0] in writing and e[6] is not None:
+                ctx = e[6]
+                keys.add((ctx.src, ctx.conn, ctx.req) if type(ctx) is Pending else ctx)
+        waiting = self.write_held + self.replies
+        self.write_held, self.replies = [], []
+        for r in waiting:
+            if (r[0], *unpack_resp(r[1], 0)[:2]) in keys:
+                self.write_held.append(r)
             else:
-                for _ in pool.map(sync_one, storages):
-                    pass
-            os.write(self.sync_done_w, b"x")
-        self.sync_coord.submit(work)
+                self.replies.append(r)
 
-    def fsync_pool(self) -> ThreadPoolExecutor:
-        """The threads that fsync (fsync releases the GIL): group commits and periodic syncs."""
-        if self.sync_pool is None:
-            self.sync_pool = ThreadPoolExecutor(8, thread_name_prefix="fsync")
-            self.sync_coord = ThreadPoolExecutor(1, thread_name_prefix="group-commit")
-        return self.sync_pool
+    @property
+    def sync_inflight(self) -> bool:
+        return bool(self.syncer.rounds)
+
+    def start_sync(self) -> None:
+        """Start an fsync round of every storage the held replies depend on."""
+        media, self.sync_queue = self.sync_queue, []
+        held, self.held = self.held, []
+        self.syncer.start(media, held)
+
+    def waiting_replies(self):
+        """Every list of replies not yet published: the rounds', the held ones, this batch's."""
+        for r in self.syncer.rounds:
+            yield r.replies
+        yield self.write_held
+        yield self.held
+        yield self.replies
 
     def on_sync_done(self) -> None:
         try:
-            os.read(self.sync_done_r, 64)
+            os.read(self.sync_done_r, 4096)
         except BlockingIOError:
             return
-        self.sync_inflight = False
-        failed, self.sync_failed = self.sync_failed, []
-        for st, e in failed:                # not durable: cut it off, undo it, tell the clients
-            self.undo_replies(self.coll.rollback(st, unsynced=True),
-                              describe_os_error(e, getattr(st, "name", None)))
+        for r in self.syncer.done_prefix():
+            for st, e in r.failed:          # not durable: cut it off, undo it, tell the clients
+                self.undo_replies(self.coll.rollback(st, unsynced=True),
+                                  describe_os_error(e, getattr(st, "name", None)),
+                                  done=r.replies)
+                self.syncer.clear(st)
+            self.publish(r.replies)
         self.coll.undo.trim()
-        self.publish(self.sync_batch)
-        self.sync_batch = []
-        more, self.sync_queue = self.sync_queue, []
-        if more:
-            self.start_sync(list(dict.fromkeys(more)))
-        elif self.held:
-            self.publish(self.held)
-            self.held = []
+        if (self.held or self.sync_queue) and len(self.syncer) < MAX_ROUNDS:
+            self.start_sync()
 
     def publish(self, replies) -> None:
         touched = set()
@@ -125,7 +168,7 @@ class GroupCommit:
         for dst in touched:
             self.outbound[dst].publish()
 
-    def undo_replies(self, undone, reason: str) -> None:
+    def undo_replies(self, undone, reason: str, done: list | None = None) -> None:
         """Changes were rolled back because their records were lost (queues/undo.py): make
         every reply that reported one an error (SERVER_ERROR; the connection closes, and is
         disconnected here as `reply` does), take undone open reads out of their sessions, and
@@ -162,27 +205,28 @@ class GroupCommit:
                 self.closed_conns.add((dst, conn))
         why = reason.encode("latin-1", "replace")
         seen: set = set()
-        self.sync_batch = _fail_requests(self.sync_batch, failed, why, seen)
-        self.held = _fail_requests(self.held, failed, why, seen)
-        self.replies = _fail_requests(self.replies, failed, why, seen)
+        if done is not None:
+            _fail_requests(done, failed, why, seen)
+        for replies in self.waiting_replies():
+            _fail_requests(replies, failed, why, seen)
 
     def wait_for_sync(self) -> None:
-        """Block until no group fsync is under way and no reply waits for one (shutdown)."""
-        while self.sync_inflight or self.held:
-            if not self.sync_inflight:
-                self.finish_batch()
-                if not self.sync_inflight:
-                    self.publish(self.held)
-                    self.held = []
-                    return
+        """Block until no write or group fsync is under way and no reply waits for one
+        (shutdown)."""
+        while self.writing or self.write_held:      # (a batch may start one more write-behind)
+            self.settle_writes(block=True)
+            self.finish_batch()
+        while self.syncer.rounds or self.held or self.sync_queue:
+            if not self.syncer.rounds:
+                self.start_sync()
             select.select([self.sync_done_r], [], [], 1.0)
             self.on_sync_done()
 
 
-def _fail_requests(replies, failed: set, why: bytes, seen: set):
-    """Replace the reply of every request in `failed` ((dst, conn, req) keys) by SERVER_ERROR
-    with the connection closing, as Kestrel answers an availability failure; later replies
-    of the same request (a monitor's) are dropped.  `seen` carries that across lists."""
+def _fail_requests(replies: list, failed: set, why: bytes, seen: set) -> None:
+    """Replace (in place) the reply of every request in `failed` ((dst, conn, req) keys) by
+    SERVER_ERROR with the connection closing, as Kestrel answers an availability failure; later
+    replies of the same request (a monitor's) are dropped.  `seen` carries that across lists."""
     out = []
     for dst, head, payload in replies:
         conn, req = unpack_resp(head, 0)[:2]
@@ -194,4 +238,4 @@ def _fail_requests(replies, failed: set, why: bytes, seen: set):
             head = pack_resp(conn, req, R_SERVER_ERROR, RF_CLOSE, 0, 0)
             payload = why
         out.append((dst, head, payload))
-    return out
+    replies[:] = out

@@ -111,10 +111,8 @@ class PeerOps:
                 self.disconnect(*key)
             for key in [k for k in self.pending_by_conn if k[0] == peer]:
                 self.disconnect(*key)
-            self.held = [r for r in self.held if r[0] != peer]
-            self.replies = [r for r in self.replies if r[0] != peer]
-            if self.sync_inflight:
-                self.sync_batch = [r for r in self.sync_batch if r[0] != peer]
+            for replies in self.waiting_replies():
+                replies[:] = [r for r in replies if r[0] != peer]
 
     def peer_back(self, peer: int) -> None:
         """A record from a peer we marked down: its replacement is running (it may send

@@ -16,7 +16,6 @@ from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_CONFIRM_ALL, F_OPEN, F_PEEK
                        R_ERROR,
                        R_ITEM, RF_CLOSE, RF_MORE,
                        unpack_resp)
-from lanner.storage.sync import sync_all
 from lanner.queues.waiters import Waiter
 
 log = logging.getLogger(__name__)
@@ -224,7 +223,7 @@ class Waiting:
         p.items = keep
         if p.done:
             packed = msgpack.packb(keep)
-            for replies in (self.sync_batch, self.held, self.replies):
+            for replies in self.waiting_replies():
                 for i, (dst, head, payload) in enumerate(replies):
                     conn, req = unpack_resp(head, 0)[:2]
                     if dst == p.src and conn == p.conn and req == p.req:
@@ -278,7 +277,7 @@ class Waiting:
             self.next_expire_ms = now + self.config.server.expiration_timer_frequency
         due = self.coll.sync_schedule.due(now)
         if due:
-            self.fsync_pool().submit(sync_all, due)
+            self.syncer.later(due)
         self.storage_factory.tick(now)
         if self.coll.stranded and now >= self.next_strand_ms:
             n = sum(len(x) for x in self.coll.stranded.values())

@@ -13,9 +13,12 @@ A turn (shardloop.py):
      against the QueueCollection, collecting replies;
   2. at the end of the turn: retry the waiters that adds and aborts woke; hand
      every dirty journal/segment's buffered records to the OS in one write each
-     (so an acknowledged item survives `kill -9` of this process);
-  3. replies that depend on an fsync (sync "always") are held while a helper
-     thread fsyncs all of them at once (group commit); other replies are
+     (so an acknowledged item survives `kill -9` of this process); a journal
+     write of a megabyte or more goes to the writer thread instead, and only the
+     replies whose records it carries wait for it (commit.py, storage/writer.py);
+  3. replies that depend on an fsync (sync "always") are held in a round while
+     threads fsync all of its files at once (group commit; rounds overlap,
+     storage/syncer.py); other replies are
      published now, one publish per ring, or handed to the worker's own clients.
      A write (or such an fsync) that fails is rolled back (queues/undo.py): every
      change whose record is lost is undone and the replies of the requests that
@@ -50,6 +53,8 @@ from lanner.ipc.messages import (F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_STREAM, F_T
 from lanner.queues.placement import worker_of
 from lanner.queues.sessions import Session
 from lanner.storage.factory import StorageFactory
+from lanner.storage.syncer import Syncer
+from lanner.storage.writer import Writer
 from lanner.server.exits import EXIT_BOOT_ERROR, EXIT_OK, EXIT_UNSAVED
 from lanner.server.heartbeat import MAX_BEAT_INTERVAL
 from lanner.server.local import attach_front
@@ -109,13 +114,13 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         self.stats_jobs: set = set()          # stats answers being built in slices (statsjob.py)
         self.replies: list[tuple[int, bytes, bytes]] = []
         self.held: list[tuple[int, bytes, bytes]] = []
-        self.sync_inflight = False
-        self.sync_pool = self.sync_coord = None
-        self.sync_batch: list = []       # replies waiting for the fsync under way
-        self.sync_failed: list = []      # (storage, error) of the fsync round under way
-        self.sync_queue: list = []       # storages dirtied since, for the next fsync round
+        self.sync_queue: list = []       # storages written since the last round, for the next one
         self.sync_done_r, self.sync_done_w = os.pipe()
         os.set_blocking(self.sync_done_r, False)
+        self.syncer = Syncer(self.sync_done_w)      # fsync rounds (commit.py)
+        self.writer = Writer(self.sync_done_w)      # write-behind of big journal writes (commit.py)
+        self.writing: set = set()                   # journals with a write-behind under way
+        self.write_held: list = []                  # replies whose records it is writing
         self.stopping = False
         self.mot = config.server.max_open_transactions
         self.coll: QueueCollection | None = None
@@ -415,6 +420,7 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         coll = self.coll
         failures = []
         try:
+            self.settle_writes(block=True)
             self.finish_batch()
             self.wait_for_sync()
             if coll.stranded:
@@ -428,6 +434,8 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
                     if c.transport is not None:
                         c.transport.abort()
         finally:
+            self.syncer.close()
+            self.writer.close()
             try:
                 coll.close()
             except CloseError as e:

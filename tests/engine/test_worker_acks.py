@@ -14,7 +14,8 @@ def test_failed_requests_become_server_errors_and_others_stay():
                (0, pack_resp(7, 2, R_ITEM, RF_MORE, 0, 0), b"m2"),
                (0, pack_resp(9, 1, R_OK, 0, 0, 0), b"")]
     seen = set()
-    out = _fail_requests(replies, {(0, 7, 1), (0, 7, 2)}, b"write failed: No space left on device", seen)
+    out = list(replies)
+    _fail_requests(out, {(0, 7, 1), (0, 7, 2)}, b"write failed: No space left on device", seen)
     assert len(out) == 4                    # the monitor's second item is dropped after its error
     conn, req, status, flags, _, _ = unpack_resp(out[0][1], 0)
     assert (out[0][0], conn, req, status, flags) == (0, 7, 1, R_SERVER_ERROR, RF_CLOSE)
@@ -23,7 +24,9 @@ def test_failed_requests_become_server_errors_and_others_stay():
     assert unpack_resp(out[2][1], 0)[:3] == (7, 2, R_SERVER_ERROR)
     assert out[3] == replies[4]
     # the same request in a later list (held replies) stays dropped
-    assert _fail_requests([replies[3]], {(0, 7, 2)}, b"x", seen) == []
+    later = [replies[3]]
+    _fail_requests(later, {(0, 7, 2)}, b"x", seen)
+    assert later == []
 
 
 def test_a_journal_failure_is_described_without_its_path():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import threading
 
 import msgpack
 import pytest
@@ -172,3 +173,43 @@ def test_a_thrift_get_keeps_the_items_that_were_written(worker, monkeypatch, clo
     (status, _, payload), = got[7]
     assert status == R_DATA and msgpack.unpackb(payload) == [[b"first", 0]]
     assert queue_datas(w, "q") == []
+
+
+def test_a_failed_fsync_in_the_thread_fails_its_queue_in_every_round_and_spares_others(worker, monkeypatch,
+                                                                                       tmp_path):
+    """Rounds overlap (storage/syncer.py): while q's fsync is under way a second round starts for
+    `other` and q.  q's fsync fails: both of q's sets are undone and answered SERVER_ERROR (a later
+    fsync of q must not vouch for bytes the failed one lost); `other`'s set is kept."""
+    w = worker(sync_journal="always")
+    q_path = str(tmp_path / "queues" / "q")
+    gate, calls = threading.Event(), []
+    real = os.fsync
+
+    def fsync(fd):
+        if os.path.samefile(f"/proc/self/fd/{fd}", q_path):
+            calls.append(fd)
+            if len(calls) == 1:
+                assert gate.wait(10)
+                raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+    monkeypatch.setattr(J, "_fsync", fsync)
+    w.handle(0, req(1, OP_SET, "q", payload=b"a"))
+    w.finish_batch()                                          # round 1: q, held at the gate
+    w.handle(0, req(2, OP_SET, "q", payload=b"b"))
+    w.handle(0, req(3, OP_SET, "other", payload=b"c"))
+    w.finish_batch()                                          # round 2 starts meanwhile
+    assert len(w.syncer) == 2 and w.published == []
+    gate.set()
+    w.wait_for_sync()
+    got = replies(w)
+    why = b"fsync failed: Input/output error (queue 'q')"
+    assert got[1] == [(R_SERVER_ERROR, RF_CLOSE, why)]
+    assert got[2] == [(R_SERVER_ERROR, RF_CLOSE, why)]
+    assert got[3] == [(R_OK, 0, b"")]
+    assert len(calls) == 1                                    # no fsync of q vouched for "b"
+    assert queue_datas(w, "q") == [] and queue_datas(w, "other") == [b"c"]
+    assert os.path.getsize(q_path) == 0
+    w.handle(0, req(4, OP_SET, "q", payload=b"d"))            # rolled back: q is fsynced again
+    w.finish_batch()
+    w.wait_for_sync()
+    assert replies(w) == {4: [(R_OK, 0, b"")]} and len(calls) == 2

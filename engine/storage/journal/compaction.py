@@ -29,6 +29,10 @@ from lanner.storage.journal.codec import CHUNK, pack_addx, pack_xid, Cursor, enc
 from lanner.storage.journal.files import archived_files, fsync_dir, parse_archive, unlink_quietly, write_all
 from lanner.storage.journal.packer import pack_files
 
+#: Buffered bytes a journal with a writer thread sends behind before rotating or rewriting
+#: (which write the buffer first, on the loop).
+ROTATE_PENDING_MAX = 1 << 20
+
 log = logging.getLogger(__name__)
 
 
@@ -62,6 +66,10 @@ class JournalCompaction:
     _fd: int
     _pending: bytearray
     _disk_size: int
+    _inflight_n: int
+    write_done: bool
+    write_behind: Callable[[], bool]
+    writer: object
     _synced_size: int
     _rb: Cursor | None
     _closed: bool
@@ -93,11 +101,16 @@ class JournalCompaction:
         self._check_rotate(view, config)
 
     def _check_rotate(self, view, config) -> None:
-        size = self._disk_size + len(self._pending)
+        size = self._disk_size + self._inflight_n + len(self._pending)
         total = size + self._archived_size
         if size < config.default_journal_size and size <= config.max_memory_size \
                 and total <= config.max_journal_size:
             return                               # no rule can match: the per-operation fast path
+        if not self.write_done:
+            return            # not while a write-behind is under way: again at a later operation
+        if self.writer is not None and len(self._pending) >= ROTATE_PENDING_MAX:
+            self.write_behind()     # rather than a big write on the loop: rotate once it is written
+            return
         allowed = self._clock.monotonic() >= self._rewrites_allowed_at
         if not config.disable_aggressive_rewrites:
             if size >= config.default_journal_size and view.length == 0 and self._rewrite_safe(view):
@@ -159,6 +172,19 @@ class JournalCompaction:
                 continue
             self._last_ts = ts
             return fname
+
+    def _discard(self, path: str) -> None:
+        """Delete a packed archive.  With a writer thread (storage/writer.py) the unlink is its:
+        unlinking hundreds of MB takes the filesystem tens of ms.  The file is first renamed to a
+        `~~` temporary, which is no archive any more and which replay deletes if a crash comes
+        first (files.py)."""
+        if self.writer is None:
+            os.unlink(path)
+            return
+        # `<name>~~<ts>.old`: as long as `<name>.<ts>.pack`, which the name limit allows for
+        trash = os.path.join(self._dir, f"{self.name}~~{os.path.basename(path)[len(self.name) + 1:]}.old")
+        os.rename(path, trash)
+        self.writer.call(unlink_quietly, trash)
 
     def _switch_writer(self) -> None:
         """The current file was renamed away: start a fresh `<queue>`."""
@@ -263,7 +289,7 @@ class JournalCompaction:
                 ts += 1
             self._last_ts = ts
             os.rename(tmp_path, os.path.join(self._dir, f"{self.name}.{ts}.pack"))
-            archived_files(self._dir, self.name)
+            archived_files(self._dir, self.name, self._discard)
             os.rename(os.path.join(self._dir, f"{self.name}.{ts}"), self._path)
             fsync_dir(self._dir)
         except OSError as e:
@@ -279,7 +305,7 @@ class JournalCompaction:
     def _update_archived_size(self) -> None:
         try:
             self._archived_size = sum(os.path.getsize(os.path.join(self._dir, a))
-                                      for a in archived_files(self._dir, self.name))
+                                      for a in archived_files(self._dir, self.name, self._discard))
         except OSError as e:
             log.error("queue %r: cannot list archived journals: %s", self.name, e)
 
@@ -295,7 +321,7 @@ class JournalCompaction:
         if rb is not None and rb.name != self.name and \
                 parse_archive(self.name, rb.name)[0] <= parse_archive(self.name, cp.file)[0]:
             return None                          # cheap answer for owners that poll every batch
-        archives = archived_files(self._dir, self.name)
+        archives = archived_files(self._dir, self.name, self._discard)
         if cp.file not in archives:
             self.checkpoint = None
             return None
@@ -327,7 +353,7 @@ class JournalCompaction:
         if result.out_path != req.out_path:
             unlink_quietly(req.out_path)
         try:
-            archived_files(self._dir, self.name)     # deletes the packed archives, renames the pack
+            archived_files(self._dir, self.name, self._discard)     # deletes the packed archives, renames the pack
             fsync_dir(self._dir)
         except OSError as e:                         # the next listing (or replay) finishes the job
             log.error("queue %r: installing the pack of %s: %s", self.name, req.checkpoint_file, e)

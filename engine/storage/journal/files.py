@@ -75,9 +75,10 @@ def parse_archive(name: str, fname: str) -> tuple[int, bool] | None:
     return int(m.group(1)), m.group(2) is not None
 
 
-def archived_files(queue_path: str, name: str) -> list[str]:
+def archived_files(queue_path: str, name: str, discard=None) -> list[str]:
     """Archive file names of `name` in replay order, after finishing any pack:
-    a `<name>.<ts>.pack` deletes every archive with t <= ts, then becomes `<name>.<ts>`."""
+    a `<name>.<ts>.pack` deletes every archive with t <= ts, then becomes `<name>.<ts>`.
+    `discard(path)` deletes instead of os.unlink (the worker's journals: off the loop)."""
     check_name(name)
     while True:
         entries = []
@@ -93,7 +94,7 @@ def archived_files(queue_path: str, name: str) -> list[str]:
         for t, is_pack, fname in entries:
             if not is_pack and t <= ts:
                 log.info("queue %r: deleting packed file %s", name, fname)
-                os.unlink(os.path.join(queue_path, fname))
+                (discard or os.unlink)(os.path.join(queue_path, fname))
         os.rename(os.path.join(queue_path, pack), os.path.join(queue_path, f"{name}.{ts}"))
 
 

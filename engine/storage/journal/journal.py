@@ -48,6 +48,7 @@ _write = os.write
 _fsync = os.fsync
 
 AUTOFLUSH = 4 << 20             # pending bytes that force a flush
+WRITE_BEHIND_MAX = 256 << 20    # pending bytes, behind a write under way, that force a flush
 
 
 _WFLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT
@@ -70,6 +71,15 @@ class Journal(JournalCompaction):
     Threads: every method runs on the owner's thread except `sync()`, which the
     worker may call from its group-commit thread; there it only fsyncs what
     `flush()` already wrote and never touches the buffer.
+
+    Write-behind (storage/writer.py): with a `writer`, `write_behind()` hands the
+    buffer to the writer's thread and returns at once; new records go to a fresh
+    buffer behind it.  Marks count those bytes (`_inflight_n`) but `written_mark`
+    does not until the owner settles the job (`settle_write`, which waits for it if
+    needed).  Everything that needs the file as the OS has it (flush, rollback,
+    rotation, rewrite, read-behind, close) settles first, so the module invariants
+    hold as if the write had been made inline; a failed one leaves its records at
+    the front of the buffer, and `settle_write` raises as `flush` would.
     """
 
     can_read_behind = True
@@ -93,6 +103,9 @@ class Journal(JournalCompaction):
         self._disk_size = 0              # bytes of the current file the OS has
         self._synced_size = 0
         self._torn = False               # a failed write may have left bytes past _disk_size
+        self.writer = None               # a storage.writer.Writer: big flushes go to its thread
+        self._inflight = None            # the WriteJob under way, if any
+        self._inflight_n = 0             # its bytes: after _disk_size, before _pending
         self._rb: Cursor | None = None
         self._closed = False
         self._erased = False
@@ -101,7 +114,12 @@ class Journal(JournalCompaction):
     # -------------------------------------------------------- stats, state
     @property
     def logsize(self) -> int:
-        return self._disk_size + len(self._pending)
+        return self._disk_size + self._inflight_n + len(self._pending)
+
+    @property
+    def pending_bytes(self) -> int:
+        """Buffered bytes no write has taken yet."""
+        return len(self._pending)
 
     @property
     def flushed_size(self) -> int:
@@ -131,6 +149,11 @@ class Journal(JournalCompaction):
     def rollback(self, mark: int) -> None:
         """Drop every record from `mark` on: buffered ones, and ones written but not fsynced
         (the file is cut back).  Owner's thread, with no fsync of this journal under way."""
+        if self._inflight is not None:
+            try:
+                self.settle_write()
+            except JournalError:
+                pass                 # its records went back into the buffer, dropped below
         start = self._base + self._disk_size
         if mark >= start:
             del self._pending[mark - start:]
@@ -161,7 +184,8 @@ class Journal(JournalCompaction):
     @property
     def dirty(self) -> bool:
         """Buffered records, or (unless the policy is "never") unsynced ones."""
-        return bool(self._pending) or (self.sync_policy != "never" and self._synced_size < self._disk_size)
+        return bool(self._pending) or self._inflight is not None or \
+            (self.sync_policy != "never" and self._synced_size < self._disk_size)
 
     def files(self) -> list[str]:
         return journal_files(self._dir, self.name)
@@ -214,46 +238,98 @@ class Journal(JournalCompaction):
     # Each record_* returns the mark where its record starts (seam.py).
     def record_add(self, item: QItem) -> int:
         p = self._pending
-        mark = self._base + self._disk_size + len(p)
+        mark = self._base + self._disk_size + self._inflight_n + len(p)
         p += pack_addx(2, len(item.data) + 16, item.add_time, item.expiry)
         p += item.data
         if len(p) > AUTOFLUSH:
-            self._flush_quietly()
+            self._autoflush()
         return mark
 
     def record_remove(self, item: QItem) -> int:
         p = self._pending
-        mark = self._base + self._disk_size + len(p)
+        mark = self._base + self._disk_size + self._inflight_n + len(p)
         p.append(1)
         return mark
 
     def record_open(self, item: QItem, xid: int) -> int:
         p = self._pending
-        mark = self._base + self._disk_size + len(p)
+        mark = self._base + self._disk_size + self._inflight_n + len(p)
         p += pack_xid(9, xid)
         return mark
 
     def record_unremove(self, item: QItem, xid: int) -> int:
         p = self._pending
-        mark = self._base + self._disk_size + len(p)
+        mark = self._base + self._disk_size + self._inflight_n + len(p)
         p += pack_xid(5, xid)
         return mark
 
     def record_confirm(self, item: QItem, xid: int) -> int:
         p = self._pending
-        mark = self._base + self._disk_size + len(p)
+        mark = self._base + self._disk_size + self._inflight_n + len(p)
         p += pack_xid(6, xid)
         return mark
 
     def record_continue(self, xid: int, item: QItem) -> int:
         """CONTINUE: confirm `xid` and append `item` (Kestrel's library `continue`)."""
         p = self._pending
-        mark = self._base + self._disk_size + len(p)
+        mark = self._base + self._disk_size + self._inflight_n + len(p)
         p += pack_xaddx(8, xid, len(item.data) + 16, item.add_time, item.expiry)
         p += item.data
         if len(p) > AUTOFLUSH:
-            self._flush_quietly()
+            self._autoflush()
         return mark
+
+    def _autoflush(self) -> None:
+        """A big buffer: behind the writer's thread when there is one (inline only when a
+        write is already under way and the buffer behind it grew past WRITE_BEHIND_MAX)."""
+        if self.writer is not None and (self._inflight is None or len(self._pending) < WRITE_BEHIND_MAX):
+            self.write_behind()
+        else:
+            self._flush_quietly()
+
+    def write_behind(self) -> bool:
+        """Hand the buffer to the writer's thread, unless a write is under way already (then
+        it waits for the next call).  True if a write was started."""
+        if self._inflight is not None or not self._pending or self.writer is None or self._fd < 0:
+            return False
+        if self._torn:
+            try:
+                self._untear()
+            except JournalError:
+                return False          # the owner's flush fails too and rolls back
+        buf, self._pending = self._pending, bytearray()
+        self._inflight_n = len(buf)
+        self._inflight = self.writer.submit(self._fd, buf)
+        return True
+
+    @property
+    def write_done(self) -> bool:
+        """No write under way, or it has finished (`settle_write` will not wait)."""
+        job = self._inflight
+        return job is None or job.done.is_set()
+
+    def settle_write(self) -> None:
+        """Take the result of the write under way (waiting for it if need be): its bytes are
+        the OS's now, or (it failed) the file is cut back, its records go back to the front of
+        the buffer, and JournalError is raised as from `flush`."""
+        job = self._inflight
+        if job is None:
+            return
+        job.wait()
+        n = self._inflight_n
+        self._inflight = None
+        self._inflight_n = 0
+        e = job.error
+        if e is None:
+            self._disk_size += n
+            return
+        self._pending[:0] = job.buf
+        self._torn = True
+        try:
+            self._untear()
+        except JournalError:
+            pass
+        raise JournalError(self._path, f"write of {n} bytes failed: {e.strerror or e}", e.errno) from e
 
     def _flush_quietly(self) -> bool:
         """A flush the journal starts on its own: on failure the records stay buffered for
@@ -267,6 +343,8 @@ class Journal(JournalCompaction):
     def flush(self) -> None:
         """One write of everything pending.  On failure the file is cut back to
         its last good size and the records stay pending (module invariant 1)."""
+        if self._inflight is not None:
+            self.settle_write()
         p = self._pending
         if not p:
             return
@@ -329,6 +407,8 @@ class Journal(JournalCompaction):
             return
         self._closed = True
         try:
+            if self._inflight is not None:
+                self.settle_write()
             if self._fd >= 0:
                 self.flush()
                 _fsync(self._fd)
@@ -347,6 +427,11 @@ class Journal(JournalCompaction):
 
     def erase(self) -> None:
         """Close and delete every file of the queue."""
+        if self._inflight is not None:
+            try:
+                self.settle_write()
+            except JournalError:
+                pass
         self._pending.clear()
         try:
             self.close()
@@ -380,7 +465,7 @@ class Journal(JournalCompaction):
         while got < max_bytes:
             if rb.name == self.name:
                 if rb.pos >= self._disk_size:
-                    if self._pending:
+                    if self._pending or self._inflight is not None:
                         if self._flush_quietly():
                             continue
                         break                 # the owner's flush fails too and rolls back

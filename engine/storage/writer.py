@@ -1,0 +1,125 @@
+"""Large journal writes off the owner's loop (issue 8, P8: a flood of 8 MiB items on one queue
+must not stall small requests on the other queues of the worker).
+
+A write of megabytes spends milliseconds to tens of milliseconds in the kernel (copying, and the
+dirty-page throttling that makes a writer wait for the disk); on the loop, every other queue
+waits as long.  The owner hands such a buffer to this thread instead (`Journal.write_behind`)
+and goes on serving; os.write releases the GIL.  The thread only writes the bytes it was given
+to the fd it was given, in order of submission, and says how it went: the stream's state (sizes,
+marks, rollback) stays the owner's, who settles the job when it is done (`Journal.settle_write`),
+and who never touches the buffer or closes the fd while the job is under way.
+
+The thread also waits until the kernel has written those pages to the disk (sync_file_range:
+write-out only, no metadata, not a durability promise; that is still fsync's job).  Otherwise a
+flood leaves hundreds of MB dirty, and the kernel's dirty-page throttling then pauses every
+writer of the process, the loop's small journal writes too, and the loop's later rename of the
+file at rotation (ext4 writes out a renamed file's delayed blocks) or unlink of a packed file
+waits for all of it.  Waiting here makes the flood, and only the flood, go at the disk's pace.
+Python's os module has no sync_file_range, so it is called through ctypes (which releases the
+GIL); without it (not Linux) the thread only writes.
+
+When a job is done the thread writes one byte to `notify_w`, which wakes the owner's loop.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import threading
+from queue import SimpleQueue
+
+log = logging.getLogger(__name__)
+
+# The thread's write, looked up at call time so tests can inject failures (ENOSPC, EIO).
+_write = os.write
+
+# sync_file_range(2) flags: wait for write-out under way, start it, wait for it.
+_WRITE_OUT = 1 | 2 | 4
+try:
+    _sync_file_range = ctypes.CDLL(None, use_errno=True).sync_file_range
+    _sync_file_range.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    _sync_file_range.restype = ctypes.c_int
+except (AttributeError, OSError):
+    _sync_file_range = None
+
+
+class WriteJob:
+    """One buffer to append to one fd; `error` is the OSError it ended with, if any."""
+    __slots__ = ("fd", "buf", "done", "error")
+
+    def __init__(self, fd: int, buf: bytearray) -> None:
+        self.fd = fd
+        self.buf = buf
+        self.done = threading.Event()
+        self.error: OSError | None = None
+
+    def wait(self) -> None:
+        self.done.wait()
+
+
+class Writer:
+    """One thread that writes jobs in the order they came."""
+
+    def __init__(self, notify_w: int, name: str = "writer") -> None:
+        self.notify_w = notify_w
+        self._jobs: SimpleQueue = SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._name = name
+
+    def submit(self, fd: int, buf: bytearray) -> WriteJob:
+        job = WriteJob(fd, buf)
+        self._start()
+        self._jobs.put(job)
+        return job
+
+    def call(self, fn, *args) -> None:
+        """Run `fn(*args)` on the thread after the jobs before it (an unlink); an OSError is logged."""
+        self._start()
+        self._jobs.put((fn, args))
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        """Stop the thread after the jobs already submitted (shutdown, tests)."""
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def _run(self) -> None:
+        jobs = self._jobs
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            if type(job) is tuple:
+                fn, args = job
+                try:
+                    fn(*args)
+                except OSError as e:
+                    log.error("%s", e)
+                continue
+            try:
+                _write_all(job.fd, job.buf)
+            except OSError as e:
+                job.error = e
+            else:
+                if _sync_file_range is not None:       # a hint: its failure changes nothing
+                    _sync_file_range(job.fd, 0, 0, _WRITE_OUT)
+            job.done.set()
+            os.write(self.notify_w, b"w")
+
+
+def _write_all(fd: int, buf: bytearray) -> None:
+    total = len(buf)
+    done = 0
+    with memoryview(buf) as view:
+        while done < total:
+            n = _write(fd, view[done:])
+            if n <= 0:
+                raise OSError(errno.EIO, "write returned 0")
+            done += n

@@ -1,0 +1,41 @@
+"""Overlapping group-commit rounds (storage/syncer.py) under kill -9: with many queues on one
+worker and many connections writing at once under sync "always", every item acknowledged
+before the worker died is there after its replacement replayed the files, in journals and in
+command logs alike (tests/faults/load.py keeps the books)."""
+import signal
+
+import pytest
+
+from tests.faults.load import Load, verify
+from tests.faults.test_front_restart import pid_named, wait_for
+from tests.faults.test_kill_roles import progress
+from tests.helpers import start_server
+
+pytestmark = pytest.mark.integration
+
+CONFIGS = {
+    "journal": '[default]\nsync_journal = "always"\n',
+    "cmdlog": '[default]\nstorage = "cmdlog"\n[cmdlog]\nsync = "always"\n',
+}
+
+
+@pytest.mark.parametrize("storage", sorted(CONFIGS))
+def test_kill_9_right_after_acks_loses_nothing_acknowledged(tmp_path, storage):
+    h = start_server(tmp_path, workers=1, config=CONFIGS[storage])
+    queues = [b"gc%d" % i for i in range(12)]            # one worker: every queue is its
+    load = Load(h.memcache_port, queues, writers=10, tag=storage).start()
+    try:
+        for _ in range(2):
+            progress(load, 400)                           # rounds are under way when it dies
+            victim = pid_named(h, "lanner-w0")
+            victim.send_signal(signal.SIGKILL)
+            assert wait_for(lambda: (p := pid_named(h, "lanner-w0")) is not None and p.pid != victim.pid, 15)
+        progress(load, 200)
+        books = load.stop()
+        v = verify(h.memcache_port, books)
+        assert v.checked >= 1000
+        assert not v.lost, f"{len(v.lost)} acknowledged items lost, e.g. {v.lost[:5]}"
+        assert not v.redelivered and not v.duplicated
+    finally:
+        load.stopping.set()
+        h.stop()
