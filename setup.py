@@ -73,4 +73,5 @@ class OptionalBuildExt(build_ext):
             print("WARNING: " + WARNING % ("%s: %s" % (type(e).__name__, e)), file=sys.stderr)
 
 
-setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})
+if __name__ == "__main__":          # as setuptools runs it; tests import the helpers above
+    setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

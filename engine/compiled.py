@@ -7,8 +7,6 @@ plain Python (async code, classes tests subclass or patch), stays out.
 its .py file, i.e. when the build silently fell back to pure Python."""
 
 HOT_MODULES = (
-    "lanner.protocols.stream",
-    "lanner.protocols.memcache",
-    "lanner.fronts.conn",
-    "lanner.fronts.memcache",
+    "lanner.protocols.stream",       # with stream.pxd: the parsers' buffer and state as C fields
+    "lanner.protocols.memcache",     # with memcache.pxd: MemcacheParser a C type, next() typed
 )

@@ -174,7 +174,8 @@ def instructions(args: list[str], requests: int) -> int:
     """Instructions this benchmark executes for `requests` requests, start-up included."""
     cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-m",
            "lanner.perf.hotloop", "-n", str(requests), "--rounds", "1", *args]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    env = dict(os.environ, PYTHONHASHSEED="0")      # the same dict layouts in both runs
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
     m = re.search(r"Collected\s*:\s*(\d+)", done.stderr)
     if m is None:
         raise RuntimeError("callgrind printed no count: " + done.stderr[-500:])
