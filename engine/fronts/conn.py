@@ -358,11 +358,12 @@ class Conn(asyncio.Protocol, abc.ABC):
             self.blocked = slot
 
     def on_response(self, req: int, status: int, flags: int, value: int, payload) -> None:
-        part = self.parts.get(req)
+        part = self.parts.pop(req, None)
         if part is None or self.closing:
             return
         slot = part.slot
-        if flags & RF_MORE:
+        if flags & RF_MORE:                # more responses follow for this request
+            self.parts[req] = part
             part.status, part.flags, part.value = status, flags, value
             if slot.stream is not None:
                 data = slot.stream(slot, part, bytes(payload))
@@ -374,7 +375,6 @@ class Conn(asyncio.Protocol, abc.ABC):
                         self.held += len(data)
                     self.front.write_pending.add(self)
             return
-        del self.parts[req]
         part.status, part.flags, part.value = status, flags, value
         part.payload = bytes(payload) if payload else b""
         part.done = True
