@@ -241,15 +241,17 @@ class Conn(asyncio.Protocol, abc.ABC):
         return self.held + queued + n * self.reply_size < REPLY_BUDGET
 
     def update_reading(self) -> None:
+        want = not self.stopped and not self.paused_writing and \
+            (self.parser.buffered <= INPUT_LIMIT or self.can_take())
+        if want != self.reading_paused:
+            return                     # reading already is as it should be (the common case)
         t = self.transport
         if t is None or t.is_closing():
             return
-        want = not self.stopped and not self.paused_writing and \
-            (self.parser.buffered <= INPUT_LIMIT or self.can_take())
-        if want and self.reading_paused:
+        if want:
             self.reading_paused = False
             t.resume_reading()
-        elif not want and not self.reading_paused:
+        else:
             self.reading_paused = True
             t.pause_reading()
 
