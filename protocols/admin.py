@@ -176,7 +176,7 @@ _HEAD, _BODY, _STOPPED = 0, 1, 2
 class AdminParser(StreamParser):
     """Feed socket bytes, take `HttpRequest`/`HttpError` from `next` until it returns None."""
 
-    __slots__ = ("max_head", "max_body", "_buf", "_scan", "_state", "_skip", "_pending")
+    __slots__ = ("max_head", "max_body", "_skip", "_pending")
     BETWEEN, STOPPED = _HEAD, _STOPPED
 
     def __init__(self, max_head: int = 8192, max_body: int = 1 << 16) -> None:

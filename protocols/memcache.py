@@ -416,8 +416,7 @@ class MemcacheParser(StreamParser):
     `stream_over` bytes is yielded as SetHead then SetPiece commands as it arrives, never
     buffered whole (None: every body is buffered and yielded as one Set)."""
 
-    __slots__ = ("max_line", "item_limit", "stream_over", "_buf", "_scan", "_state", "_need",
-                 "_set", "_after")
+    __slots__ = ("item_limit", "stream_over", "_need", "_set", "_after")
     BETWEEN, STOPPED = _LINE, _STOPPED
 
     def __init__(self, max_line: int = 1 << 20,

@@ -2,7 +2,8 @@
 protocol: how many bytes it holds, whether it has stopped, and the unparsed bytes a connection
 handed to another process carries along.  Each parser keeps the bytes fed and not consumed in
 `_buf` and its state in `_state`, and names the state values that mean "stopped" and "between
-requests"."""
+requests".  Those fields are declared here, once, so that where the parsers are compiled
+(setup.py) stream.pxd can give them C types; a subclass must not declare them again."""
 from __future__ import annotations
 
 
@@ -11,7 +12,7 @@ TOO_LONG = object()
 
 
 class StreamParser:
-    __slots__ = ()
+    __slots__ = ("max_line", "_buf", "_scan", "_state")
     BETWEEN: int          # the state between two requests (where a handoff may happen)
     STOPPED: int          # the state after the last request it will ever yield
 

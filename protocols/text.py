@@ -262,8 +262,7 @@ _LINE, _BLOCK, _STOPPED = 0, 1, 2
 class TextParser(StreamParser):
     """Feed socket bytes with `feed`, take commands with `next` until it returns None."""
 
-    __slots__ = ("max_line", "max_block", "_buf", "_scan", "_state", "_toks", "_items",
-                 "_block_bytes")
+    __slots__ = ("max_block", "_toks", "_items", "_block_bytes")
     BETWEEN, STOPPED = _LINE, _STOPPED
 
     def __init__(self, max_line: int = 1 << 20, max_block: int = 1 << 26) -> None:

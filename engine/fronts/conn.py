@@ -73,7 +73,8 @@ class Slot:
         self.stream = stream      # stream(slot, part, data) -> bytes: monitor items, as they come
         self.blocking = blocking
         self.done = False
-        self.call = call          # thrift: the call this slot answers
+        self.call = call          # what `finish` needs besides the parts: thrift's call,
+                                  # the key a memcache `get` echoes
         self.fam = fam            # latency family (ops/latency.py); -1: not measured
         self.t0 = t0              # monotonic time its command's bytes were read
 
@@ -171,7 +172,7 @@ class Conn(asyncio.Protocol, abc.ABC):
     def data_received(self, data: bytes):
         f = self.front
         if self.count_bytes:
-            f.my.incr(C_READ, len(data))
+            f.my.words[C_READ] += len(data)
         self.last_activity = f.loop.time()
         self.t_in = time.monotonic()
         self.parser.feed(data)
@@ -206,17 +207,20 @@ class Conn(asyncio.Protocol, abc.ABC):
         if self.out:
             self.flush_out()
         self.process()
-        self.flush_out()
+        if self.out or self.closing:
+            self.flush_out()
         self.update_reading()
 
     def process(self) -> None:
         parser = self.parser
-        while self.can_take():
+        can_take = self.can_take
+        handle = self.handle
+        while can_take():
             cmd = parser.next()
             if cmd is None:
                 return
             self.cur_fam = family_of(cmd)
-            self.handle(cmd)
+            handle(cmd)
 
     def can_take(self) -> bool:
         if self.stopped:
@@ -225,7 +229,7 @@ class Conn(asyncio.Protocol, abc.ABC):
             return self.front.ring_room(self.body, self)
         if self.blocked is not None or self.paused_writing:
             return False
-        if not self.front.room_for_commands(self):
+        if self.front.congested and not self.front.room_for_commands(self):
             return False
         n = len(self.slots)
         if n == 0:
@@ -237,15 +241,17 @@ class Conn(asyncio.Protocol, abc.ABC):
         return self.held + queued + n * self.reply_size < REPLY_BUDGET
 
     def update_reading(self) -> None:
+        want = not self.stopped and not self.paused_writing and \
+            (self.parser.buffered <= INPUT_LIMIT or self.can_take())
+        if want != self.reading_paused:
+            return                     # reading already is as it should be (the common case)
         t = self.transport
         if t is None or t.is_closing():
             return
-        want = not self.stopped and not self.paused_writing and \
-            (self.parser.buffered <= INPUT_LIMIT or self.can_take())
-        if want and self.reading_paused:
+        if want:
             self.reading_paused = False
             t.resume_reading()
-        elif not want and not self.reading_paused:
+        else:
             self.reading_paused = True
             t.pause_reading()
 
@@ -319,8 +325,8 @@ class Conn(asyncio.Protocol, abc.ABC):
         """`quit`: close once every reply already earned is written, saying nothing more."""
         self.reply_now(b"", close=True)
 
-    def notify(self, worker: int, op: int, flags: int, queue: bytes, a=0, b=0,
-               payload: bytes = b"") -> int:
+    def notify(self, worker: int, op: int, flags: int, queue: str | bytes, a=0,
+               b=0, payload: bytes = b"") -> int:
         """Send a request whose response nobody waits for (noreply); returns its number."""
         req = self.next_req
         self.next_req = (req + 1) & 0xFFFFFFFF or 1
@@ -328,7 +334,7 @@ class Conn(asyncio.Protocol, abc.ABC):
         self.front.send(worker, self.id, req, op, flags | self.conn_flags, queue, a, b, payload)
         return req
 
-    def request(self, slot: Slot, worker: int, op: int, flags: int, queue: bytes, a=0, b=0,
+    def request(self, slot: Slot, worker: int, op: int, flags: int, queue: str | bytes, a=0, b=0,
                 payload: bytes = b"") -> Part:
         """Send one request whose response becomes a part of `slot`'s reply."""
         req = self.next_req
@@ -354,11 +360,12 @@ class Conn(asyncio.Protocol, abc.ABC):
             self.blocked = slot
 
     def on_response(self, req: int, status: int, flags: int, value: int, payload) -> None:
-        part = self.parts.get(req)
+        part = self.parts.pop(req, None)
         if part is None or self.closing:
             return
         slot = part.slot
-        if flags & RF_MORE:
+        if flags & RF_MORE:                # more responses follow for this request
+            self.parts[req] = part
             part.status, part.flags, part.value = status, flags, value
             if slot.stream is not None:
                 data = slot.stream(slot, part, bytes(payload))
@@ -370,7 +377,6 @@ class Conn(asyncio.Protocol, abc.ABC):
                         self.held += len(data)
                     self.front.write_pending.add(self)
             return
-        del self.parts[req]
         part.status, part.flags, part.value = status, flags, value
         part.payload = bytes(payload) if payload else b""
         part.done = True
@@ -431,7 +437,7 @@ class Conn(asyncio.Protocol, abc.ABC):
             data = b"".join(self.out) if len(self.out) > 1 else self.out[0]
             self.out.clear()
             if self.count_bytes:
-                self.front.my.incr(C_WRITTEN, len(data))
+                self.front.my.words[C_WRITTEN] += len(data)
             t.write(data)
         else:
             self.out.clear()

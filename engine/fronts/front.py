@@ -88,10 +88,14 @@ class Front:
             w = self.owners[queue] = worker_of(queue, self.nworkers)
         return w
 
-    def send(self, worker: int, conn_id: int, req: int, op: int, flags: int, queue: bytes,
+    def send(self, worker: int, conn_id: int, req: int, op: int, flags: int, queue: str | bytes,
              a: int = 0, b: int = 0, payload: bytes = b"") -> bool:
+        """Queue a request on `worker`'s ring.  A queue name is a str inside a process (a worker
+        serving its own client takes it as it is: local.py) and latin-1 bytes on a ring."""
         if worker in self.down_workers:
             return False
+        if queue.__class__ is str:
+            queue = queue.encode("latin-1")
         send(self.req_rings[worker], pack_req(conn_id, req, op, flags, len(queue), a, b) + queue,
              payload)
         self.dirty_rings.add(worker)

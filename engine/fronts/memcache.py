@@ -50,24 +50,6 @@ class MemcacheConn(Conn):
     def reads_blocked(self) -> bool:
         return self.close_with(self.read_refusal(), mr.server_error)
 
-    def first_failure(self, slot: Slot) -> bool:
-        """If any part failed (worker error, protocol violation), make that the reply."""
-        for p in slot.parts:
-            st = p.status
-            if st == R_SERVER_ERROR:
-                slot.out = mr.server_error(p.payload.decode("latin-1", "replace"))
-                slot.close = True
-                return True
-            if st == R_CLIENT_ERROR:
-                slot.out = mr.client_error(p.payload.decode("latin-1", "replace"))
-                slot.close = bool(p.flags & RF_CLOSE)
-                return True
-            if st == R_ERROR:
-                slot.out = mr.ERROR
-                slot.close = bool(p.flags & RF_CLOSE)
-                return True
-        return False
-
     # -- storage ---------------------------------------------------------------------------------
     def on_set(self, cmd: mc.Set) -> None:
         self.store(cmd.queue, cmd.exptime, cmd.noreply, len(cmd.data), cmd.data)
@@ -81,10 +63,12 @@ class MemcacheConn(Conn):
     def store(self, q: str, exptime: int, noreply: bool, size: int, data: bytes | None) -> None:
         """One set: its body whole (`data`), or None when it follows in SetPieces, which go to
         the same worker(s) as they arrive (F_STREAM, then OP_SET_DATA; ipc/bodies.py)."""
-        if self.bad_name(q) or self.writes_blocked():
-            return
         f = self.front
-        f.my.incr(C_SET)
+        if q not in f.valid_names and self.bad_name(q):
+            return
+        if (self.refuse_writes or f.status.blocks_writes()) and self.writes_blocked():
+            return
+        f.my.words[C_SET] += 1
         if exptime == 0:
             expiry = 0
         elif exptime < 1_000_000:
@@ -98,22 +82,24 @@ class MemcacheConn(Conn):
         if dests is None and noreply:
             # nothing to wait for: fire and forget, no slot
             w = f.owner(q)
-            targets = [(w, self.notify(w, OP_SET, flags | F_NOREPLY, q.encode("latin-1"), expiry,
-                                       size, payload))]
-        else:
-            if dests is None:
-                names = (q,)
-                slot = self.new_slot(_finish_stored)
-            else:
-                names = dests
-                slot = self.new_slot(lambda s: _finish_alias_set(self, s, noreply))
-                f.send(f.owner(q), self.id, 0, OP_ALIAS_PUT, 0, q.encode("latin-1"), 1, size)
-            targets = []
-            for d in names:
-                part = self.request(slot, f.owner(d), OP_SET, flags, d.encode("latin-1"), expiry,
-                                    size, payload)
-                targets.append((part.worker, part.req))
+            req = self.notify(w, OP_SET, flags | F_NOREPLY, q, expiry, size, payload)
+            if stream:
+                self.begin_body([(w, req)])
+            return
+        if dests is None:                # the hot path: one queue, one reply
+            slot = self.new_slot(_finish_stored)
+            part = self.request(slot, f.owner(q), OP_SET, flags, q, expiry, size, payload)
             self.seal(slot)
+            if stream:
+                self.begin_body([(part.worker, part.req)])
+            return
+        slot = self.new_slot(_finish_alias_set, call=noreply)
+        f.send(f.owner(q), self.id, 0, OP_ALIAS_PUT, 0, q, 1, size)
+        targets = []
+        for d in dests:
+            part = self.request(slot, f.owner(d), OP_SET, flags, d, expiry, size, payload)
+            targets.append((part.worker, part.req))
+        self.seal(slot)
         if stream:
             self.begin_body(targets)
 
@@ -133,17 +119,16 @@ class MemcacheConn(Conn):
             if not (k.open or k.close or k.abort or k.peek or k.timeout_ms):
                 # the hot path: a plain `get q`
                 q = k.queue
-                if self.bad_name(q):
+                if q not in f.valid_names and self.bad_name(q):
                     return
-                if self.reads_blocked():
+                if (self.refuse_reads or f.status.blocks_reads()) and self.reads_blocked():
                     return
-                f.my.incr(C_GET)
+                f.my.words[C_GET] += 1
                 if f.config.aliases.get(q) is not None:
                     self.reply_now(mr.END)
                     return
-                raw = k.raw
-                slot = self.new_slot(lambda s: _finish_get1(self, s, raw))
-                self.request(slot, f.owner(q), OP_GET, 0, q.encode("latin-1"), -1)
+                slot = self.new_slot(_finish_get1, call=k.raw)
+                self.request(slot, f.owner(q), OP_GET, 0, q, -1)
                 self.seal(slot)
                 return
         for k in keys:
@@ -167,7 +152,7 @@ class MemcacheConn(Conn):
                     plan.append((k, F_CLOSE, -1))
                 for pk, pflags, _ in plan:
                     if pflags is not None:
-                        self.notify(f.owner(pk.queue), OP_GET, pflags, pk.queue.encode("latin-1"), -1)
+                        self.notify(f.owner(pk.queue), OP_GET, pflags, pk.queue, -1)
                 self.reads_blocked()
                 return
             flags = (F_OPEN if k.open else 0) | (F_CLOSE if k.close else 0) | (F_PEEK if k.peek else 0)
@@ -188,15 +173,14 @@ class MemcacheConn(Conn):
             if flags is None:
                 self.reply_now(mr.END)
                 return
-            raw = k.raw
-            slot = self.new_slot(lambda s: _finish_get1(self, s, raw), blocking=blocking)
-            self.request(slot, f.owner(k.queue), OP_GET, flags, k.queue.encode("latin-1"), timeout)
+            slot = self.new_slot(_finish_get1, blocking=blocking, call=k.raw)
+            self.request(slot, f.owner(k.queue), OP_GET, flags, k.queue, timeout)
             self.seal(slot)
             return
         keys = []
 
         def finish(slot):
-            if self.first_failure(slot):
+            if first_failure(slot):
                 return
             out = []
             for raw, p in keys:
@@ -209,7 +193,7 @@ class MemcacheConn(Conn):
             if flags is None:
                 keys.append((k.raw, None))
                 continue
-            p = self.request(slot, f.owner(k.queue), OP_GET, flags, k.queue.encode("latin-1"), timeout)
+            p = self.request(slot, f.owner(k.queue), OP_GET, flags, k.queue, timeout)
             keys.append((k.raw, p))
         self.seal(slot)
 
@@ -229,11 +213,11 @@ class MemcacheConn(Conn):
             return b""
 
         def finish(slot):
-            if not self.first_failure(slot):
+            if not first_failure(slot):
                 slot.out += mr.END
         slot = self.new_slot(finish, stream=stream, blocking=True)
         max_items = cmd.max_items if cmd.max_items is not None else -1
-        self.request(slot, f.owner(q), OP_MONITOR, 0, q.encode("latin-1"), cmd.seconds * 1000, max_items)
+        self.request(slot, f.owner(q), OP_MONITOR, 0, q, cmd.seconds * 1000, max_items)
         self.seal(slot)
 
     def on_confirm(self, cmd: mc.Confirm) -> None:
@@ -245,10 +229,10 @@ class MemcacheConn(Conn):
         def finish(slot):
             if slot.parts[0].status == R_OK:
                 slot.out = mr.END
-            elif not self.first_failure(slot):
+            elif not first_failure(slot):
                 slot.out = mr.ERROR
         slot = self.new_slot(finish)
-        self.request(slot, f.owner(cmd.queue), OP_CONFIRM, 0, cmd.queue.encode("latin-1"), cmd.count)
+        self.request(slot, f.owner(cmd.queue), OP_CONFIRM, 0, cmd.queue, cmd.count)
         self.seal(slot)
 
     # -- delete / flush --------------------------------------------------------------------------
@@ -261,14 +245,14 @@ class MemcacheConn(Conn):
                 self.reply_now(ok)          # aliases and names that cannot exist: a no-op
             return
         if noreply:
-            self.notify(f.owner(queue), op, F_NOREPLY, queue.encode("latin-1"))
+            self.notify(f.owner(queue), op, F_NOREPLY, queue)
             return
 
         def finish(slot):
-            if not self.first_failure(slot):
+            if not first_failure(slot):
                 slot.out = ok
         slot = self.new_slot(finish)
-        self.request(slot, f.owner(queue), op, 0, queue.encode("latin-1"))
+        self.request(slot, f.owner(queue), op, 0, queue)
         self.seal(slot)
 
     def on_delete(self, cmd: mc.Delete) -> None:
@@ -282,7 +266,7 @@ class MemcacheConn(Conn):
             return
 
         def finish(slot):
-            if not self.first_failure(slot):
+            if not first_failure(slot):
                 slot.out = b"" if cmd.noreply else mr.FLUSHED_ALL
         self.broadcast(self.new_slot(finish), OP_FLUSH_ALL)
 
@@ -296,15 +280,15 @@ class MemcacheConn(Conn):
             return
 
         def finish(slot):
-            if not self.first_failure(slot):
+            if not first_failure(slot):
                 slot.out = mr.count_line(slot.parts[0].value)
         slot = self.new_slot(finish)
-        self.request(slot, f.owner(q), OP_FLUSH_EXPIRED, 0, q.encode("latin-1"))
+        self.request(slot, f.owner(q), OP_FLUSH_EXPIRED, 0, q)
         self.seal(slot)
 
     def on_flush_all_expired(self, cmd) -> None:
         def finish(slot):
-            if not self.first_failure(slot):
+            if not first_failure(slot):
                 slot.out = mr.count_line(sum(p.value for p in slot.parts if p.status == R_VALUE))
         self.broadcast(self.new_slot(finish), OP_FLUSH_ALL_EXPIRED)
 
@@ -368,25 +352,45 @@ def _finish_stored(slot: Slot) -> None:
         slot.out = mr.NOT_STORED
 
 
-def _finish_alias_set(conn: MemcacheConn, slot: Slot, noreply: bool) -> None:
-    """STORED only if every destination stored it (§1.3)."""
+def _finish_alias_set(slot: Slot) -> None:
+    """STORED only if every destination stored it (§1.3); `slot.call`: noreply."""
     if any(p.status == R_SERVER_ERROR for p in slot.parts):
-        conn.first_failure(slot)
+        first_failure(slot)
     else:
         slot.out = mr.STORED if all(p.status == R_OK for p in slot.parts) else mr.NOT_STORED
-    if noreply and not slot.close:
+    if slot.call and not slot.close:
         slot.out = b""
 
 
-def _finish_get1(conn: MemcacheConn, slot: Slot, raw: str) -> None:
+def _finish_get1(slot: Slot) -> None:
+    """One key's reply; `slot.call`: the key as the client sent it (echoed in VALUE)."""
     p = slot.parts[0]
     st = p.status
     if st == R_ITEM:
-        slot.out = mr.value_block(raw, p.payload) + mr.END
+        slot.out = mr.value_block(slot.call, p.payload) + mr.END
     elif st == R_END or st == R_EMPTY:
         slot.out = mr.END
     else:
-        conn.first_failure(slot)
+        first_failure(slot)
+
+
+def first_failure(slot: Slot) -> bool:
+    """If any part failed (worker error, protocol violation), make that the reply."""
+    for p in slot.parts:
+        st = p.status
+        if st == R_SERVER_ERROR:
+            slot.out = mr.server_error(p.payload.decode("latin-1", "replace"))
+            slot.close = True
+            return True
+        if st == R_CLIENT_ERROR:
+            slot.out = mr.client_error(p.payload.decode("latin-1", "replace"))
+            slot.close = bool(p.flags & RF_CLOSE)
+            return True
+        if st == R_ERROR:
+            slot.out = mr.ERROR
+            slot.close = bool(p.flags & RF_CLOSE)
+            return True
+    return False
 
 
 _HANDLERS = {

@@ -73,7 +73,7 @@ class LocalFront(Front):
         self.candidates: set[int] = set()          # conn ids that earned a move
         self.handoff_seq = 0
 
-    def send(self, worker: int, conn_id: int, req: int, op: int, flags: int, queue: bytes,
+    def send(self, worker: int, conn_id: int, req: int, op: int, flags: int, queue: str | bytes,
              a: int = 0, b: int = 0, payload: bytes = b"") -> bool:
         streak = self.streak
         if worker == self.local:

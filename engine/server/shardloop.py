@@ -196,22 +196,25 @@ class ShardLoop:
             self.loop.remove_reader(self.cleaner.fileno())
         self.woke()
 
-    def local_request(self, src: int, conn: int, req: int, op: int, flags: int, queue: bytes,
+    def local_request(self, src: int, conn: int, req: int, op: int, flags: int, queue: str | bytes,
                       a: int, b: int, payload) -> None:
-        """A request from this worker's own client: run it now; its reply leaves with the batch."""
+        """A request from this worker's own client: run it now; its reply leaves with the batch.
+        The connection's queue name comes as it was parsed (str), never encoded for a ring."""
         if self.closed_conns and self.void_after_close(src, conn, op, flags):
             return
         try:
-            self.execute(src, conn, req, op, flags, queue.decode("latin-1"), a, b, payload)
+            self.execute(src, conn, req, op, flags,
+                         queue if queue.__class__ is str else queue.decode("latin-1"), a, b, payload)
         except Exception as e:   # one bad request must not take the shard down
             self.request_failed(src, conn, req, queue, e)
-        self.schedule_turn()
+        if not self.turn_scheduled:
+            self.schedule_turn()
 
-    def request_failed(self, src: int, conn: int, req: int, queue: bytes, e: Exception) -> None:
+    def request_failed(self, src: int, conn: int, req: int, queue: str | bytes, e: Exception) -> None:
         """Answer a request that raised with SERVER_ERROR and close its connection.  An OSError
         (a full disk, an I/O error) is logged with its file; the reply carries the errno's text
         and the queue name, never a server path."""
-        name = queue.decode("latin-1")
+        name = queue if queue.__class__ is str else queue.decode("latin-1")
         if isinstance(e, OSError):
             log.error("worker %d: queue %r: %s", self.index, name, e)
             why = describe_os_error(e, name).encode("latin-1", "replace")

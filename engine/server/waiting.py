@@ -79,10 +79,20 @@ class Waiting:
         elif not flags & F_PEEK and opens:
             self.reply(src, conn, req, R_ERROR, RF_CLOSE)
             return
-        p = Pending(src, conn, req, queue, flags)
-        if self.try_fetch(p):
-            return
+        if not flags:
+            # a plain get, the common request: a Pending only if it has to wait
+            coll.undo.ctx = (src, conn, req)
+            item = coll.remove(queue)
+            if item is not None:
+                self.reply(src, conn, req, R_ITEM, 0, 0, item.data)
+                return
+            p = None
+        else:
+            p = Pending(src, conn, req, queue, flags)
+            if self.try_fetch(p):
+                return
         if timeout > 0:
+            p = p or Pending(src, conn, req, queue, flags)
             p.deadline_ms = self.clock.now_ms() + timeout
             self.park(p)
         else:

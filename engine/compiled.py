@@ -1,0 +1,12 @@
+"""Which modules setup.py compiles with Cython (pure-Python mode: the same .py files, no second
+copy of the logic).  Each earned its place by a measured gain in CPU per request
+(perf/README.md, "Compiled hot path"); a module that tests monkeypatch, or whose classes must stay
+plain Python (async code, classes tests subclass or patch), stays out.
+
+`LANNER_REQUIRE_COMPILED=1` makes tests/test_compiled.py fail when any of them was loaded from
+its .py file, i.e. when the build silently fell back to pure Python."""
+
+HOT_MODULES = (
+    "lanner.protocols.stream",       # with stream.pxd: the parsers' buffer and state as C fields
+    "lanner.protocols.memcache",     # with memcache.pxd: MemcacheParser a C type, next() typed
+)

@@ -1,0 +1,213 @@
+"""The request hot path in one process, without sockets: CPU per request that the neighbours
+on a shared box cannot blur.
+
+`python -m lanner.perf.hotloop [-n REQUESTS] [-c CONNS] [-i BYTES] [-r DEPTH] [--rounds N]`
+builds one real worker (journal storage in a temporary folder) with its own front
+(server/local.py), opens CONNS memcache connections on fake transports, and then, turn after
+turn, gives every connection DEPTH requests (`set` and `get` alternating on one queue, like
+`mixed`), runs one iteration of the worker's uvloop loop (the turn's journal write, the
+replies) and checks every reply.  Everything a request costs in the server process is in the
+figure (parser, connection, routing, queue, journal `os.write`) except the socket syscalls
+and epoll.  It prints CPU µs per request (process time, the best of the rounds) and which
+lanner modules are compiled (setup.py).
+
+Process time still moves by 10-30 % on a box whose other cores are busy (shared caches), so
+`--callgrind` counts instructions instead: it runs this benchmark twice under valgrind's
+callgrind (N/5 and N requests) and divides the difference by the extra requests, which cancels
+the start-up.  The count is the same from run to run to within a fraction of a percent.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from lanner.config import load_config
+from lanner.fronts.counters import FRONT_COUNTERS
+from lanner.fronts.memcache import MemcacheConn
+from lanner.ipc.mesh import Mesh, Peers
+from lanner.ipc.shm import CounterBlock
+from lanner.server.local import attach_front
+from lanner.server.status import ServerStatus
+from lanner.server.worker import Worker
+
+QUEUE = "hot"
+
+
+class NullTransport:
+    """What a connection needs of an asyncio transport; keeps the bytes written."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def set_write_buffer_limits(self, high=None, low=None) -> None:
+        pass
+
+    def get_extra_info(self, name, default=None):
+        return default
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def is_closing(self) -> bool:
+        return False
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def close(self) -> None:
+        raise AssertionError("the server closed a benchmark connection")
+
+    def abort(self) -> None:
+        """The worker's shutdown drops its connections."""
+
+
+class Rig:
+    """One worker serving its own clients, in this process."""
+
+    def __init__(self, folder: str, conns: int) -> None:
+        self.config = load_config(None, {"queue_path": os.path.join(folder, "q"),
+                                         "status_file": os.path.join(folder, "status")})
+        os.makedirs(self.config.server.queue_path, exist_ok=True)
+        peers = Peers(1, 0, embedded=True)
+        self.mesh = Mesh(peers)
+        status = ServerStatus.create(bytearray(ServerStatus.SIZE), self.config.server.status_file,
+                                     "Up", _Clock())
+        counters = CounterBlock.create(peers.slots, FRONT_COUNTERS)
+        inbound, outbound = self.mesh.worker_rings(0)
+        self.sup, worker_end = socket.socketpair()
+        self.worker = w = Worker(0, 1, self.config, status, inbound, outbound,
+                                 self.mesh.worker_wake[0].fd, worker_end, None,
+                                 nfronts=peers.slots, peers=peers)
+        w.boot()
+        req, resp = self.mesh.front_rings(0)
+        attach_front(w, (0, req, resp, self.mesh.front_wake[0].fd, {}, counters, time.time(), None),
+                     worker_end)
+        w.open_loop()
+        self.conns = []
+        for _ in range(conns):
+            c = MemcacheConn(w.front)
+            c.connection_made(NullTransport())
+            self.conns.append(c)
+
+    def turn(self) -> None:
+        """One iteration of the worker's loop: what the requests scheduled (the batch's end)."""
+        loop = self.worker.loop
+        loop.call_soon(loop.stop)
+        loop.run_forever()
+
+    def close(self) -> None:
+        self.worker.shutdown()
+        self.sup.close()
+
+
+class _Clock:
+    """ServerStatus only asks for the time of day."""
+
+    @staticmethod
+    def now_ms() -> int:
+        return int(time.time() * 1000)
+
+    @staticmethod
+    def monotonic() -> float:
+        return time.monotonic()
+
+
+def run(requests: int, conns: int, size: int, depth: int) -> float:
+    """CPU µs per request for `requests` requests; raises if a reply is wrong."""
+    with tempfile.TemporaryDirectory(prefix="lanner-hotloop-") as folder:
+        rig = Rig(folder, conns)
+        try:
+            data = os.urandom(size // 2).hex().encode()[:size].ljust(size, b"x")
+            set_req = b"set %s 0 0 %d\r\n%s\r\n" % (QUEUE.encode(), size, data)
+            get_req = b"get %s\r\n" % QUEUE.encode()
+            pair = set_req + get_req
+            want = (b"STORED\r\n" + b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (QUEUE.encode(), size, data))
+            per_turn = conns * depth
+            turns = max(1, requests // per_turn)
+            # depth requests per connection per turn: sets and gets alternate, every get finds
+            # the item the set before it stored
+            chunk = pair * (depth // 2)
+            rig.turn()
+            t0 = time.process_time()
+            for _ in range(turns):
+                for c in rig.conns:
+                    c.data_received(chunk)
+                rig.turn()
+            cpu = time.process_time() - t0
+            for c in rig.conns:
+                out = b"".join(c.transport.written)
+                expect = want * (turns * depth // 2)
+                if out != expect:
+                    raise AssertionError("wrong replies: %r..." % out[:200])
+            return cpu / (turns * per_turn) * 1e6
+        finally:
+            rig.close()
+
+
+def compiled_modules() -> list[str]:
+    """The lanner modules this interpreter loaded from a compiled extension."""
+    # imported here: setup.py's list is the one place that names them, and this module
+    # must not need setuptools to run
+    from lanner.compiled import HOT_MODULES
+    out = []
+    for name in HOT_MODULES:
+        mod = importlib.import_module(name)
+        if not mod.__file__.endswith(".py"):
+            out.append(name)
+    return out
+
+
+def instructions(args: list[str], requests: int) -> int:
+    """Instructions this benchmark executes for `requests` requests, start-up included."""
+    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-m",
+           "lanner.perf.hotloop", "-n", str(requests), "--rounds", "1", *args]
+    env = dict(os.environ, PYTHONHASHSEED="0")      # the same dict layouts in both runs
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
+    m = re.search(r"Collected\s*:\s*(\d+)", done.stderr)
+    if m is None:
+        raise RuntimeError("callgrind printed no count: " + done.stderr[-500:])
+    return int(m.group(1))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lanner.perf.hotloop", description=__doc__.split("\n\n")[0])
+    p.add_argument("-n", "--requests", type=int, default=200_000)
+    p.add_argument("-c", "--concurrency", type=int, default=10)
+    p.add_argument("-i", "--item-size", type=int, default=1024)
+    p.add_argument("-r", "--depth", type=int, default=2, help="requests per connection per turn (even)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--callgrind", action="store_true",
+                   help="count instructions per request under valgrind instead of timing")
+    a = p.parse_args(argv)
+    if a.depth < 2 or a.depth % 2:
+        p.error("--depth must be an even number >= 2 (set, get pairs)")
+    if a.callgrind:
+        same = ["-c", str(a.concurrency), "-i", str(a.item_size), "-r", str(a.depth)]
+        small = max(a.requests // 5, a.concurrency * a.depth)
+        per = (instructions(same, a.requests) - instructions(same, small)) / (a.requests - small)
+        print("hotloop: %d conns, %d B, %d per turn each: %.0f instructions/request (callgrind); "
+              "compiled: %s" % (a.concurrency, a.item_size, a.depth, per,
+                                ", ".join(compiled_modules()) or "none"))
+        return 0
+    best = min(run(a.requests, a.concurrency, a.item_size, a.depth) for _ in range(a.rounds))
+    comp = compiled_modules()
+    print("hotloop: %d requests, %d conns, %d B, %d per turn each: %.2f CPU µs/request; compiled: %s"
+          % (a.requests, a.concurrency, a.item_size, a.depth, best, ", ".join(comp) or "none"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,17 @@
+# C types for the compiled build of memcache.py (setup.py, engine/compiled.py); the .py is the
+# code, this file only declares.
+from lanner.protocols.stream cimport StreamParser
+
+cdef class MemcacheParser(StreamParser):
+    cdef public object item_limit
+    cdef public object stream_over
+    cdef public Py_ssize_t _need
+    cdef public object _set
+    cdef public object _after
+
+    @cython.locals(buf=bytearray, state=int, need=Py_ssize_t, n=Py_ssize_t)
+    cpdef object next(self)
+    cpdef object _line(self, bytes line)
+    cpdef object _storage(self, bytes word, list toks)
+    cpdef object _skip(self, Py_ssize_t n, object after)
+    cpdef object _stop(self, object cmd)

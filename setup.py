@@ -1,0 +1,77 @@
+"""Build step for the compiled hot path; everything else about the package is in pyproject.toml.
+
+The modules named in engine/compiled.py are compiled by Cython in pure-Python mode: the same .py
+files, no second copy of the logic, so the package works unchanged where they are not compiled.
+`pip install -e .` puts the extensions next to their sources (the import system prefers them to
+the .py), a wheel carries both.  Without Cython or a C compiler the install still succeeds, in
+pure Python, with one warning; tests/test_compiled.py (with LANNER_REQUIRE_COMPILED=1, as in
+CI) fails if that happened where it must not.
+"""
+import os
+import runpy
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# the one place that maps import names to folders is pyproject.toml's package-dir; these are
+# its top-level entries, longest first, so the most specific prefix wins
+PACKAGE_DIRS = (("lanner.protocols", "protocols"), ("lanner.perf", "perf"), ("lanner", "engine"))
+WARNING = ("lanner: the compiled hot path was not built (%s); installing pure Python, which "
+           "serves the same bytes with more CPU per request")
+
+
+def source_of(module: str) -> str:
+    """engine/fronts/conn.py for lanner.fronts.conn (the package-dir mapping)."""
+    for prefix, folder in PACKAGE_DIRS:
+        if module == prefix or module.startswith(prefix + "."):
+            rest = module[len(prefix):].lstrip(".").split(".")
+            return os.path.join(folder, *rest) + ".py"
+    raise ValueError("not a lanner module: " + module)
+
+
+def hot_modules() -> tuple[str, ...]:
+    return runpy.run_path(os.path.join(HERE, "engine", "compiled.py"))["HOT_MODULES"]
+
+
+def extensions() -> list:
+    try:
+        from Cython.Build import cythonize
+    except ImportError as e:
+        print("WARNING: " + WARNING % ("Cython is missing: %s" % e), file=sys.stderr)
+        return []
+    exts = [Extension(m, [source_of(m)]) for m in hot_modules()]
+    return cythonize(exts, build_dir=os.path.join("build", "cython"), quiet=True,
+                     compiler_directives={
+                         "language_level": 3,
+                         # type hints document, they do not convert: a `bytes` hint must still
+                         # take the memoryview a ring hands over, as the .py does
+                         "annotation_typing": False,
+                         "binding": True,           # methods and functions introspect as in Python
+                     })
+
+
+class OptionalBuildExt(build_ext):
+    """Compile what can be compiled; a missing compiler or header is one warning, not a failure."""
+
+    def run(self):
+        try:
+            super().run()
+        except Exception as e:      # no compiler at all (DistutilsPlatformError and kin)
+            self.announce_failure(e)
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except Exception as e:      # CompileError, LinkError: this module stays pure Python
+            self.announce_failure(e)
+
+    def announce_failure(self, e: Exception) -> None:
+        if not getattr(self, "_warned", False):
+            self._warned = True
+            print("WARNING: " + WARNING % ("%s: %s" % (type(e).__name__, e)), file=sys.stderr)
+
+
+if __name__ == "__main__":          # as setuptools runs it; tests import the helpers above
+    setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

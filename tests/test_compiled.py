@@ -1,0 +1,64 @@
+"""The compiled hot path (setup.py, engine/compiled.py): built where it must be, never stale, and
+optional where no compiler is."""
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lanner.compiled import HOT_MODULES
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def loaded_from(name: str) -> Path:
+    return Path(importlib.import_module(name).__file__)
+
+
+@pytest.mark.skipif(os.environ.get("LANNER_REQUIRE_COMPILED") != "1",
+                    reason="LANNER_REQUIRE_COMPILED=1 (CI) requires the compiled build")
+@pytest.mark.parametrize("name", HOT_MODULES)
+def test_hot_module_is_compiled(name):
+    """CI installs with a compiler: a module that silently fell back to pure Python fails here."""
+    path = loaded_from(name)
+    assert path.suffix == ".so", f"{name} was loaded from {path.name}, not from its compiled build"
+
+
+@pytest.mark.parametrize("name", HOT_MODULES)
+def test_compiled_module_is_not_older_than_its_source(name):
+    """An editable install leaves the extension next to the .py, and the import system prefers
+    it: after an edit, the old build would run until `pip install -e .` is run again."""
+    path = loaded_from(name)
+    if path.suffix != ".so":
+        return                      # pure Python: the source is what runs
+    stem = path.name.split(".")[0]
+    for src in (path.with_name(stem + ".py"), path.with_name(stem + ".pxd")):
+        if src.exists():
+            assert path.stat().st_mtime >= src.stat().st_mtime, \
+                f"{path.name} is older than {src.name}: run `pip install -e .` again"
+
+
+def test_setup_lists_only_existing_sources():
+    sys.path.insert(0, str(ROOT))
+    try:
+        setup = importlib.import_module("setup")
+    finally:
+        sys.path.remove(str(ROOT))
+    for name in HOT_MODULES:
+        assert (ROOT / setup.source_of(name)).is_file(), name
+    assert setup.source_of("lanner.protocols.memcache") == os.path.join("protocols", "memcache.py")
+    assert setup.source_of("lanner.fronts.conn") == os.path.join("engine", "fronts", "conn.py")
+    assert setup.source_of("lanner.perf.hotloop") == os.path.join("perf", "hotloop.py")
+
+
+def test_without_a_compiler_the_build_warns_once_and_succeeds(tmp_path):
+    pytest.importorskip("Cython")
+    env = dict(os.environ, CC="false", LDSHARED="false")      # every compile fails
+    done = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--build-lib",
+                           str(tmp_path / "lib"), "--build-temp", str(tmp_path / "tmp")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stderr.count("WARNING: lanner: the compiled hot path was not built") == 1, done.stderr
+    assert not list((tmp_path / "lib").rglob("*.so"))
