@@ -85,6 +85,8 @@ class QueueConfig:
     disable_aggressive_rewrites: bool = False
     open_transaction_timeout: int | None = None
     storage: str = "journal"                # "journal" | "cmdlog"
+    white_list_client_id_for_enqueue: str | None = None     # §5.12: only this thrift client id adds
+    white_list_client_id_for_dequeue: str | None = None     # ... and removes
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +216,8 @@ class Config:
     path: str | None = None
     zookeeper: ZooKeeperConfig | None = None
     _resolved: Mapping[str, QueueConfig] = field(init=False, repr=False, compare=False)
+    #: whether any queue has a client-id whitelist: the fronts' hot paths look only at this
+    has_whitelists: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         overrides = _freeze_overrides(self.queue_overrides)
@@ -230,6 +234,9 @@ class Config:
                 master = resolved.get(name[:plus], self.default)
                 resolved[name] = dataclasses.replace(master, **fields)
         object.__setattr__(self, "_resolved", FrozenMap(resolved))
+        object.__setattr__(self, "has_whitelists", any(
+            qc.white_list_client_id_for_enqueue is not None or qc.white_list_client_id_for_dequeue is not None
+            for qc in (self.default, *resolved.values())))
 
     def queue_config(self, name: str) -> QueueConfig:
         """Resolved config of queue `name` (default -> master -> child, §7.2)."""

@@ -289,6 +289,8 @@ QUEUE_FIELDS: dict[str, Checker] = {
     "disable_aggressive_rewrites": _bool,
     "open_transaction_timeout": _duration(optional=True),
     "storage": _choice("journal", "cmdlog"),
+    "white_list_client_id_for_enqueue": _optional(_text),
+    "white_list_client_id_for_dequeue": _optional(_text),
 }
 
 SERVER_FIELDS: dict[str, Checker] = {

@@ -473,6 +473,29 @@ class Conn(asyncio.Protocol, abc.ABC):
         f.valid_names.add(queue)
         return None
 
+    def whitelist_refusal(self, queues, op: str, client_id: str | None = None) -> str | None:
+        """Why Kestrel's client-id whitelists (reference §5.12) refuse `op` ("add" or
+        "remove") on any of `queues`, or None.  Only a thrift call's TTwitter header carries a
+        client id, so memcache and text callers (None) never pass a whitelist.  The enqueue
+        list of a fanout child is not checked: its master's add is the one that counts."""
+        cfg = self.front.config
+        for q in queues:
+            qc = cfg.queue_config(q)
+            if op == "add":
+                allowed = None if "+" in q else qc.white_list_client_id_for_enqueue
+                verb = "enqueue to"
+            else:
+                allowed = qc.white_list_client_id_for_dequeue
+                verb = "dequeue from"
+            if allowed is None or client_id == allowed:
+                continue
+            if client_id is None:
+                why = f"ClientId not specified when queue {q} only allows a white-listed clientId"
+            else:
+                why = f"ClientId {client_id} is not allowed to {verb} queue {q}"
+            return f"The operation {op} is disallowed on queue {q}. {why}"
+        return None
+
     def stats_slot(self, finish_bytes, names=None) -> None:
         """Ask every worker (or the owners of `names`) for stats and let finish_bytes format them."""
         f = self.front

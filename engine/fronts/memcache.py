@@ -50,6 +50,15 @@ class MemcacheConn(Conn):
     def reads_blocked(self) -> bool:
         return self.close_with(self.read_refusal(), mr.server_error)
 
+    def not_listed(self, queue: str, op: str) -> bool:
+        """A client-id whitelist on the queue (or an alias's destinations) refuses `op`: memcache
+        callers carry no client id, so this is SERVER_ERROR and a close, like any
+        AvailabilityException (§1.2)."""
+        names = (queue,)
+        if op == "add":
+            names = self.front.config.aliases.get(queue) or names
+        return self.close_with(self.whitelist_refusal(names, op), mr.server_error)
+
     # -- storage ---------------------------------------------------------------------------------
     def on_set(self, cmd: mc.Set) -> None:
         self.store(cmd.queue, cmd.exptime, cmd.noreply, len(cmd.data), cmd.data)
@@ -67,6 +76,8 @@ class MemcacheConn(Conn):
         if q not in f.valid_names and self.bad_name(q):
             return
         if (self.refuse_writes or f.status.blocks_writes()) and self.writes_blocked():
+            return
+        if f.config.has_whitelists and self.not_listed(q, "add"):
             return
         f.my.words[C_SET] += 1
         if exptime == 0:
@@ -106,6 +117,8 @@ class MemcacheConn(Conn):
     def on_set_refused(self, cmd: mc.SetRefused) -> None:
         if self.bad_name(cmd.queue) or self.writes_blocked():
             return
+        if self.front.config.has_whitelists and self.not_listed(cmd.queue, "add"):
+            return
         self.front.my.incr(C_SET)
         if not cmd.noreply:
             self.reply_now(mr.NOT_STORED)
@@ -122,6 +135,8 @@ class MemcacheConn(Conn):
                 if q not in f.valid_names and self.bad_name(q):
                     return
                 if (self.refuse_reads or f.status.blocks_reads()) and self.reads_blocked():
+                    return
+                if f.config.has_whitelists and self.not_listed(q, "remove"):
                     return
                 f.my.words[C_GET] += 1
                 if f.config.aliases.get(q) is not None:
@@ -145,7 +160,10 @@ class MemcacheConn(Conn):
                 f.my.incr(C_PEEK if k.peek else C_GET)
                 plan.append((k, None, 0))        # alias: always empty
                 continue
-            if fetching and self.read_refusal() is not None:
+            refusal = self.read_refusal() if fetching else None
+            if refusal is None and fetching and not k.peek and f.config.has_whitelists:
+                refusal = self.whitelist_refusal((k.queue,), "remove")
+            if refusal is not None:
                 # Closes and aborts before the status check still happen (Kestrel's order);
                 # their END is not written: the reply is the availability error alone.
                 if k.close:
@@ -153,7 +171,7 @@ class MemcacheConn(Conn):
                 for pk, pflags, _ in plan:
                     if pflags is not None:
                         self.notify(f.owner(pk.queue), OP_GET, pflags, pk.queue, -1)
-                self.reads_blocked()
+                self.close_with(refusal, mr.server_error)
                 return
             flags = (F_OPEN if k.open else 0) | (F_CLOSE if k.close else 0) | (F_PEEK if k.peek else 0)
             if fetching:
@@ -203,6 +221,8 @@ class MemcacheConn(Conn):
         if self.bad_name(q) or self.reads_blocked():
             return
         f = self.front
+        if f.config.has_whitelists and self.not_listed(q, "remove"):
+            return
         if f.config.aliases.get(q) is not None or cmd.seconds <= 0:
             self.reply_now(mr.END)
             return
@@ -240,6 +260,8 @@ class MemcacheConn(Conn):
         if self.writes_blocked():
             return
         f = self.front
+        if op == OP_FLUSH and f.config.has_whitelists and self.not_listed(queue, "remove"):
+            return              # a flush is removes (Kestrel: `while (remove().isDefined)`)
         if f.config.aliases.get(queue) is not None or self.check_name(queue) is not None:
             if not noreply:
                 self.reply_now(ok)          # aliases and names that cannot exist: a no-op

@@ -36,16 +36,30 @@ class TextConn(Conn):
     def bad_name(self, queue: str) -> bool:
         return self.close_with(self.check_name(queue), tx.error)
 
-    def refused(self, queue: str, refusal, op_name: str) -> bool:
+    def refused(self, queue: str, refusal, op_name: str, listed_op: str | None = None) -> bool:
         """Whether the command ends here: a bad queue name closes the connection; a refused
         read or write (`refusal`: read_refusal or write_refusal) answers Kestrel's error for the
-        handler `op_name`, and the connection stays."""
+        handler `op_name`, and the connection stays; so does a client-id whitelist refusing
+        the queue operation `listed_op` ("add" or "remove"; text callers have no client id)."""
         if self.bad_name(queue):
             return True
         if refusal() is not None:
             self.reply_now(_blocked(op_name))
             return True
-        return False
+        return listed_op is not None and self.not_listed(queue, listed_op)
+
+    def not_listed(self, queue: str, op: str) -> bool:
+        f = self.front
+        if not f.config.has_whitelists:
+            return False
+        names = (queue,)
+        if op == "add":
+            names = f.config.aliases.get(queue) or names
+        reason = self.whitelist_refusal(names, op)
+        if reason is None:
+            return False
+        self.reply_now(tx.error(reason))
+        return True
 
     def failure(self, slot: Slot) -> bool:
         """A worker failure becomes an error line; if the worker said RF_CLOSE (it rolled the
@@ -60,7 +74,7 @@ class TextConn(Conn):
     # -- commands --------------------------------------------------------------------------------
     def on_put(self, cmd: tx.Put) -> None:
         q = cmd.queue
-        if self.refused(q, self.write_refusal, "setItem"):
+        if self.refused(q, self.write_refusal, "setItem", "add"):
             return
         f = self.front
         f.my.incr(C_SET, len(cmd.items))
@@ -91,7 +105,7 @@ class TextConn(Conn):
         self.seal(slot)
 
     def fetch(self, queue: str, flags: int, timeout: int | None, counter: int, op_name: str) -> None:
-        if self.refused(queue, self.read_refusal, op_name):
+        if self.refused(queue, self.read_refusal, op_name, None if flags & F_PEEK else "remove"):
             return
         f = self.front
         f.my.incr(counter)
@@ -123,7 +137,7 @@ class TextConn(Conn):
 
     def on_monitor(self, cmd: tx.Monitor) -> None:
         q = cmd.queue
-        if self.refused(q, self.read_refusal, "monitorUntil"):
+        if self.refused(q, self.read_refusal, "monitorUntil", "remove"):
             return
         f = self.front
         if f.config.aliases.get(q) is not None:
@@ -166,6 +180,8 @@ class TextConn(Conn):
         if f.config.aliases.get(queue) is not None or self.check_name(queue) is not None:
             self.reply_now(tx.count(0))
             return
+        if op == OP_FLUSH and self.not_listed(queue, "remove"):
+            return              # a flush is removes (Kestrel: `while (remove().isDefined)`)
 
         def finish(slot):
             if not self.failure(slot):

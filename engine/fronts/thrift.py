@@ -22,6 +22,7 @@ from lanner.ipc.messages import (F_THRIFT, OP_DELETE, OP_FLUSH, OP_FLUSH_ALL, OP
                        R_SERVER_ERROR, R_VALUE)
 
 _AVAIL = "net.lag.kestrel.AvailabilityException: Server not available for operation %s"
+_UNLISTED = "net.lag.kestrel.AvailabilityException: "
 _UNLIMITED = 1 << 62
 _STATUS_OUT = {"Up": th.STATUS_UP, "ReadOnly": th.STATUS_READ_ONLY, "Quiescent": th.STATUS_QUIESCENT}
 _STATUS_IN = {th.STATUS_UP: "up", th.STATUS_READ_ONLY: "readonly", th.STATUS_QUIESCENT: "quiescent"}
@@ -83,6 +84,21 @@ class ThriftConn(Conn):
         self.fail(call, "java.lang.Exception: " + reason)
         return False
 
+    def not_listed(self, call, queue: str, op: str) -> bool:
+        """A client-id whitelist refuses `op` on the queue (or an alias's destinations) for this
+        call's client id (its TTwitter header's, or none): INTERNAL_ERROR, connection kept."""
+        f = self.front
+        if not f.config.has_whitelists:
+            return False
+        names = (queue,)
+        if op == "add":
+            names = f.config.aliases.get(queue) or names
+        reason = self.whitelist_refusal(names, op, call.client_id)
+        if reason is None:
+            return False
+        self.fail(call, _UNLISTED + reason)
+        return True
+
     def do_put(self, call) -> None:
         q = call.args["queue_name"]
         items = call.args["items"]
@@ -93,7 +109,7 @@ class ThriftConn(Conn):
         if not items:
             self.reply(call, 0)
             return
-        if not self.queue_ok(call, q):
+        if not self.queue_ok(call, q) or self.not_listed(call, q, "add"):
             return
         f.my.incr(C_SET, len(items))
         ms = call.args["expiration_msec"]
@@ -131,6 +147,8 @@ class ThriftConn(Conn):
         if not self.queue_ok(call, q):
             return
         max_items = a["max_items"]
+        if max_items != 0 and self.not_listed(call, q, "remove"):
+            return
         if max_items == 0 or f.config.aliases.get(q) is not None:
             self.reply(call, [])
             return
@@ -191,6 +209,8 @@ class ThriftConn(Conn):
         if f.config.aliases.get(q) is not None or self.check_name(q) is not None:
             self.reply(call, None)
             return
+        if op == OP_FLUSH and self.not_listed(call, q, "remove"):
+            return              # a flush is removes (Kestrel: `while (remove().isDefined)`)
         slot = self.call_slot(call, lambda s: None)
         self.request(slot, f.owner(q), op, 0, q.encode("latin-1"))
         self.seal(slot)
