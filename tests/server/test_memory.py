@@ -5,7 +5,8 @@ benchmark (`python -m lanner.perf memory`); these are the cheap rules behind it:
   supervisor imports nothing the server does not need (the `crc32c` package's own
   __init__ and prometheus-client cost about 4 MB of heap together);
 * read-behind keeps a queue's items in memory within `max_memory_size` whatever the
-  backlog, and serves the rest from disk in order.
+  backlog, and serves the rest from disk in order;
+* memory that held a backlog goes back to the OS once the backlog is read.
 """
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ import sys
 import zlib
 
 import crc32c as crc32c_package
+import psutil
 
 from lanner.storage.cmdlog.crc import crc32c
-from tests.helpers import start_server
+from tests.helpers import start_server, wait_for
 from tests.server.conftest import Client
 
 # Modules no server process needs before it forks: prometheus-client only renders a scrape
@@ -90,5 +92,45 @@ def test_read_behind_keeps_a_backlog_out_of_memory(tmp_path):
                 assert s["mem_bytes"] <= limit + size, s
         assert seen == list(range(n))
         assert stats_of(c, "rb")["items"] == 0
+    finally:
+        assert h.stop() == 0
+
+
+def private_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        return sum(int(line.split()[1]) for line in f
+                   if line.startswith(("Private_Clean:", "Private_Dirty:")))
+
+
+def worker_pids(h) -> list[int]:
+    return [p.pid for p in psutil.Process(h.proc.pid).children() if p.name().startswith("lanner-w")]
+
+
+def test_a_drained_backlog_gives_its_memory_back(tmp_path):
+    """20 MB of items held in memory (below max_memory_size), then all read: the worker
+    that held them returns the heap to the OS within a few seconds (heaptrim.py).  Before,
+    glibc kept it all: the worker stayed ~20 MB above where it started, for its life."""
+    size, n = 1024, 20_000
+    h = start_server(tmp_path, layout="embedded")
+    try:
+        pids = worker_pids(h)
+        assert len(pids) == 2
+        before = max(private_kb(p) for p in pids)
+        c = Client(h.connect())
+        batch = 200
+        for start in range(0, n, batch):
+            c.send(b"".join(b"set mb 0 0 %d\r\n%s\r\n" % (size, b"%08d" % i + b"-" * (size - 8))
+                            for i in range(start, start + batch)))
+            for _ in range(batch):
+                assert c.recv_until(b"\r\n") == b"STORED\r\n"
+        full = max(private_kb(p) for p in pids)
+        assert full >= before + 16_000, (before, full)       # the items really are in memory
+        for start in range(0, n, batch):
+            c.send(b"get mb\r\n" * batch)
+            for _ in range(batch):
+                assert c.recv_until(b"END\r\n").startswith(b"VALUE mb 0 %d\r\n" % size)
+        assert stats_of(c, "mb")["items"] == 0
+        assert wait_for(lambda: max(private_kb(p) for p in pids) <= before + 6_000, timeout=20), \
+            (before, full, [private_kb(p) for p in pids])
     finally:
         assert h.stop() == 0
