@@ -5,7 +5,8 @@ supervisor and its children are split between them instead of counted once per p
 the server's processes on this machine (--start, --server-pid, or a local listener).  Items are
 read back with their payloads checked, so a lost or mangled item fails the run.
 
-Each step's row also splits PSS by process role (w workers, c cleaner, s supervisor, ...) and
+After the drain, `--settle` seconds later, one more row ("settled") shows what the server
+keeps once the backlog is gone.  Each step's row also splits PSS by process role (w workers, c cleaner, s supervisor, ...) and
 carries the queue's `mem_items`/`mem_bytes`, which show read-behind at work (they stay at
 `max_memory_size` while the backlog grows past it).  Step samples alone miss short-lived
 processes (the cleaner forks one per journal pack) and whatever happens between steps, so a
@@ -15,6 +16,7 @@ largest total it saw, with that moment's per-process figures.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 
 import psutil
@@ -38,6 +40,9 @@ def add_arguments(p) -> None:
     g.add_argument("--steps", type=int_list, help="backlog sizes to measure at (default: 0, 1024, 2048, ... N)")
     add_options(g, queue="db_bench", no_flush=True)
     g.add_argument("--poll", type=float, default=0.25, help="seconds between peak-PSS polls (default 0.25)")
+    g.add_argument("--settle", type=float, default=7.0,
+                   help="seconds to wait after the drain before a last sample (default 7; a worker "
+                        "hands a drained backlog's heap back within about 5 s)")
 
 
 def steps(n: int) -> list[int]:
@@ -125,6 +130,9 @@ def _grow_and_drain(args, ctx, report: Report, levels: list[int], size: int, sam
         report.check(f"drain to {level}: no misses", res["misses"] == 0, f"{res['misses']} gets found the queue empty")
         current = level
         sample("drain", level, row)
+    if args.settle > 0:
+        time.sleep(args.settle)          # a benchmark's wait, not a test's: memory given back is the figure
+        sample("settled", current, None)
 
 
 @dataclass(slots=True)
