@@ -28,7 +28,7 @@ from lanner import __version__
 from lanner.fronts.conn import Conn
 from lanner.protocols import admin
 
-from . import latency, metrics, ostrich, procs
+from . import latency, ostrich, procs
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +125,9 @@ def handle(conn: Conn, routed: str, req) -> bool:
 
 
 def _metrics(conn, req, keep):
+    # lazy: metrics.py loads prometheus-client (2+ MB per server); the supervisor imports this
+    # module before it forks, and only the process that answers a scrape needs the client
+    from lanner.ops import metrics
     f = conn.front
     status, lat = _status(f), latency.read(f.counters)
 

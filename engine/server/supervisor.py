@@ -186,6 +186,10 @@ class Supervisor:
             self.heartbeats.stamp(slot, self.clock.monotonic())
         if self.mesh is not None:
             self.mesh.discard_unread(kind, index)
+        # Move everything alive now out of the collector's reach before forking (CPython's gc
+        # docs, Instagram, gunicorn): a full collection in this process later would write into
+        # the header of every object and so copy every page the children share with it.
+        gc.freeze()
         pid = self.fork_child(kind, index, child_sock, parent_sock)
         child_sock.close()
         if child.sock is not None:

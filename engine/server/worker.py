@@ -56,6 +56,7 @@ from lanner.storage.factory import StorageFactory
 from lanner.storage.syncer import Syncer
 from lanner.storage.writer import Writer
 from lanner.server.exits import EXIT_BOOT_ERROR, EXIT_OK, EXIT_UNSAVED
+from lanner.server.heaptrim import HeapTrim
 from lanner.server.heartbeat import MAX_BEAT_INTERVAL
 from lanner.server.local import attach_front
 from lanner.server.commit import GroupCommit
@@ -102,6 +103,7 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         self.heart = heart
         self.beat_interval = heart.interval if heart is not None else MAX_BEAT_INTERVAL
         self.next_beat = 0.0
+        self.heap_trim = HeapTrim()      # a drained backlog's heap goes back to the OS (heaptrim.py)
         self.ctl_reader = control.Reader(control_sock)
         self.cleaner_reader = control.Reader(cleaner_sock) if cleaner_sock is not None else None
         self.rings = [(src, r) for src, r in enumerate(inbound) if r is not None]
@@ -160,6 +162,7 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         if self.heart is not None:
             self.heart.beat(now)
         self.next_beat = now + self.beat_interval
+        self.heap_trim.maybe(now)
         self.poll_control()
         if self.cleaner_reader is not None:
             self.poll_cleaner()

@@ -70,11 +70,18 @@ def test_fairness_small_sets_during_flood(lanner, run_perf):
 
 def test_memory_grows_and_drains(lanner, run_perf):
     rc, data, printed = run_perf("memory", *server_args(lanner), "--steps", "0,200,500", "-i", "64", "-c", "2",
-                                 "-q", "mem")
+                                 "-q", "mem", "--settle", "0.1", "--poll", "0.05")
     assert_ok(rc, data, printed)
     assert [(r["phase"], r["items"]) for r in data["rows"]] == \
-        [("grow", 0), ("grow", 200), ("grow", 500), ("drain", 200), ("drain", 0)]
+        [("grow", 0), ("grow", 200), ("grow", 500), ("drain", 200), ("drain", 0), ("settled", 0)]
     assert all(r["pss_mb"] > 0 and r["rss_mb"] >= r["uss_mb"] for r in data["rows"])
+    assert "backlog reached" in data["checks"]
+    top = data["rows"][2]
+    assert top["queue_items"] == 500 and top["mem_items"] == 500       # all in memory: no read-behind
+    assert "w " in top["by_role"] and "s " in top["by_role"]           # per role: workers, supervisor
+    peak = data["settings"]["polled_peak"]
+    assert peak["pss"] >= max(r["pss_mb"] for r in data["rows"]) * 2**20 * 0.5
+    assert {p["role"] for p in peak["procs"]} >= {"worker", "supervisor"}
 
 
 def test_mixed_sweep_with_plots(lanner, run_perf, tmp_path):

@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Iterable
 
-from crc32c import crc32c
+from lanner.storage.cmdlog.crc import crc32c
 
 from lanner.queues.item import QItem
 from lanner.storage.cmdlog.cmdlog import CmdlogStorage, name_str

@@ -42,7 +42,7 @@ import struct
 from dataclasses import dataclass
 from typing import Iterator, Union
 
-from crc32c import crc32c
+from lanner.storage.cmdlog.crc import crc32c
 
 MAGIC = 0x77717771
 VERSION = 1
