@@ -473,13 +473,17 @@ class Conn(asyncio.Protocol, abc.ABC):
         f.valid_names.add(queue)
         return None
 
-    def whitelist_refusal(self, queues, op: str, client_id: str | None = None) -> str | None:
+    def whitelist_refusal(self, queue: str, op: str, client_id: str | None = None) -> str | None:
         """Why Kestrel's client-id whitelists (reference §5.12) refuse `op` ("add" or
-        "remove") on any of `queues`, or None.  Only a thrift call's TTwitter header carries a
-        client id, so memcache and text callers (None) never pass a whitelist.  The enqueue
-        list of a fanout child is not checked: its master's add is the one that counts."""
+        "remove") on `queue` (an add to an alias: on any destination), or None.  Only a thrift
+        call's TTwitter header carries a client id, so memcache and text callers (None) never
+        pass a whitelist.  A fanout child's enqueue list is not checked: its master's add is
+        the one that counts."""
         cfg = self.front.config
-        for q in queues:
+        names = (queue,)
+        if op == "add":
+            names = cfg.aliases.get(queue) or names
+        for q in names:
             qc = cfg.queue_config(q)
             if op == "add":
                 allowed = None if "+" in q else qc.white_list_client_id_for_enqueue

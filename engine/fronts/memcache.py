@@ -54,10 +54,7 @@ class MemcacheConn(Conn):
         """A client-id whitelist on the queue (or an alias's destinations) refuses `op`: memcache
         callers carry no client id, so this is SERVER_ERROR and a close, like any
         AvailabilityException (§1.2)."""
-        names = (queue,)
-        if op == "add":
-            names = self.front.config.aliases.get(queue) or names
-        return self.close_with(self.whitelist_refusal(names, op), mr.server_error)
+        return self.close_with(self.whitelist_refusal(queue, op), mr.server_error)
 
     # -- storage ---------------------------------------------------------------------------------
     def on_set(self, cmd: mc.Set) -> None:
@@ -162,7 +159,7 @@ class MemcacheConn(Conn):
                 continue
             refusal = self.read_refusal() if fetching else None
             if refusal is None and fetching and not k.peek and f.config.has_whitelists:
-                refusal = self.whitelist_refusal((k.queue,), "remove")
+                refusal = self.whitelist_refusal(k.queue, "remove")
             if refusal is not None:
                 # Closes and aborts before the status check still happen (Kestrel's order);
                 # their END is not written: the reply is the availability error alone.

@@ -49,17 +49,10 @@ class TextConn(Conn):
         return listed_op is not None and self.not_listed(queue, listed_op)
 
     def not_listed(self, queue: str, op: str) -> bool:
-        f = self.front
-        if not f.config.has_whitelists:
-            return False
-        names = (queue,)
-        if op == "add":
-            names = f.config.aliases.get(queue) or names
-        reason = self.whitelist_refusal(names, op)
-        if reason is None:
-            return False
-        self.reply_now(tx.error(reason))
-        return True
+        reason = self.front.config.has_whitelists and self.whitelist_refusal(queue, op)
+        if reason:
+            self.reply_now(tx.error(reason))
+        return bool(reason)
 
     def failure(self, slot: Slot) -> bool:
         """A worker failure becomes an error line; if the worker said RF_CLOSE (it rolled the

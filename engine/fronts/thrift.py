@@ -87,17 +87,10 @@ class ThriftConn(Conn):
     def not_listed(self, call, queue: str, op: str) -> bool:
         """A client-id whitelist refuses `op` on the queue (or an alias's destinations) for this
         call's client id (its TTwitter header's, or none): INTERNAL_ERROR, connection kept."""
-        f = self.front
-        if not f.config.has_whitelists:
-            return False
-        names = (queue,)
-        if op == "add":
-            names = f.config.aliases.get(queue) or names
-        reason = self.whitelist_refusal(names, op, call.client_id)
-        if reason is None:
-            return False
-        self.fail(call, _UNLISTED + reason)
-        return True
+        reason = self.front.config.has_whitelists and self.whitelist_refusal(queue, op, call.client_id)
+        if reason:
+            self.fail(call, _UNLISTED + reason)
+        return bool(reason)
 
     def do_put(self, call) -> None:
         q = call.args["queue_name"]

@@ -9,10 +9,9 @@ Start-up, in order:
      no resource tracker can unlink shared memory under a live process;
   2. fork the cleaner and the shard workers; each worker replays its journals and
      says `ready` (or `boot_failed`, which halts the server: exit 3);
-  3. fork the protocol fronts on the inherited listening sockets, and the admin
-     process (a front slot that alone accepts on the admin port and serves no queue
-     client, so that rendering a scrape never holds up a loop that serves queues);
-     when all are ready, print the contract's `lanner ready ...` line.
+  3. fork the fronts and the admin process (a front slot alone on the admin port, so a
+     scrape never holds up a loop that serves queues); when all are ready, print the
+     contract's `lanner ready ...` line.
 
 Main loop (`tick`): signal handlers only queue the signal; the loop dispatches to
 `handle_term`/`handle_hup`/`handle_chld`, reads control messages, kills children
@@ -39,6 +38,7 @@ makes the server exit with its status, so a full disk at shutdown is not "exit 0
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import logging
@@ -186,17 +186,14 @@ class Supervisor:
             self.heartbeats.stamp(slot, self.clock.monotonic())
         if self.mesh is not None:
             self.mesh.discard_unread(kind, index)
-        # Move everything alive now out of the collector's reach before forking (CPython's gc
-        # docs, Instagram, gunicorn): a full collection in this process later would write into
-        # the header of every object and so copy every page the children share with it.
+        # Keep what lives now out of the collector's reach (CPython's gc docs, Instagram): a full
+        # collection here would write every object's header and unshare the children's pages.
         gc.freeze()
         pid = self.fork_child(kind, index, child_sock, parent_sock)
         child_sock.close()
         if child.sock is not None:
-            try:
+            with contextlib.suppress(KeyError, ValueError):
                 self.sel.unregister(child.sock)
-            except (KeyError, ValueError):
-                pass
             child.sock.close()
         child.pid = pid
         child.sock = parent_sock
