@@ -7,7 +7,7 @@ from __future__ import annotations
 
 __all__ = [
     "END", "STORED", "NOT_STORED", "DELETED", "ERROR", "CLIENT_ERROR", "SERVER_ERROR",
-    "FLUSHED_ALL", "RELOADED", "value_block", "client_error", "server_error", "count_line",
+    "FLUSHED_ALL", "RELOADED", "value_block", "single_value", "client_error", "server_error", "count_line",
     "version_line", "status_line", "encode_stats", "encode_dump_stats", "encode_dump_config",
 ]
 
@@ -25,6 +25,12 @@ RELOADED = b"Reloaded config.\r\n"
 def value_block(key_raw: str, data: bytes) -> bytes:
     """`VALUE <key> 0 <len>\\r\\n<data>\\r\\n`; the caller appends END once after all keys."""
     return b"VALUE %s 0 %d\r\n%s\r\n" % (key_raw.encode("latin-1"), len(data), data)
+
+
+def single_value(key_raw: str, data: bytes) -> bytes:
+    """`value_block` + END in one copy of `data` (a get of one key): `value_block(...) + END`
+    copied an 8 MiB item twice on the loop (issue 8)."""
+    return b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (key_raw.encode("latin-1"), len(data), data)
 
 
 def _reason_bytes(reason: str) -> bytes:

@@ -226,7 +226,7 @@ class MemcacheConn(Conn):
 
         def stream(slot, part, data):
             if part.status == R_ITEM:
-                return mr.value_block(q, data) + mr.END
+                return mr.single_value(q, data)
             return b""
 
         def finish(slot):
@@ -386,7 +386,7 @@ def _finish_get1(slot: Slot) -> None:
     p = slot.parts[0]
     st = p.status
     if st == R_ITEM:
-        slot.out = mr.value_block(slot.call, p.payload) + mr.END
+        slot.out = mr.single_value(slot.call, p.payload)
     elif st == R_END or st == R_EMPTY:
         slot.out = mr.END
     else:

@@ -19,6 +19,10 @@ Python's os module has no sync_file_range, so it is called through ctypes (which
 GIL); without it (not Linux) the thread only writes.
 
 When a job is done the thread writes one byte to `notify_w`, which wakes the owner's loop.
+
+`run` takes other slow file work that the owner must see finished before it goes on with what
+depends on it (a journal rewrite's write, fsyncs and renames, compaction.py): the owner keeps the
+returned `CallJob` and adopts its outcome once `done` is set.
 """
 from __future__ import annotations
 
@@ -58,6 +62,20 @@ class WriteJob:
         self.done.wait()
 
 
+class CallJob:
+    """`fn(*args)` to run on the thread; `error` is the OSError it raised, if any."""
+    __slots__ = ("fn", "args", "done", "error")
+
+    def __init__(self, fn, args) -> None:
+        self.fn = fn
+        self.args = args
+        self.done = threading.Event()
+        self.error: OSError | None = None
+
+    def wait(self) -> None:
+        self.done.wait()
+
+
 class Writer:
     """One thread that writes jobs in the order they came."""
 
@@ -77,6 +95,14 @@ class Writer:
         """Run `fn(*args)` on the thread after the jobs before it (an unlink); an OSError is logged."""
         self._start()
         self._jobs.put((fn, args))
+
+    def run(self, fn, *args) -> CallJob:
+        """Run `fn(*args)` on the thread after the jobs before it; the owner waits for or polls
+        the returned job (`done`, `error`)."""
+        job = CallJob(fn, args)
+        self._start()
+        self._jobs.put(job)
+        return job
 
     def _start(self) -> None:
         if self._thread is None:
@@ -102,6 +128,14 @@ class Writer:
                     fn(*args)
                 except OSError as e:
                     log.error("%s", e)
+                continue
+            if type(job) is CallJob:
+                try:
+                    job.fn(*job.args)
+                except OSError as e:
+                    job.error = e
+                job.done.set()
+                os.write(self.notify_w, b"w")
                 continue
             try:
                 _write_all(job.fd, job.buf)

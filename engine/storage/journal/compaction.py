@@ -25,9 +25,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable
 
-from lanner.storage.journal.codec import CHUNK, pack_addx, pack_xid, Cursor, encode_add
+from lanner.storage.journal.codec import pack_addx, pack_xid, Cursor, encode_add
 from lanner.storage.journal.files import archived_files, fsync_dir, parse_archive, unlink_quietly, write_all
 from lanner.storage.journal.packer import pack_files
+from lanner.storage.writer import CallJob
 
 #: Buffered bytes a journal with a writer thread sends behind before rotating or rewriting
 #: (which write the buffer first, on the loop).
@@ -88,6 +89,7 @@ class JournalCompaction:
         self._rewrites_allowed_at = float("-inf")   # clock.monotonic()
         self.checkpoint: Checkpoint | None = None
         self._pack_outstanding: PackRequest | None = None
+        self._rewrite_job: tuple[CallJob, int] | None = None    # (job, ts of the archive it packs)
 
     @property
     def archived_size(self) -> int:
@@ -101,6 +103,8 @@ class JournalCompaction:
         self._check_rotate(view, config)
 
     def _check_rotate(self, view, config) -> None:
+        if self._rewrite_job is not None:
+            self._adopt_rewrite()
         size = self._disk_size + self._inflight_n + len(self._pending)
         total = size + self._archived_size
         if size < config.default_journal_size and size <= config.max_memory_size \
@@ -151,7 +155,7 @@ class JournalCompaction:
         """A rewrite writes the queue's memory, so every queued item must be in it
         (Kestrel only compacted when bytes < max_memory_size); and no checkpoint
         pack may be in flight, or its result would resurrect packed files."""
-        if self._pack_outstanding is not None:
+        if self._pack_outstanding is not None or self._rewrite_job is not None:
             return False
         if self._rb is None:
             return True
@@ -228,79 +232,114 @@ class JournalCompaction:
             if self._rb is None:
                 self._maybe_inline_pack()
 
-    def _write_file(self, path: str, chunks) -> int:
-        """Write an iterable of byte strings to a new file, in big writes, fsynced."""
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        size = 0
-        try:
-            buf = bytearray()
-            for c in chunks:
-                buf += c
-                if len(buf) >= CHUNK:
-                    size += write_all(fd, buf, path, self._sys_write)
-                    buf.clear()
-            size += write_all(fd, buf, path, self._sys_write)
-            self._sys_fsync(fd)
-        finally:
-            os.close(fd)
-        return size
-
     def _rewrite(self, view) -> bool:
-        """§6.4 rewrite, made crash-safe (module invariant 3): dump to `~~`, archive
-        the current file, pack-rename the dump so it covers every archive, then
-        make it the current file."""
+        """§6.4 rewrite, made crash-safe (module invariant 3), in two halves.  On the loop: the
+        queue's state is dumped to memory, the current file archived as `<queue>.<ts>` and a new
+        current file opened, so later records land behind the dump.  Then `_rewrite_files` (on
+        the writer's thread when there is one: its fsyncs take 0.1-0.6 s under a flood, issue 8)
+        writes the dump to a `~~` file, fsyncs it, renames it to `<queue>.<ts>.pack` (which covers
+        every archive up to the one just made) and fsyncs the directory.  Only then does the
+        owner adopt it (`_adopt_rewrite`: delete the covered archives, the pack becomes an
+        archive); until then the old files stay, so a crash at any point replays either them or
+        the durable pack, never less.  Under sync "always" the current file is fsynced before it
+        is archived (as at rotation): replies wait only for the current file's fsync."""
         try:
             self.flush()
+            if self.sync_policy == "always" and self._synced_size < self._disk_size:
+                self._sys_fsync(self._fd)
+                self._synced_size = self._disk_size
             tmp = self._unique_name("~~")
         except OSError as e:
             log.error("queue %r: rewrite skipped: %s", self.name, e)
             return False
         tmp_path = os.path.join(self._dir, tmp)
         opened = view.open_items()
+        dump = bytearray()
+        for xid in sorted(opened, reverse=True):
+            dump += encode_add(opened[xid])
+            dump += pack_xid(9, xid)
+        for item in view.memory_items():
+            dump += pack_addx(2, len(item.data) + 16, item.add_time, item.expiry)
+            dump += item.data
         try:
-            def dump():
-                for xid in sorted(opened, reverse=True):
-                    yield encode_add(opened[xid])
-                    yield pack_xid(9, xid)
-                for item in view.memory_items():
-                    yield pack_addx(2, len(item.data) + 16, item.add_time, item.expiry)
-                    yield item.data
-            self._write_file(tmp_path, dump())
             rotated = self._unique_name(".")
         except OSError as e:
-            log.error("queue %r: rewrite skipped: writing %s failed: %s", self.name, tmp_path, e)
+            log.error("queue %r: rewrite skipped: %s", self.name, e)
             unlink_quietly(tmp_path)
             return False
+        rotated_path = os.path.join(self._dir, rotated)
         try:
-            os.rename(self._path, os.path.join(self._dir, rotated))
+            os.rename(self._path, rotated_path)
         except OSError as e:
             log.error("queue %r: rewrite skipped: cannot rename %s: %s", self.name, self._path, e)
             unlink_quietly(tmp_path)
-            unlink_quietly(os.path.join(self._dir, rotated))
+            unlink_quietly(rotated_path)
+            return False
+        old = self._fd
+        old_size = self._disk_size
+        try:
+            self._open_writer()
+        except OSError as e:
+            log.error("queue %r: rewrite skipped: cannot open a new %s: %s", self.name, self._path, e)
+            os.rename(rotated_path, self._path)
+            unlink_quietly(tmp_path)
             return False
         self._leave_read_behind()
-        old = self._fd
-        self._fd = -1
-        os.close(old)
-        try:
-            ts = self._last_ts + 1
-            while os.path.exists(os.path.join(self._dir, f"{self.name}.{ts}")) or \
-                    os.path.exists(os.path.join(self._dir, f"{self.name}.{ts}.pack")):
-                ts += 1
-            self._last_ts = ts
-            os.rename(tmp_path, os.path.join(self._dir, f"{self.name}.{ts}.pack"))
-            archived_files(self._dir, self.name, self._discard)
-            os.rename(os.path.join(self._dir, f"{self.name}.{ts}"), self._path)
-            fsync_dir(self._dir)
-        except OSError as e:
-            log.error("queue %r: rewrite stopped half way (the files remain consistent): %s", self.name, e)
-            unlink_quietly(tmp_path)
-        finally:
-            self._open_writer()
-            self._update_archived_size()
-        self.checkpoint = None
-        self.rewrites += 1
+        self._archived_size += old_size
+        args = (old, self.sync_policy not in ("never", "always"), tmp_path, dump, rotated_path + ".pack",
+                self._dir, self._sys_write, self._sys_fsync)
+        if self.writer is None:
+            job = CallJob(_rewrite_files, args)
+            try:
+                _rewrite_files(*args)
+            except OSError as e:
+                job.error = e
+            job.done.set()
+        else:
+            job = self.writer.run(_rewrite_files, *args)
+        self._rewrite_job = (job, parse_archive(self.name, rotated)[0])
+        self._adopt_rewrite()
         return True
+
+    def _adopt_rewrite(self, block: bool = False) -> None:
+        """Take the outcome of the rewrite under way once it is done (or wait for it): its pack
+        is durable, so the archives it covers go and it becomes an archive itself."""
+        job, ts = self._rewrite_job
+        if not job.done.is_set():
+            if not block:
+                return
+            job.wait()
+        self._rewrite_job = None
+        if job.error is not None:
+            log.error("queue %r: rewrite stopped half way (the files remain consistent): %s",
+                      self.name, job.error)
+        else:
+            self.rewrites += 1
+            cp = self.checkpoint
+            if cp is not None and parse_archive(self.name, cp.file)[0] <= ts:
+                self.checkpoint = None           # its files are in the pack now
+        if self._erased:
+            return
+        self._update_archived_size()              # lists the archives: finishes the pack
+        if job.error is None and not self._closed:
+            self._pack_into_current(ts)
+
+    def _pack_into_current(self, ts: int) -> None:
+        """Kestrel's layout after a rewrite, one file, when nothing was written since: the pack,
+        now the only archive, replaces the empty current file (a rename that a crash may undo
+        without harm: the same records replay either way)."""
+        if self._disk_size or self._pending or self._inflight is not None or self._rb is not None:
+            return
+        packed = os.path.join(self._dir, f"{self.name}.{ts}")
+        try:
+            if archived_files(self._dir, self.name, self._discard) != [f"{self.name}.{ts}"]:
+                return
+            os.rename(packed, self._path)
+        except OSError as e:
+            log.error("queue %r: rewrite: cannot rename %s: %s", self.name, packed, e)
+            return
+        self._switch_writer()
+        self._archived_size = 0
 
     def _update_archived_size(self) -> None:
         try:
@@ -314,6 +353,10 @@ class JournalCompaction:
         """The pack to run now, if any: once a checkpoint is set and the reader is
         no longer inside the files it covers.  Marks it outstanding until
         `pack_done`."""
+        if self._rewrite_job is not None:
+            self._adopt_rewrite()
+            if self._rewrite_job is not None:
+                return None                      # its pack would overlap this one
         cp = self.checkpoint
         if cp is None or self._pack_outstanding is not None or self._closed:
             return None
@@ -373,3 +416,30 @@ class JournalCompaction:
             log.error("queue %r: pack of %s failed: %s", self.name, req.checkpoint_file, e)
             result = None
         self.pack_done(result)
+
+
+def _rewrite_files(old_fd: int, sync_old: bool, tmp_path: str, dump: bytearray, pack_path: str,
+                   dir_path: str, write, fsync) -> None:
+    """The slow half of a rewrite (`JournalCompaction._rewrite`), in crash-safe order: the dump
+    is written and fsynced, then renamed to a `.pack` and the directory fsynced.  `old_fd` is the
+    archived file: closed here, after an fsync under a periodic sync policy (its records are due
+    to be durable soon, and the pack may fail)."""
+    try:
+        if sync_old:
+            fsync(old_fd)
+    except OSError as e:
+        log.error("%s: fsync failed: %s", pack_path, e)
+    finally:
+        os.close(old_fd)
+    try:
+        fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            write_all(fd, dump, tmp_path, write)
+            fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp_path, pack_path)
+    except OSError:
+        unlink_quietly(tmp_path)
+        raise
+    fsync_dir(dir_path)

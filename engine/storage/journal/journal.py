@@ -407,6 +407,8 @@ class Journal(JournalCompaction):
             return
         self._closed = True
         try:
+            if self._rewrite_job is not None:
+                self._adopt_rewrite(block=True)      # its thread closes the archived fd, writes the pack
             if self._inflight is not None:
                 self.settle_write()
             if self._fd >= 0:

@@ -1,0 +1,200 @@
+"""The journal rewrite's slow half runs on the writer thread (compaction.py `_rewrite`, issue 8:
+its fsyncs stalled every queue of the worker for 0.1-0.6 s under a flood).  In-process, with the
+thread's fsyncs injected (recorded, or held at a gate) so each step can be looked at: the owner
+never fsyncs, the dump becomes a `.pack` only after its fsync, the pack is adopted only after the
+directory fsync, and a crash (a copy of the directory replayed) at every step replays the same
+queue."""
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+
+import pytest
+
+from lanner.config import QueueConfig
+from lanner.queues.item import QItem
+from lanner.storage.journal import compaction as C, journal as J
+from lanner.storage.journal.files import archived_files
+from lanner.storage.journal.journal import Journal
+from lanner.storage.writer import Writer
+from tests.engine.test_journal import View
+
+T = 1_700_000_000_000
+CFG = QueueConfig(default_journal_size=1024)     # small, so a rewrite comes due at once
+
+
+@pytest.fixture
+def writer():
+    r, w = os.pipe()
+    wr = Writer(w)
+    yield wr
+    wr.close()
+    os.close(r)
+    os.close(w)
+
+
+def journal(path, clock, writer) -> Journal:
+    j = Journal(str(path), "q", clock)
+    j.replay(QueueConfig())
+    j.writer = writer
+    return j
+
+
+def fill_then_empty(j, opened: QItem) -> None:
+    """Past default_journal_size with nothing queued and one item open (the dump holds it)."""
+    item = QItem(T, 0, b"x" * 100)
+    for _ in range(12):
+        j.record_add(item)
+        j.record_remove(item)
+    j.record_add(opened)
+    j.record_open(opened, 1)
+    j.flush()
+
+
+def replayed(path, tmp_path, tag: str) -> tuple[list[bytes], list[bytes]]:
+    """A crash now: the directory as it is, replayed by a fresh journal (queued, open datas)."""
+    copy = tmp_path / f"crash-{tag}"
+    shutil.copytree(path, copy)
+    j = Journal(str(copy), "q", _Clock())
+    st = j.replay(QueueConfig())
+    j.close()
+    return [i.data for i in st.items], sorted(i.data for i in st.open_transactions.values())
+
+
+class _Clock:
+    def now_ms(self) -> int:
+        return T + 10 ** 6
+
+    def monotonic(self) -> float:
+        return 0.0
+
+
+def test_the_rewrites_fsyncs_run_on_the_writer_thread_not_the_owners(tmp_path, clock, writer, monkeypatch):
+    d = tmp_path / "d"
+    d.mkdir()
+    calls: list[tuple[str, int]] = []
+    monkeypatch.setattr(J, "_fsync", lambda fd: (calls.append(("file", threading.get_ident())), os.fsync(fd)))
+    real_dir = C.fsync_dir
+    monkeypatch.setattr(C, "fsync_dir", lambda p: (calls.append(("dir", threading.get_ident())), real_dir(p)))
+    j = journal(d, clock, writer)
+    opened = QItem(T, 0, b"open")
+    fill_then_empty(j, opened)
+    j.after_remove(View([], {1: opened}), CFG, T)
+    job = getattr(j, "_rewrite_job", None)
+    if job is not None:
+        job[0].wait()
+    j.after_remove(View([], {1: opened}), CFG, T)          # the next operation adopts it
+    assert j.rewrites == 1
+    assert {kind for kind, _ in calls} == {"file", "dir"}
+    assert all(tid != threading.get_ident() for _, tid in calls), calls
+    assert sorted(os.listdir(d)) == ["q"]                   # Kestrel's layout: one file
+    assert replayed(d, tmp_path, "end") == ([], [b"open"])
+    j.close()
+
+
+def test_the_pack_appears_and_is_adopted_only_after_its_fsyncs(tmp_path, clock, writer, monkeypatch):
+    """Hold the dump's fsync, then the directory's: at each step the owner goes on writing, the
+    old files stay, and a crash replays the same queue."""
+    d = tmp_path / "d"
+    d.mkdir()
+    file_gate, dir_gate = threading.Event(), threading.Event()
+    in_file, in_dir = threading.Event(), threading.Event()
+    owner = threading.get_ident()
+
+    def fsync(fd):
+        if threading.get_ident() != owner:
+            in_file.set()
+            assert file_gate.wait(10)
+        os.fsync(fd)
+
+    real_dir = C.fsync_dir
+
+    def fsync_dir(p):
+        in_dir.set()
+        assert dir_gate.wait(10)
+        real_dir(p)
+    monkeypatch.setattr(J, "_fsync", fsync)
+    monkeypatch.setattr(C, "fsync_dir", fsync_dir)
+    j = journal(d, clock, writer)
+    opened = QItem(T, 0, b"open")
+    fill_then_empty(j, opened)
+    view = View([], {1: opened})
+    j.after_remove(view, CFG, T)
+    assert in_file.wait(10)
+    # the dump is being fsynced: no pack yet, the old file is archived, the owner still writes
+    names = sorted(os.listdir(d))
+    assert not any(n.endswith(".pack") for n in names) and len(archived_files(str(d), "q")) == 1
+    new = QItem(T, 0, b"after")
+    j.record_add(new)
+    j.flush()
+    j.after_remove(view, CFG, T)
+    assert j.rewrites == 0
+    assert replayed(d, tmp_path, "dump-fsync") == ([b"after"], [b"open"])
+    file_gate.set()
+    assert in_dir.wait(10)
+    # renamed to a .pack, the directory not yet fsynced: not adopted, nothing deleted
+    assert any(n.endswith(".pack") for n in os.listdir(d))
+    j.after_remove(view, CFG, T)
+    assert j.rewrites == 0 and j._rewrite_job is not None
+    assert replayed(d, tmp_path, "dir-fsync") == ([b"after"], [b"open"])
+    dir_gate.set()
+    j._rewrite_job[0].wait()
+    j.after_remove(view, CFG, T)
+    assert j.rewrites == 1 and j._rewrite_job is None
+    arch = archived_files(str(d), "q")
+    assert len(arch) == 1 and j.archived_size == os.path.getsize(d / arch[0])   # the dump, as an archive
+    assert replayed(d, tmp_path, "adopted") == ([b"after"], [b"open"])
+    j.close()
+    assert replayed(d, tmp_path, "closed") == ([b"after"], [b"open"])
+
+
+def test_close_waits_for_a_rewrite_under_way(tmp_path, clock, writer, monkeypatch):
+    d = tmp_path / "d"
+    d.mkdir()
+    gate, started = threading.Event(), threading.Event()
+    owner = threading.get_ident()
+
+    def fsync(fd):
+        if threading.get_ident() != owner:
+            started.set()
+            assert gate.wait(10)
+        os.fsync(fd)
+    monkeypatch.setattr(J, "_fsync", fsync)
+    j = journal(d, clock, writer)
+    opened = QItem(T, 0, b"open")
+    fill_then_empty(j, opened)
+    j.after_remove(View([], {1: opened}), CFG, T)
+    assert started.wait(10)
+    closer = threading.Thread(target=j.close)
+    closer.start()
+    closer.join(0.2)                     # a bounded wait that the close must NOT finish in
+    assert closer.is_alive()
+    gate.set()
+    closer.join(10)
+    assert not closer.is_alive() and j.rewrites == 1
+    assert replayed(d, tmp_path, "closed") == ([], [b"open"])
+
+
+def test_a_failed_dump_leaves_the_archive_and_loses_nothing(tmp_path, clock, writer, monkeypatch, caplog):
+    d = tmp_path / "d"
+    d.mkdir()
+    owner = threading.get_ident()
+
+    def fsync(fd):
+        if threading.get_ident() != owner:
+            raise OSError(5, "Input/output error")
+        os.fsync(fd)
+    monkeypatch.setattr(J, "_fsync", fsync)
+    j = journal(d, clock, writer)
+    opened = QItem(T, 0, b"open")
+    fill_then_empty(j, opened)
+    j.after_remove(View([], {1: opened}), CFG, T)
+    j._rewrite_job[0].wait()
+    j.record_add(QItem(T, 0, b"after"))
+    j.flush()
+    j.after_remove(View([], {1: opened}), CFG, T)
+    assert j.rewrites == 0 and "rewrite stopped half way" in caplog.text
+    assert not any("~~" in n or n.endswith(".pack") for n in os.listdir(d))
+    assert replayed(d, tmp_path, "failed") == ([b"after"], [b"open"])
+    j.close()
