@@ -133,6 +133,13 @@ class Conn(asyncio.Protocol, abc.ABC):
         self.last_activity = 0.0
         self.cur_fam = -1              # latency family of the command being handled
         self.t_in = 0.0                # monotonic time of the last bytes read (latency start)
+        # The fused local path (`inline_req`): requests this worker ran for the connection
+        # without a Slot, oldest first, as (req, render, call, latency family, t0); replies
+        # that came back ahead of an older one (a write-behind held it) wait in `early`.
+        self.fast: deque[tuple] = deque()
+        self.early: dict[int, tuple] = {}
+        self.worker = getattr(front, "worker", None)      # a LocalFront's worker, else None
+        self.local = getattr(front, "local", -1)          # that worker's index
 
     # -- the protocol hooks ----------------------------------------------------------------------
     @abc.abstractmethod
@@ -183,6 +190,8 @@ class Conn(asyncio.Protocol, abc.ABC):
         self.closing = self.stopped = True
         f.conns.pop(self.id, None)
         f.ring_waiters.discard(self)
+        self.fast.clear()
+        self.early.clear()
         if self.counts_connection:
             f.my.decr(C_CURR)
         if log.isEnabledFor(logging.DEBUG):
@@ -231,7 +240,7 @@ class Conn(asyncio.Protocol, abc.ABC):
             return False
         if self.front.congested and not self.front.room_for_commands(self):
             return False
-        n = len(self.slots)
+        n = len(self.slots) + len(self.fast)
         if n == 0:
             return True
         if n >= MAX_INFLIGHT:
@@ -359,9 +368,58 @@ class Conn(asyncio.Protocol, abc.ABC):
         elif slot.blocking:
             self.blocked = slot
 
+    def inline_req(self, render, call) -> int:
+        """The fused local path: the caller runs a request for a queue this worker owns now
+        (Worker.inline_set / inline_get), with no Slot, Part or routing, under the number this
+        returns.  Its reply still joins the worker's batch, so it leaves only when the commit
+        rules allow (journal written; fsync done under sync "always"; an error if a failed
+        write rolled it back), and comes back to `on_response`, where `render(status, flags,
+        payload, call)` -> (bytes, close) makes it the protocol's reply.  The caller checked
+        that no Slot is queued (`slots` empty), so the replies leave in the order of `fast`."""
+        req = self.next_req
+        self.next_req = (req + 1) & 0xFFFFFFFF or 1
+        f = self.front
+        self.touched |= 1 << self.local
+        if f.streak:
+            f.streak.pop(self.id, None)     # a local request breaks a streak towards a handoff
+        f.inline_requests += 1
+        self.fast.append((req, render, call, self.cur_fam, self.t_in))
+        return req
+
+    def fast_reply(self, status: int, flags: int, payload) -> None:
+        """The reply of the oldest inline request (then of any that came back before it)."""
+        fast = self.fast
+        while True:
+            _, render, call, fam, t0 = fast.popleft()
+            out, close = render(status, flags, payload, call)
+            self.front.latency.observe(fam, time.monotonic() - t0)
+            if out:
+                self.out.append(out)
+            if close:
+                self.closing = self.stopped = True
+                fast.clear()
+                self.early.clear()
+                self.slots.clear()      # what was sent after the closing command goes unanswered
+                self.held = 0
+                break
+            if not (fast and self.early and fast[0][0] in self.early):
+                break
+            status, flags, payload = self.early.pop(fast[0][0])
+        if not fast and self.slots:
+            self.drain_slots()
+        self.front.write_pending.add(self)
+
     def on_response(self, req: int, status: int, flags: int, value: int, payload) -> None:
+        fast = self.fast
+        if fast and fast[0][0] == req:
+            if not self.closing:
+                self.fast_reply(status, flags, payload)
+            return
         part = self.parts.pop(req, None)
         if part is None or self.closing:
+            if part is None and fast and not self.closing and any(e[0] == req for e in fast):
+                # an inline request's reply ahead of an older one's: keep it until that comes
+                self.early[req] = (status, flags, bytes(payload) if payload else b"")
             return
         slot = part.slot
         if flags & RF_MORE:                # more responses follow for this request
@@ -370,7 +428,7 @@ class Conn(asyncio.Protocol, abc.ABC):
             if slot.stream is not None:
                 data = slot.stream(slot, part, bytes(payload))
                 if data:
-                    if self.slots and self.slots[0] is slot:
+                    if self.slots and self.slots[0] is slot and not self.fast:
                         self.out.append(data)
                     else:
                         slot.out += data
@@ -415,6 +473,8 @@ class Conn(asyncio.Protocol, abc.ABC):
         self.pump()
 
     def drain_slots(self) -> None:
+        if self.fast:
+            return                      # inline requests taken before these slots answer first
         slots = self.slots
         while slots and slots[0].done:
             s = slots.popleft()

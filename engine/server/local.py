@@ -72,6 +72,7 @@ class LocalFront(Front):
         self.streak: dict[int, list] = {}         # conn id -> [other worker, requests in a row]
         self.candidates: set[int] = set()          # conn ids that earned a move
         self.handoff_seq = 0
+        self.inline_requests = 0    # requests its connections ran by the fused path (Conn.run_inline)
 
     def send(self, worker: int, conn_id: int, req: int, op: int, flags: int, queue: str | bytes,
              a: int = 0, b: int = 0, payload: bytes = b"") -> bool:
@@ -106,7 +107,7 @@ class LocalFront(Front):
             if c is None or st is None or st[1] < HANDOFF_AFTER:
                 self.candidates.discard(cid)
                 continue
-            if c.slots or c.parts or c.out or c.held:
+            if c.slots or c.fast or c.parts or c.out or c.held:
                 continue                   # a reply is owed: look again when it has left
             self.candidates.discard(cid)
             w = st[0]
