@@ -215,7 +215,8 @@ class Conn(asyncio.Protocol, abc.ABC):
         write again, then read or not."""
         if self.out:
             self.flush_out()
-        self.process()
+        if self.parser.buffered or self.body is not None:    # no bytes held: no command to take
+            self.process()
         if self.out or self.closing:
             self.flush_out()
         self.update_reading()
@@ -389,12 +390,12 @@ class Conn(asyncio.Protocol, abc.ABC):
     def fast_reply(self, status: int, flags: int, payload) -> None:
         """The reply of the oldest inline request (then of any that came back before it)."""
         fast = self.fast
+        f = self.front
         while True:
             _, render, call, fam, t0 = fast.popleft()
             out, close = render(status, flags, payload, call)
-            self.front.latency.observe(fam, time.monotonic() - t0)
-            if out:
-                self.out.append(out)
+            f.latency.observe(fam, time.monotonic() - t0)
+            self.out.append(out)
             if close:
                 self.closing = self.stopped = True
                 fast.clear()
@@ -407,7 +408,7 @@ class Conn(asyncio.Protocol, abc.ABC):
             status, flags, payload = self.early.pop(fast[0][0])
         if not fast and self.slots:
             self.drain_slots()
-        self.front.write_pending.add(self)
+        f.write_pending.add(self)
 
     def on_response(self, req: int, status: int, flags: int, value: int, payload) -> None:
         fast = self.fast

@@ -205,7 +205,11 @@ class LocalFront(Front):
         conn_id, req, status, flags, _, value = unpack_resp(head, 0)
         c = self.conns.get(conn_id)
         if c is not None:
-            c.on_response(req, status, flags, value, payload)
+            fast = c.fast
+            if fast and fast[0][0] == req and not c.closing:    # Conn.on_response's first case
+                c.fast_reply(status, flags, payload)
+            else:
+                c.on_response(req, status, flags, value, payload)
 
 
 def attach_front(worker, parts, control_sock) -> None:
