@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import msgpack
 
 from lanner.fronts.counters import C_CURR, C_READ, C_TOTAL, C_WRITTEN
+from lanner.fronts.inline import InlineReplies
 from lanner.ops.latency import family_of
 from lanner.queues.names import validate_queue_name
 from lanner.ipc.messages import (OP_DISCONNECT, OP_DUMP_CONFIG, OP_RELOAD, OP_SET_DATA, OP_STATS, R_DATA,
@@ -85,7 +86,7 @@ def expiry_at(ms: int) -> int:
     return ms if ms > 0 else 1
 
 
-class Conn(asyncio.Protocol, abc.ABC):
+class Conn(InlineReplies, asyncio.Protocol, abc.ABC):
     """One client connection.  A subclass passes its protocol's parser (`feed(bytes)`, `next()`
     -> command or None, `buffered` -> bytes held) and implements `handle` and `unavailable`.
 
@@ -133,7 +134,7 @@ class Conn(asyncio.Protocol, abc.ABC):
         self.last_activity = 0.0
         self.cur_fam = -1              # latency family of the command being handled
         self.t_in = 0.0                # monotonic time of the last bytes read (latency start)
-        # The fused local path (`inline_req`): requests this worker ran for the connection
+        # The fused local path (inline.py): requests this worker ran for the connection
         # without a Slot, oldest first, as (req, render, call, latency family, t0); replies
         # that came back ahead of an older one (a write-behind held it) wait in `early`.
         self.fast: deque[tuple] = deque()
@@ -368,47 +369,6 @@ class Conn(asyncio.Protocol, abc.ABC):
             self.complete(slot)
         elif slot.blocking:
             self.blocked = slot
-
-    def inline_req(self, render, call) -> int:
-        """The fused local path: the caller runs a request for a queue this worker owns now
-        (Worker.inline_set / inline_get), with no Slot, Part or routing, under the number this
-        returns.  Its reply still joins the worker's batch, so it leaves only when the commit
-        rules allow (journal written; fsync done under sync "always"; an error if a failed
-        write rolled it back), and comes back to `on_response`, where `render(status, flags,
-        payload, call)` -> (bytes, close) makes it the protocol's reply.  The caller checked
-        that no Slot is queued (`slots` empty), so the replies leave in the order of `fast`."""
-        req = self.next_req
-        self.next_req = (req + 1) & 0xFFFFFFFF or 1
-        f = self.front
-        self.touched |= 1 << self.local
-        if f.streak:
-            f.streak.pop(self.id, None)     # a local request breaks a streak towards a handoff
-        f.inline_requests += 1
-        self.fast.append((req, render, call, self.cur_fam, self.t_in))
-        return req
-
-    def fast_reply(self, status: int, flags: int, payload) -> None:
-        """The reply of the oldest inline request (then of any that came back before it)."""
-        fast = self.fast
-        f = self.front
-        while True:
-            _, render, call, fam, t0 = fast.popleft()
-            out, close = render(status, flags, payload, call)
-            f.latency.observe(fam, time.monotonic() - t0)
-            self.out.append(out)
-            if close:
-                self.closing = self.stopped = True
-                fast.clear()
-                self.early.clear()
-                self.slots.clear()      # what was sent after the closing command goes unanswered
-                self.held = 0
-                break
-            if not (fast and self.early and fast[0][0] in self.early):
-                break
-            status, flags, payload = self.early.pop(fast[0][0])
-        if not fast and self.slots:
-            self.drain_slots()
-        f.write_pending.add(self)
 
     def on_response(self, req: int, status: int, flags: int, value: int, payload) -> None:
         fast = self.fast

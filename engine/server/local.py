@@ -13,6 +13,10 @@ get, alias writes) that other workers own, go over this front slot's rings as
 from any front; their responses arrive on the worker's wake eventfd, which the
 slot's response rings share.
 
+The fused path: a memcache set or plain get for an own queue, on a connection with no reply
+slot queued, skips even `send`: the connection calls Worker.inline_set / inline_get itself
+(fronts/inline.py) and `deliver` hands the reply straight back to it.
+
 Why inline and not a ring to itself: a request that stays in the process pays no
 record copy, no wakeup and no second loop turn; per request that was most of the
 cost of the process split (issue 8).
