@@ -77,9 +77,11 @@ class NullTransport:
 class Rig:
     """One worker serving its own clients, in this process."""
 
-    def __init__(self, folder: str, conns: int) -> None:
-        self.config = load_config(None, {"queue_path": os.path.join(folder, "q"),
-                                         "status_file": os.path.join(folder, "status")})
+    def __init__(self, folder: str, conns: int, config=None, transport=None) -> None:
+        """`config` (tests): instead of the defaults with `folder`'s paths; `transport`: makes
+        each connection's transport (NullTransport)."""
+        self.config = config or load_config(None, {"queue_path": os.path.join(folder, "q"),
+                                                   "status_file": os.path.join(folder, "status")})
         os.makedirs(self.config.server.queue_path, exist_ok=True)
         peers = Peers(1, 0, embedded=True)
         self.mesh = Mesh(peers)
@@ -99,7 +101,7 @@ class Rig:
         self.conns = []
         for _ in range(conns):
             c = MemcacheConn(w.front)
-            c.connection_made(NullTransport())
+            c.connection_made((transport or NullTransport)())
             self.conns.append(c)
 
     def turn(self) -> None:

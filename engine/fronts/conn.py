@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import msgpack
 
 from lanner.fronts.counters import C_CURR, C_READ, C_TOTAL, C_WRITTEN
+from lanner.fronts.inline import InlineReplies
 from lanner.ops.latency import family_of
 from lanner.queues.names import validate_queue_name
 from lanner.ipc.messages import (OP_DISCONNECT, OP_DUMP_CONFIG, OP_RELOAD, OP_SET_DATA, OP_STATS, R_DATA,
@@ -85,7 +86,7 @@ def expiry_at(ms: int) -> int:
     return ms if ms > 0 else 1
 
 
-class Conn(asyncio.Protocol, abc.ABC):
+class Conn(InlineReplies, asyncio.Protocol, abc.ABC):
     """One client connection.  A subclass passes its protocol's parser (`feed(bytes)`, `next()`
     -> command or None, `buffered` -> bytes held) and implements `handle` and `unavailable`.
 
@@ -133,6 +134,13 @@ class Conn(asyncio.Protocol, abc.ABC):
         self.last_activity = 0.0
         self.cur_fam = -1              # latency family of the command being handled
         self.t_in = 0.0                # monotonic time of the last bytes read (latency start)
+        # The fused local path (inline.py): requests this worker ran for the connection
+        # without a Slot, oldest first, as (req, render, call, latency family, t0); replies
+        # that came back ahead of an older one (a write-behind held it) wait in `early`.
+        self.fast: deque[tuple] = deque()
+        self.early: dict[int, tuple] = {}
+        self.worker = getattr(front, "worker", None)      # a LocalFront's worker, else None
+        self.local = getattr(front, "local", -1)          # that worker's index
 
     # -- the protocol hooks ----------------------------------------------------------------------
     @abc.abstractmethod
@@ -183,6 +191,8 @@ class Conn(asyncio.Protocol, abc.ABC):
         self.closing = self.stopped = True
         f.conns.pop(self.id, None)
         f.ring_waiters.discard(self)
+        self.fast.clear()
+        self.early.clear()
         if self.counts_connection:
             f.my.decr(C_CURR)
         if log.isEnabledFor(logging.DEBUG):
@@ -206,7 +216,8 @@ class Conn(asyncio.Protocol, abc.ABC):
         write again, then read or not."""
         if self.out:
             self.flush_out()
-        self.process()
+        if self.parser.buffered or self.body is not None:    # no bytes held: no command to take
+            self.process()
         if self.out or self.closing:
             self.flush_out()
         self.update_reading()
@@ -231,7 +242,7 @@ class Conn(asyncio.Protocol, abc.ABC):
             return False
         if self.front.congested and not self.front.room_for_commands(self):
             return False
-        n = len(self.slots)
+        n = len(self.slots) + len(self.fast)
         if n == 0:
             return True
         if n >= MAX_INFLIGHT:
@@ -360,8 +371,16 @@ class Conn(asyncio.Protocol, abc.ABC):
             self.blocked = slot
 
     def on_response(self, req: int, status: int, flags: int, value: int, payload) -> None:
+        fast = self.fast
+        if fast and fast[0][0] == req:
+            if not self.closing:
+                self.fast_reply(status, flags, payload)
+            return
         part = self.parts.pop(req, None)
         if part is None or self.closing:
+            if part is None and fast and not self.closing and any(e[0] == req for e in fast):
+                # an inline request's reply ahead of an older one's: keep it until that comes
+                self.early[req] = (status, flags, bytes(payload) if payload else b"")
             return
         slot = part.slot
         if flags & RF_MORE:                # more responses follow for this request
@@ -370,7 +389,7 @@ class Conn(asyncio.Protocol, abc.ABC):
             if slot.stream is not None:
                 data = slot.stream(slot, part, bytes(payload))
                 if data:
-                    if self.slots and self.slots[0] is slot:
+                    if self.slots and self.slots[0] is slot and not self.fast:
                         self.out.append(data)
                     else:
                         slot.out += data
@@ -415,6 +434,8 @@ class Conn(asyncio.Protocol, abc.ABC):
         self.pump()
 
     def drain_slots(self) -> None:
+        if self.fast:
+            return                      # inline requests taken before these slots answer first
         slots = self.slots
         while slots and slots[0].done:
             s = slots.popleft()

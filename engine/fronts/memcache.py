@@ -95,8 +95,12 @@ class MemcacheConn(Conn):
                 self.begin_body([(w, req)])
             return
         if dests is None:                # the hot path: one queue, one reply
+            w = f.owner(q)
+            if w == self.local and not stream and not self.slots and not self.worker.closed_conns:
+                self.worker.inline_set(f.index, self.id, self.inline_req(set_reply, None), q, expiry, payload)
+                return
             slot = self.new_slot(_finish_stored)
-            part = self.request(slot, f.owner(q), OP_SET, flags, q, expiry, size, payload)
+            part = self.request(slot, w, OP_SET, flags, q, expiry, size, payload)
             self.seal(slot)
             if stream:
                 self.begin_body([(part.worker, part.req)])
@@ -139,8 +143,12 @@ class MemcacheConn(Conn):
                 if f.config.aliases.get(q) is not None:
                     self.reply_now(mr.END)
                     return
+                w = f.owner(q)
+                if w == self.local and not self.slots and not self.worker.closed_conns:
+                    self.worker.inline_get(f.index, self.id, self.inline_req(get1_reply, k.raw), q)
+                    return
                 slot = self.new_slot(_finish_get1, call=k.raw)
-                self.request(slot, f.owner(q), OP_GET, 0, q, -1)
+                self.request(slot, w, OP_GET, 0, q, -1)
                 self.seal(slot)
                 return
         for k in keys:
@@ -356,19 +364,43 @@ class MemcacheConn(Conn):
         self.reply_now(cmd.reply, close=cmd.close)
 
 
+def set_reply(status: int, flags: int, payload, call=None) -> tuple[bytes, bool]:
+    """A one-queue set's reply and whether it closes the connection (both paths use it)."""
+    if status == R_OK:
+        return mr.STORED, False
+    if status == R_SERVER_ERROR:
+        return mr.server_error(bytes(payload).decode("latin-1", "replace")), True
+    if status == R_CLIENT_ERROR:
+        return mr.client_error(bytes(payload).decode("latin-1", "replace")), True
+    return mr.NOT_STORED, False
+
+
+def get1_reply(status: int, flags: int, payload, key) -> tuple[bytes, bool]:
+    """A one-key get's reply (`key`: as the client sent it, echoed in VALUE) and whether it
+    closes the connection (both paths use it)."""
+    if status == R_ITEM:
+        return mr.single_value(key, payload), False
+    if status == R_END or status == R_EMPTY:
+        return mr.END, False
+    failure = failure_reply(status, flags, payload)
+    return failure if failure is not None else (b"", False)
+
+
+def failure_reply(status: int, flags: int, payload) -> tuple[bytes, bool] | None:
+    """The reply to a failed part (worker error, protocol violation) and whether it closes the
+    connection; None if `status` is no failure."""
+    if status == R_SERVER_ERROR:
+        return mr.server_error(bytes(payload).decode("latin-1", "replace")), True
+    if status == R_CLIENT_ERROR:
+        return mr.client_error(bytes(payload).decode("latin-1", "replace")), bool(flags & RF_CLOSE)
+    if status == R_ERROR:
+        return mr.ERROR, bool(flags & RF_CLOSE)
+    return None
+
+
 def _finish_stored(slot: Slot) -> None:
     p = slot.parts[0]
-    st = p.status
-    if st == R_OK:
-        slot.out = mr.STORED
-    elif st == R_SERVER_ERROR:
-        slot.out = mr.server_error(p.payload.decode("latin-1", "replace"))
-        slot.close = True
-    elif st == R_CLIENT_ERROR:
-        slot.out = mr.client_error(p.payload.decode("latin-1", "replace"))
-        slot.close = True
-    else:
-        slot.out = mr.NOT_STORED
+    slot.out, slot.close = set_reply(p.status, p.flags, p.payload)
 
 
 def _finish_alias_set(slot: Slot) -> None:
@@ -384,30 +416,15 @@ def _finish_alias_set(slot: Slot) -> None:
 def _finish_get1(slot: Slot) -> None:
     """One key's reply; `slot.call`: the key as the client sent it (echoed in VALUE)."""
     p = slot.parts[0]
-    st = p.status
-    if st == R_ITEM:
-        slot.out = mr.single_value(slot.call, p.payload)
-    elif st == R_END or st == R_EMPTY:
-        slot.out = mr.END
-    else:
-        first_failure(slot)
+    slot.out, slot.close = get1_reply(p.status, p.flags, p.payload, slot.call)
 
 
 def first_failure(slot: Slot) -> bool:
     """If any part failed (worker error, protocol violation), make that the reply."""
     for p in slot.parts:
-        st = p.status
-        if st == R_SERVER_ERROR:
-            slot.out = mr.server_error(p.payload.decode("latin-1", "replace"))
-            slot.close = True
-            return True
-        if st == R_CLIENT_ERROR:
-            slot.out = mr.client_error(p.payload.decode("latin-1", "replace"))
-            slot.close = bool(p.flags & RF_CLOSE)
-            return True
-        if st == R_ERROR:
-            slot.out = mr.ERROR
-            slot.close = bool(p.flags & RF_CLOSE)
+        failure = failure_reply(p.status, p.flags, p.payload)
+        if failure is not None:
+            slot.out, slot.close = failure
             return True
     return False
 

@@ -13,6 +13,10 @@ get, alias writes) that other workers own, go over this front slot's rings as
 from any front; their responses arrive on the worker's wake eventfd, which the
 slot's response rings share.
 
+The fused path: a memcache set or plain get for an own queue, on a connection with no reply
+slot queued, skips even `send`: the connection calls Worker.inline_set / inline_get itself
+(fronts/inline.py) and `deliver` hands the reply straight back to it.
+
 Why inline and not a ring to itself: a request that stays in the process pays no
 record copy, no wakeup and no second loop turn; per request that was most of the
 cost of the process split (issue 8).
@@ -72,6 +76,7 @@ class LocalFront(Front):
         self.streak: dict[int, list] = {}         # conn id -> [other worker, requests in a row]
         self.candidates: set[int] = set()          # conn ids that earned a move
         self.handoff_seq = 0
+        self.inline_requests = 0    # requests its connections ran by the fused path (Conn.run_inline)
 
     def send(self, worker: int, conn_id: int, req: int, op: int, flags: int, queue: str | bytes,
              a: int = 0, b: int = 0, payload: bytes = b"") -> bool:
@@ -106,7 +111,7 @@ class LocalFront(Front):
             if c is None or st is None or st[1] < HANDOFF_AFTER:
                 self.candidates.discard(cid)
                 continue
-            if c.slots or c.parts or c.out or c.held:
+            if c.slots or c.fast or c.parts or c.out or c.held:
                 continue                   # a reply is owed: look again when it has left
             self.candidates.discard(cid)
             w = st[0]
@@ -204,7 +209,11 @@ class LocalFront(Front):
         conn_id, req, status, flags, _, value = unpack_resp(head, 0)
         c = self.conns.get(conn_id)
         if c is not None:
-            c.on_response(req, status, flags, value, payload)
+            fast = c.fast
+            if fast and fast[0][0] == req and not c.closing:    # Conn.on_response's first case
+                c.fast_reply(status, flags, payload)
+            else:
+                c.on_response(req, status, flags, value, payload)
 
 
 def attach_front(worker, parts, control_sock) -> None:

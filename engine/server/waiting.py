@@ -14,7 +14,7 @@ import msgpack
 
 from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_CONFIRM_ALL, F_OPEN, F_PEEK, R_DATA, R_EMPTY, R_END,
                        R_ERROR,
-                       R_ITEM, RF_CLOSE, RF_MORE,
+                       R_ITEM, RF_CLOSE, RF_MORE, pack_resp,
                        unpack_resp)
 from lanner.queues.waiters import Waiter
 
@@ -49,7 +49,25 @@ class Waiting:
     Filled by Worker: coll, sessions, pending_by_conn, tids*, clock, reply().
     """
 
+    def plain_get(self, src, conn, req, queue) -> None:
+        """`get q` with no option and no wait, the common request: remove the head or answer
+        empty; an open read on the queue makes it a protocol error (it closes the connection).
+        The fused local path (Conn.inline_req) calls it directly, op_get for every other
+        caller."""
+        sess = self.sessions.get((src, conn))
+        if sess is not None and sess.open_count(queue):
+            self.reply(src, conn, req, R_ERROR, RF_CLOSE)
+            return
+        coll = self.coll
+        coll.undo.ctx = (src, conn, req)
+        item = coll.remove(queue)
+        self.replies.append((src, pack_resp(conn, req, R_ITEM, 0, 0, 0), item.data) if item is not None
+                            else (src, pack_resp(conn, req, R_EMPTY, 0, 0, 0), b""))
+
     def op_get(self, src, conn, req, queue, flags, timeout) -> None:
+        if not flags and timeout <= 0:
+            self.plain_get(src, conn, req, queue)
+            return
         coll = self.coll
         sess = self.sessions.get((src, conn))
         if flags & F_CONFIRM_ALL:

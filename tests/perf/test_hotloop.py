@@ -18,22 +18,31 @@ def test_hotloop_main_prints_cpu_per_request(capsys):
 
 def test_inline_requests_carry_the_parsed_queue_name(tmp_path):
     """A worker serving its own client runs the request with the name the parser made: the
-    front no longer encodes it for a ring it does not use, nor the worker decodes it again."""
+    front no longer encodes it for a ring it does not use, nor the worker decodes it again
+    (the fused path for set/get, and `send` for the rest)."""
     rig = hotloop.Rig(str(tmp_path), 1)
     try:
         seen = []
-        front = rig.worker.front
-        real_send = front.send
+        front, worker = rig.worker.front, rig.worker
+        real_send, real_set, real_get = front.send, worker.inline_set, worker.inline_get
 
         def send(worker, conn_id, req, op, flags, queue, *rest):
             seen.append(queue)
             return real_send(worker, conn_id, req, op, flags, queue, *rest)
-        front.send = send
+
+        def inline_set(src, conn, req, queue, *rest):
+            seen.append(queue)
+            return real_set(src, conn, req, queue, *rest)
+
+        def inline_get(src, conn, req, queue):
+            seen.append(queue)
+            return real_get(src, conn, req, queue)
+        front.send, worker.inline_set, worker.inline_get = send, inline_set, inline_get
         c = rig.conns[0]
-        c.data_received(b"set jobs 0 0 2\r\nhi\r\nget jobs\r\n")
+        c.data_received(b"set jobs 0 0 2\r\nhi\r\nget jobs\r\nget jobs/peek\r\n")
         rig.turn()
-        assert b"".join(c.transport.written) == b"STORED\r\nVALUE jobs 0 2\r\nhi\r\nEND\r\n"
-        assert seen == ["jobs", "jobs"]
+        assert b"".join(c.transport.written) == b"STORED\r\nVALUE jobs 0 2\r\nhi\r\nEND\r\nEND\r\n"
+        assert seen == ["jobs", "jobs", "jobs"]
         assert all(type(q) is str for q in seen)
     finally:
         rig.close()

@@ -247,7 +247,9 @@ def test_text_connection_moves_with_its_open_read(h):
     assert wait_for(lambda: stat(watcher, b"handoffs") == before + 1)
     assert serving_worker(h, c) == 1
     assert c.ask(b"get %s\n" % q, b"\n") == b":b\n"       # confirms a, opens b: on the adopter
-    c.close()                                              # b goes back
+    c.close()                                              # b goes back ...
+    # ... once the adopter has seen the close: a new client racing it would be served c
+    assert wait_for(lambda: stat(watcher, b"queue_%s_open_transactions" % q) == 0)
     t = Client(h.connect(h.text_port))
     assert t.ask(b"get %s 5000\n" % q, b"\n") == b":b\n"
 
@@ -263,3 +265,41 @@ def test_connection_moves_after_a_stats(h):
         assert c.ask(b"set %s 0 0 1\r\n%d\r\n" % (q, i)) == b"STORED\r\n"
     assert wait_for(lambda: stat(watcher, b"handoffs") == before + 1)
     assert serving_worker(h, c) == 1
+
+
+def test_a_set_behind_a_blocking_get_answers_after_it(h):
+    """The fused local path (Conn.inline_req) never overtakes: a set pipelined behind a
+    blocking get on another queue of the same worker runs, and replies, only after that get."""
+    [c] = clients_on(h, 0, 1)
+    watcher = Client(h.connect())
+    other, mine = queue_of(0, prefix="lw"), queue_of(0)
+    c.send(b"get %s/t=10000\r\nset %s 0 0 1\r\nx\r\nget %s\r\n" % (other, mine, mine))
+    assert wait_for(lambda: stat(watcher, b"queue_%s_waiters" % other) == 1)
+    assert watcher.ask(b"get %s/peek\r\n" % mine) == b"END\r\n"     # the set has not run
+    assert watcher.ask(b"set %s 0 0 1\r\ny\r\n" % other) == b"STORED\r\n"
+    want = (b"VALUE %s/t=10000 0 1\r\ny\r\nEND\r\nSTORED\r\nVALUE %s 0 1\r\nx\r\nEND\r\n"
+            % (other, mine))
+    assert c.recv_n(len(want)) == want
+
+
+def test_pipelined_local_and_routed_requests_answer_in_order(h):
+    """Sets and gets on the worker's own queue (fused path) interleaved with requests it
+    routes to the other worker and replies it makes at once: every reply in command order."""
+    [c] = clients_on(h, 0, 1)
+    mine, theirs = queue_of(0), queue_of(1)
+    cmds, want = [], []
+    for i in range(60):
+        item = b"%d" % i
+        q = (mine, theirs)[i % 3 == 2]
+        cmds.append(b"set %s 0 0 %d\r\n%s\r\nget %s\r\n" % (q, len(item), item, q))
+        want.append(b"STORED\r\nVALUE %s 0 %d\r\n%s\r\nEND\r\n" % (q, len(item), item))
+        if i % 7 == 0:
+            cmds.append(b"get %s\r\nversion\r\n" % mine)
+            want.append(b"END\r\nVERSION ")
+    c.send(b"".join(cmds))
+    for w in want:
+        if w.endswith(b"VERSION "):
+            assert c.recv_n(len(w)) == w
+            c.recv_until(b"\r\n")                  # the version number
+        else:
+            assert c.recv_n(len(w)) == w

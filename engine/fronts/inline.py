@@ -1,0 +1,56 @@
+"""The fused local path of a connection served by a worker's own front (server/local.py).
+
+A memcache `set` or plain `get` for a queue the worker owns, taken while no Slot is queued on
+the connection, runs against the queue at once (Worker.inline_set / inline_get) with no Slot,
+Part, routing or request record; only its number and how to render its reply wait in
+`Conn.fast`.  Its reply still joins the worker's batch, so it leaves only when the commit rules
+allow, and comes back through LocalFront.deliver to `fast_reply`.  Why apart from conn.py: the
+in-order Slot queue is conn.py's concern; this is the slot-less path beside it (Conn keeps the
+two in order: `drain_slots` waits while `fast` is not empty).
+"""
+from __future__ import annotations
+
+import time
+
+
+class InlineReplies:
+    """Conn methods; `fast`, `early`, `worker`, `local` and the rest are set in Conn.__init__."""
+
+    __slots__ = ()
+
+    def inline_req(self, render, call) -> int:
+        """Number a request the caller runs inline now (Worker.inline_set / inline_get) and
+        keep how to render its reply: `render(status, flags, payload, call)` -> (bytes, close).
+        The caller checked that no Slot is queued, so replies leave in the order of `fast`."""
+        req = self.next_req
+        self.next_req = (req + 1) & 0xFFFFFFFF or 1
+        f = self.front
+        self.touched |= 1 << self.local
+        if f.streak:
+            f.streak.pop(self.id, None)     # a local request breaks a streak towards a handoff
+        f.inline_requests += 1
+        self.fast.append((req, render, call, self.cur_fam, self.t_in))
+        return req
+
+    def fast_reply(self, status: int, flags: int, payload) -> None:
+        """The reply of the oldest inline request (then of any that came back before it)."""
+        fast = self.fast
+        f = self.front
+        while True:
+            _, render, call, fam, t0 = fast.popleft()
+            out, close = render(status, flags, payload, call)
+            f.latency.observe(fam, time.monotonic() - t0)
+            self.out.append(out)
+            if close:
+                self.closing = self.stopped = True
+                fast.clear()
+                self.early.clear()
+                self.slots.clear()      # what was sent after the closing command goes unanswered
+                self.held = 0
+                break
+            if not (fast and self.early and fast[0][0] in self.early):
+                break
+            status, flags, payload = self.early.pop(fast[0][0])
+        if not fast and self.slots:
+            self.drain_slots()
+        f.write_pending.add(self)

@@ -1,0 +1,185 @@
+"""The fused local path (Conn.inline_req, Worker.inline_set / inline_get), in-process: a real
+worker with its own front and memcache connections on fake transports (perf/hotloop.py's rig).
+Each test checks that the path was taken (the front's `inline_requests`) and that a rule of the
+normal path still holds: reply order, the commit gate, rollback, open reads."""
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+
+import pytest
+
+from lanner.config import Config, QueueConfig, ServerConfig
+from lanner.perf.hotloop import Rig
+from lanner.storage.journal import journal as J
+
+
+class Transport:
+    """What a connection needs of an asyncio transport; keeps what was written and the close."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.closed = False
+
+    def set_write_buffer_limits(self, high=None, low=None) -> None:
+        pass
+
+    def get_extra_info(self, name, default=None):
+        return default
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def write(self, data: bytes) -> None:
+        assert not self.closed
+        self.written.append(data)
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def rig(tmp_path):
+    made = []
+
+    def make(conns: int = 1, **default) -> Rig:
+        cfg = Config(server=ServerConfig(queue_path=str(tmp_path / "q"), status_file=str(tmp_path / "status")),
+                     default=QueueConfig(**default))
+        os.makedirs(cfg.server.queue_path, exist_ok=True)
+        r = Rig(str(tmp_path), conns, config=cfg, transport=Transport)
+        made.append(r)
+        return r
+    yield make
+    for r in made:
+        r.close()
+
+
+def out(c) -> bytes:
+    data = b"".join(c.transport.written)
+    c.transport.written.clear()
+    return data
+
+
+def run(r: Rig, c, data: bytes) -> bytes:
+    c.data_received(data)
+    r.turn()
+    return out(c)
+
+
+def test_set_and_get_take_the_fused_path(rig):
+    r = rig()
+    [c] = r.conns
+    assert run(r, c, b"set q 0 0 3\r\nabc\r\nget q\r\nget q\r\n") == \
+        b"STORED\r\nVALUE q 0 3\r\nabc\r\nEND\r\nEND\r\n"
+    assert r.worker.front.inline_requests == 3
+    assert not c.slots and not c.parts and not c.fast
+    st = r.worker.coll.stats()
+    assert (st["get_hits"], st["get_misses"]) == (1, 1)
+    assert list(c.front.my.words[4:6]) == [2, 1]    # cmd_get, cmd_set (fronts/counters.py)
+
+
+def test_no_reply_before_the_turn_writes_the_journal(rig):
+    """A reply leaves with its batch, after the journal write, never from the handler."""
+    r = rig()
+    [c] = r.conns
+    c.data_received(b"set q 0 0 1\r\nx\r\n")
+    assert c.transport.written == [] and len(c.fast) == 1
+    r.turn()
+    assert out(c) == b"STORED\r\n"
+    folder = r.config.server.queue_path
+    assert sum(os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder) if n.startswith("q")) > 0
+
+
+def test_normal_slots_wait_for_the_inline_replies_before_them(rig):
+    """set (fused), get/peek (a Slot), set (behind a Slot: the normal path), get (fused again
+    only once nothing is queued): replies in command order."""
+    r = rig()
+    [c] = r.conns
+    assert run(r, c, b"set q 0 0 1\r\na\r\nget q/peek\r\nset q 0 0 1\r\nb\r\nget q\r\n") == \
+        b"STORED\r\nVALUE q/peek 0 1\r\na\r\nEND\r\nSTORED\r\nVALUE q 0 1\r\na\r\nEND\r\n"
+    assert r.worker.front.inline_requests == 1
+    assert run(r, c, b"get q\r\n") == b"VALUE q 0 1\r\nb\r\nEND\r\n"
+    assert r.worker.front.inline_requests == 2
+    # a reply made at once (no worker) waits for the inline reply before it
+    assert run(r, c, b"set q 0 0 1\r\nc\r\nversion\r\n").startswith(b"STORED\r\nVERSION ")
+    assert r.worker.front.inline_requests == 3
+
+
+def test_inline_replies_that_come_back_out_of_order_leave_in_order(rig):
+    """A write-behind may hold one queue's reply while a later one on another queue leaves
+    (server/commit.py hold_unwritten): the connection still answers in command order."""
+    r = rig()
+    [c] = r.conns
+    assert run(r, c, b"set a 0 0 1\r\n1\r\nset b 0 0 1\r\n2\r\n") == b"STORED\r\nSTORED\r\n"
+    c.data_received(b"get a\r\nget b\r\nget a\r\n")
+    assert len(r.worker.replies) == 3
+    r.worker.replies.reverse()
+    r.turn()
+    assert out(c) == b"VALUE a 0 1\r\n1\r\nEND\r\nVALUE b 0 1\r\n2\r\nEND\r\nEND\r\n"
+    assert not c.fast and not c.early
+
+
+def test_a_plain_get_with_an_open_read_on_the_queue_is_an_error(rig):
+    r = rig()
+    [c] = r.conns
+    assert run(r, c, b"set q 0 0 1\r\na\r\nset q 0 0 1\r\nb\r\nget q/open\r\n") == \
+        b"STORED\r\nSTORED\r\nVALUE q/open 0 1\r\na\r\nEND\r\n"
+    before = r.worker.front.inline_requests
+    assert run(r, c, b"get q\r\nset q 0 0 1\r\nc\r\n") == b"ERROR\r\n"
+    assert r.worker.front.inline_requests == before + 1
+    assert c.transport.closed
+    r.turn()                                      # the disconnect rolls the open read back
+    assert [i.data for i in r.worker.coll.queue("q").memory_items()] == [b"a", b"b"]
+
+
+def test_a_failed_journal_write_makes_the_inline_reply_an_error(rig, monkeypatch):
+    r = rig()
+    [c] = r.conns
+    assert run(r, c, b"set q 0 0 1\r\na\r\n") == b"STORED\r\n"
+
+    def enospc(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(J, "_write", enospc)
+    got = run(r, c, b"set q 0 0 1\r\nb\r\n")
+    assert got.startswith(b"SERVER_ERROR ") and b"No space left on device" in got, got
+    assert b"/" not in got                         # no server path in a reply
+    assert c.transport.closed
+    assert [i.data for i in r.worker.coll.queue("q").memory_items()] == [b"a"]
+
+
+def test_under_sync_always_no_reply_before_the_fsync(rig, monkeypatch):
+    r = rig(sync_journal="always")
+    [c] = r.conns
+    gate = threading.Event()
+    started = threading.Event()
+
+    def fsync(fd):
+        started.set()
+        assert gate.wait(10)
+        os.fsync(fd)
+    monkeypatch.setattr(J, "_fsync", fsync)
+    c.data_received(b"set q 0 0 1\r\nx\r\nget q\r\n")
+    r.turn()
+    assert started.wait(10)
+    r.turn()
+    assert c.transport.written == []              # the fsync has not finished: nothing replied
+    assert r.worker.front.inline_requests == 2
+    gate.set()
+    deadline = time.monotonic() + 10
+    while not c.transport.written and time.monotonic() < deadline:
+        r.turn()                                  # the fsync thread's pipe wakes the loop
+    assert out(c) == b"STORED\r\nVALUE q 0 1\r\nx\r\nEND\r\n"
