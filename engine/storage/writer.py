@@ -138,7 +138,7 @@ class Writer:
                 os.write(self.notify_w, b"w")
                 continue
             try:
-                _write_all(job.fd, job.buf)
+                write_all(job.fd, job.buf, 0, _write)
             except OSError as e:
                 job.error = e
             else:
@@ -148,12 +148,13 @@ class Writer:
             os.write(self.notify_w, b"w")
 
 
-def _write_all(fd: int, buf: bytearray) -> None:
+def write_all(fd: int, buf: bytearray, done: int, write) -> None:
+    """Write `buf[done:]` whole with `write` (os.write, or a module's test seam), however short
+    each write is.  The journal's inline flush and this thread both finish writes this way."""
     total = len(buf)
-    done = 0
     with memoryview(buf) as view:
         while done < total:
-            n = _write(fd, view[done:])
+            n = write(fd, view[done:])
             if n <= 0:
                 raise OSError(errno.EIO, "write returned 0")
             done += n

@@ -41,6 +41,25 @@ def journal(path, clock, writer) -> Journal:
     return j
 
 
+
+def on_thread_fsync(monkeypatch, hook) -> None:
+    """Journal fsyncs call `hook()` first when another thread (the writer) makes them."""
+    owner = threading.get_ident()
+
+    def fsync(fd):
+        if threading.get_ident() != owner:
+            hook()
+        os.fsync(fd)
+    monkeypatch.setattr(J, "_fsync", fsync)
+
+
+def held(entered: threading.Event, gate: threading.Event):
+    """A hook that says it was entered, then waits for `gate`."""
+    def hold(*_):
+        entered.set()
+        assert gate.wait(10)
+    return hold
+
 def fill_then_empty(j, opened: QItem) -> None:
     """Past default_journal_size with nothing queued and one item open (the dump holds it)."""
     item = QItem(T, 0, b"x" * 100)
@@ -100,21 +119,12 @@ def test_the_pack_appears_and_is_adopted_only_after_its_fsyncs(tmp_path, clock, 
     d.mkdir()
     file_gate, dir_gate = threading.Event(), threading.Event()
     in_file, in_dir = threading.Event(), threading.Event()
-    owner = threading.get_ident()
-
-    def fsync(fd):
-        if threading.get_ident() != owner:
-            in_file.set()
-            assert file_gate.wait(10)
-        os.fsync(fd)
-
-    real_dir = C.fsync_dir
+    on_thread_fsync(monkeypatch, held(in_file, file_gate))
+    real_dir, hold_dir = C.fsync_dir, held(in_dir, dir_gate)
 
     def fsync_dir(p):
-        in_dir.set()
-        assert dir_gate.wait(10)
+        hold_dir()
         real_dir(p)
-    monkeypatch.setattr(J, "_fsync", fsync)
     monkeypatch.setattr(C, "fsync_dir", fsync_dir)
     j = journal(d, clock, writer)
     opened = QItem(T, 0, b"open")
@@ -153,14 +163,7 @@ def test_close_waits_for_a_rewrite_under_way(tmp_path, clock, writer, monkeypatc
     d = tmp_path / "d"
     d.mkdir()
     gate, started = threading.Event(), threading.Event()
-    owner = threading.get_ident()
-
-    def fsync(fd):
-        if threading.get_ident() != owner:
-            started.set()
-            assert gate.wait(10)
-        os.fsync(fd)
-    monkeypatch.setattr(J, "_fsync", fsync)
+    on_thread_fsync(monkeypatch, held(started, gate))
     j = journal(d, clock, writer)
     opened = QItem(T, 0, b"open")
     fill_then_empty(j, opened)
@@ -179,13 +182,10 @@ def test_close_waits_for_a_rewrite_under_way(tmp_path, clock, writer, monkeypatc
 def test_a_failed_dump_leaves_the_archive_and_loses_nothing(tmp_path, clock, writer, monkeypatch, caplog):
     d = tmp_path / "d"
     d.mkdir()
-    owner = threading.get_ident()
 
-    def fsync(fd):
-        if threading.get_ident() != owner:
-            raise OSError(5, "Input/output error")
-        os.fsync(fd)
-    monkeypatch.setattr(J, "_fsync", fsync)
+    def fail():
+        raise OSError(5, "Input/output error")
+    on_thread_fsync(monkeypatch, fail)
     j = journal(d, clock, writer)
     opened = QItem(T, 0, b"open")
     fill_then_empty(j, opened)

@@ -63,20 +63,24 @@ def stats_of(c: Client, queue: str) -> dict[str, int]:
     return out
 
 
+def store_numbered(c: Client, queue: bytes, n: int, size: int, batch: int, pad: bytes) -> None:
+    """Set items 0..n-1 of `size` bytes (an 8-digit number, then `pad`), `batch` per write."""
+    for start in range(0, n, batch):
+        c.send(b"".join(b"set %s 0 0 %d\r\n%s\r\n" % (queue, size, b"%08d" % i + pad * (size - 8))
+                        for i in range(start, start + batch)))
+        for _ in range(batch):
+            assert c.recv_until(b"\r\n") == b"STORED\r\n"
+
+
 def test_read_behind_keeps_a_backlog_out_of_memory(tmp_path):
     """4 MB of 1 KiB items against max_memory_size 64KiB (default layout: two workers that
     serve clients): memory holds at most 64 KiB (plus the one item a refill may overshoot by),
     the rest waits on disk, and every item comes back once, in order."""
     limit, size, n = 64 * 1024, 1024, 4000
-    h = start_server(tmp_path, layout="embedded", config=f'[default]\nmax_memory_size = "64KiB"\n')
+    h = start_server(tmp_path, layout="embedded", config='[default]\nmax_memory_size = "64KiB"\n')
     try:
         c = Client(h.connect())
-        batch = 100
-        for start in range(0, n, batch):
-            c.send(b"".join(b"set rb 0 0 %d\r\n%s\r\n" % (size, b"%08d" % i + b"." * (size - 8))
-                            for i in range(start, start + batch)))
-            for _ in range(batch):
-                assert c.recv_until(b"\r\n") == b"STORED\r\n"
+        store_numbered(c, b"rb", n, size, 100, b".")
         s = stats_of(c, "rb")
         assert s["items"] == n
         assert 0 < s["mem_bytes"] <= limit + size
@@ -118,11 +122,7 @@ def test_a_drained_backlog_gives_its_memory_back(tmp_path):
         before = max(private_kb(p) for p in pids)
         c = Client(h.connect())
         batch = 200
-        for start in range(0, n, batch):
-            c.send(b"".join(b"set mb 0 0 %d\r\n%s\r\n" % (size, b"%08d" % i + b"-" * (size - 8))
-                            for i in range(start, start + batch)))
-            for _ in range(batch):
-                assert c.recv_until(b"\r\n") == b"STORED\r\n"
+        store_numbered(c, b"mb", n, size, batch, b"-")
         full = max(private_kb(p) for p in pids)
         assert full >= before + 16_000, (before, full)       # the items really are in memory
         for start in range(0, n, batch):

@@ -47,6 +47,7 @@ from lanner.storage.cmdlog.segment import (CORRUPT, DELETE, EXPIRE, HEADER, HEAD
                                            TIMEOUT_ATTEMPT, CmdlogError, CmdlogIOError, encode_command,
                                            encode_time, fsync_dir, put_uvarint, segment_name)
 from lanner.storage.seam import ReplayState
+from lanner.storage.writer import write_all
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +223,7 @@ class PartitionLog:
         data = json.dumps({"queues": sorted(self._names)}).encode()
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            _write_all(fd, data)
+            write_all(fd, data, 0, os.write)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -321,7 +322,7 @@ class PartitionLog:
         path = os.path.join(self.dir, segment_name(seq))
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         try:
-            _write_all(fd, HEADER)
+            write_all(fd, HEADER, 0, os.write)
             fsync_dir(self.dir)
         except BaseException:
             os.close(fd)
@@ -555,9 +556,3 @@ def flock_path(path: str, mode: int) -> int:
         raise
     return fd
 
-
-def _write_all(fd: int, data: bytes) -> None:
-    with memoryview(data) as mv:
-        done = 0
-        while done < len(data):
-            done += os.write(fd, mv[done:])

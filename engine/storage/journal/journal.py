@@ -26,7 +26,6 @@ stand-alone journals run it inline.
 """
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import threading
@@ -39,6 +38,7 @@ from lanner.storage.journal.files import (JournalError, archived_files, check_na
 from lanner.storage.journal.compaction import JournalCompaction
 from lanner.storage.journal.replay import replay_files
 from lanner.storage.seam import ReplayState
+from lanner.storage.writer import write_all
 
 log = logging.getLogger(__name__)
 
@@ -354,7 +354,7 @@ class Journal(JournalCompaction):
         try:
             done = _write(self._fd, p)
             if done != total:
-                self._write_rest(p, done)
+                write_all(self._fd, p, done, _write)
         except OSError as e:
             # a view of the buffer may live on in the traceback: keep a copy instead
             self._pending = bytearray(p)
@@ -366,17 +366,6 @@ class Journal(JournalCompaction):
             raise JournalError(self._path, f"write of {total} bytes failed: {e.strerror or e}", e.errno) from e
         self._disk_size += total
         del p[:]                # (keeps big buffers cheap to refill, unlike clear())
-
-    def _write_rest(self, p: bytearray, done: int) -> None:
-        """Finish a short write."""
-        fd = self._fd
-        total = len(p)
-        with memoryview(p) as view:
-            while done < total:
-                n = _write(fd, view[done:])
-                if n <= 0:
-                    raise OSError(errno.EIO, "write returned 0")
-                done += n
 
     def _untear(self) -> None:
         try:
