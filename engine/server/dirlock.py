@@ -39,6 +39,11 @@ class DirLocked(Exception):
         super().__init__(f"{what} is in use by another lanner server ({holder}); stop it first")
 
 
+class PathClash(Exception):
+    """The status file would sit in the queue directory, where every file is read as a journal
+    (the default status file `data/status` does with `--queue-path data`)."""
+
+
 def queue_lock_path(queue_path: str) -> str:
     return os.path.join(queue_path, LOCK_DIR, LOCK_NAME)
 
@@ -76,6 +81,10 @@ def acquire(path: str, what: str) -> int:
 
 def lock_server(queue_path: str, status_file: str) -> list[int]:
     """Both locks of a server, queue directory first.  Descriptors to keep open."""
+    if os.path.realpath(os.path.dirname(os.path.abspath(status_file))) == os.path.realpath(queue_path):
+        raise PathClash(f"status file {status_file} is inside the queue path {queue_path}, where "
+                        "every file is read as a journal; give --status-file (status_file) a path "
+                        "outside it")
     os.makedirs(os.path.join(queue_path, LOCK_DIR), exist_ok=True)
     fds = [acquire(queue_lock_path(queue_path), f"queue path {queue_path}")]
     try:

@@ -113,7 +113,7 @@ class Supervisor:
             raise StartupError(f"queue path {qp!r} is not writable: {e.strerror or e}") from None
         try:
             self.lock_fds = dirlock.lock_server(qp, srv.status_file)
-        except dirlock.DirLocked as e:
+        except (dirlock.DirLocked, dirlock.PathClash) as e:
             raise StartupError(str(e)) from None
         except OSError as e:
             raise StartupError(f"cannot lock {e.filename or qp}: {e.strerror or e}") from None

@@ -65,6 +65,22 @@ def test_second_server_on_the_same_queue_path_is_refused(tmp_path):
         assert h.stop() == 0
 
 
+def test_a_status_file_inside_the_queue_path_is_refused_naming_both(tmp_path):
+    """`--queue-path data` run from the folder holding it puts the default status file
+    (`data/status`) in the queue directory, whose every file is a journal: a one-line
+    refusal naming both, not a worker's stray-file error about `status.lock`."""
+    args = serve_args("data", "x")
+    del args[args.index("--status-file"):args.index("--status-file") + 2]    # the default
+    code, err = refused(args, tmp_path)
+    assert code == 1 and len(err.splitlines()) == 1, err
+    assert "status file data/status is inside the queue path data" in err, err
+    assert "--status-file" in err
+    assert not (tmp_path / "data" / "status").exists()      # refused before anything was written
+    # the same paths spelt differently clash too
+    code, err = refused(serve_args(tmp_path / "data", "data/../data/st"), tmp_path)
+    assert code == 1 and "is inside the queue path" in err, err
+
+
 def test_kill_9_of_the_group_frees_the_directory(tmp_path):
     qp = str(tmp_path / "queues")
     h = start_server(tmp_path, workers=2, fronts=1, queue_path=qp)
