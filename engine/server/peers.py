@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 class PeerOps:
     """Worker methods; the attributes they use are set in Worker.__init__.
 
-    Filled by Worker: coll, config, peers, sessions, down_peers, control.
+    Filled by Worker: coll, config, peers, sessions, down_peers, control, send_parked.
     """
 
     # -- stats, config ---------------------------------------------------------------------------
@@ -71,6 +71,7 @@ class PeerOps:
         elif cmd == "peer_up":
             for p in self.peer_slots(msg["peer"]):
                 self.down_peers.discard(p)
+                self.send_parked(p)
             if self.front is not None and not self.peers.is_front(msg["peer"]):
                 self.front.down_workers.discard(msg["peer"] - self.nfronts)
         elif cmd == "reload":
@@ -119,6 +120,7 @@ class PeerOps:
         before its `peer_up` reaches us, and must then get its replies)."""
         self.down_peers.discard(peer)
         log.info("worker %d: peer %d is back", self.index, peer)
+        self.send_parked(peer)
 
     def on_cleaner(self, msg) -> None:
         self.storage_factory.on_cleaner_reply(msg)

@@ -129,6 +129,8 @@ class ShardLoop:
         if front is not None:
             front.push_overflow()
             front.drain_responses()
+            if self.worker_rings:    # what a worker sent before a reply read here goes first (drain)
+                self.drain(self.worker_rings)
         if not prepare_sleep_all(self.sleep_rings):
             self.loop.call_soon(self.pump)
         self.schedule_turn()

@@ -107,12 +107,16 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         self.ctl_reader = control.Reader(control_sock)
         self.cleaner_reader = control.Reader(cleaner_sock) if cleaner_sock is not None else None
         self.rings = [(src, r) for src, r in enumerate(inbound) if r is not None]
+        # Other workers' rings: what they send (expire_to_queue moves) goes before any front's
+        # request read after it, so a client that saw the move's cause sees the move (drain).
+        self.worker_rings = [(src, r) for src, r in self.rings if not self.peers.is_front(src)]
         self.in_rings = [r for _, r in self.rings]
         self.outs = [r for r in outbound if r is not None]
         self.asm = {src: Reassembler() for src, _ in self.rings}
         self.sessions: dict[tuple[int, int], Session] = {}
         self.pending_by_conn: dict[tuple[int, int], set[Pending]] = defaultdict(set)
         self.down_peers: set[int] = set()
+        self.parked: dict[int, list[tuple[str, bytes]]] = {}   # worker peer -> moves waiting for it
         self.stats_jobs: set = set()          # stats answers being built in slices (statsjob.py)
         self.replies: list[tuple[int, bytes, bytes]] = []
         self.held: list[tuple[int, bytes, bytes]] = []
@@ -180,6 +184,7 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
 
     def drain(self, rings) -> bool:
         busy = False
+        worker_rings = self.worker_rings
         for src, ring in rings:
             asm = self.asm[src]
             while True:
@@ -189,6 +194,10 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
                 busy = True
                 if src in self.down_peers:
                     self.peer_back(src)
+                if worker_rings and rings is not worker_rings:
+                    # A worker's message published before this batch was read (e.g. the move of
+                    # an expired item whose source a client has just seen empty) goes first.
+                    self.drain(worker_rings)
                 for rec in batch:
                     msg = asm.feed(rec)
                     if msg is None:
@@ -427,16 +436,24 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
 
     # -- cross-shard -----------------------------------------------------------------------------
     def forward_add(self, target: str, data: bytes, now_ms: int) -> None:
-        """expire_to_queue into a queue another worker owns."""
+        """expire_to_queue into a queue another worker owns.  While that worker is down the
+        item waits here and goes when it is back (`send_parked`): the source has already
+        logged its removal, so dropping it would lose an item a client was promised."""
         dst = self.peers.of_worker(worker_of(target, self.nworkers))
         ring = self.outbound[dst]
         if ring is None or dst in self.down_peers:
-            log.error("worker %d: cannot move an expired item to %r: its worker is down",
-                      self.index, target)
+            log.warning("worker %d: an expired item for %r waits for its worker, which is down",
+                        self.index, target)
+            self.parked.setdefault(dst, []).append((target, data))
             return
         q = target.encode("latin-1")
         send(ring, pack_req(0, 0, OP_FORWARD_ADD, 0, len(q), 0, 0) + q, data)
         ring.publish()
+
+    def send_parked(self, peer: int) -> None:
+        """`peer` is back: the moves that waited for it go, in their order."""
+        for target, data in self.parked.pop(peer, ()):
+            self.forward_add(target, data, 0)
 
     def shutdown(self) -> int:
         """Write and fsync what is left, retry stranded aborts once, close every storage.

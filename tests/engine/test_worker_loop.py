@@ -266,3 +266,32 @@ def test_an_open_read_twice_on_one_connection_is_an_error_that_closes(harness):
     f.send(0, 2, 1, OP_GET, b"q", 0, a=-1)                        # the close rolled x back
     h.settle()
     assert statuses(f.replies()) == [(1, R_ITEM, b"x")]
+
+
+def test_an_expired_item_moved_while_the_target_worker_is_down_waits_for_it(harness):
+    """expire_to_queue into a queue of a worker that is down: the move waits for the
+    replacement's peer_up instead of being dropped (the source has already logged the
+    removal, so a drop lost an item a producer was told was stored)."""
+    src, dst = next((f"s{i}", f"d{i}") for i in range(100)
+                    if worker_of(f"s{i}", 2) == 0 and worker_of(f"d{i}", 2) == 1)
+    h = harness(workers=2, config=f'[queues.{src}]\nexpire_to_queue = "{dst}"\nmax_age = "1s"\n')
+    f = h.fronts[0]
+    f.send(0, 1, 1, OP_SET, src.encode(), payload=b"moved")
+    h.settle()
+    assert statuses(f.replies(0)) == [(1, R_OK, b"")]
+    target = h.peers.of_worker(1)
+    h.tell(0, {"cmd": "peer_down", "peer": target})
+    h.clock.advance(5000)                          # the item expires; the next turn polls control
+    h.settle()
+    assert h.acks[0].read() == [{"cmd": "ack_down", "peer": target, "worker": 0}]
+    f.send(0, 1, 2, OP_GET, src.encode(), 0, a=-1)          # the sweep moves the item
+    f.send(1, 1, 3, OP_GET, dst.encode(), 0, a=-1)
+    h.settle()
+    assert statuses(f.replies(0)) == [(2, R_EMPTY, b"")]
+    assert statuses(f.replies(1)) == [(3, R_EMPTY, b"")]    # not there while its worker is down
+    h.tell(0, {"cmd": "peer_up", "peer": target})
+    h.clock.advance(5000)
+    h.settle()
+    f.send(1, 1, 4, OP_GET, dst.encode(), 0, a=-1)
+    h.settle()
+    assert statuses(f.replies(1)) == [(4, R_ITEM, b"moved")]
