@@ -132,6 +132,7 @@ class Target:
     host: str
     port: int
     thrift_port: int | None = None
+    admin_port: int | None = None
     tree: ProcTree | None = None
     proc: subprocess.Popen | None = None
     workdir: str | None = None
@@ -194,14 +195,21 @@ def start_memcached(port: int | None = None, extra: list[str] | None = None) -> 
 
 def start_lanner(workers: int | None = None, fronts: int | None = None, config: str | None = None, thrift: bool = False,
                  extra: list[str] | None = None, queue_path: str | None = None) -> Target:
-    """`lanner serve` on free 127.0.0.1 ports with its data in a fresh temporary directory."""
+    """`lanner serve` on free 127.0.0.1 ports with its data in a fresh temporary directory.
+    The admin port is on, as `lanner serve`'s is, so the admin process is in every figure
+    (`--lanner-arg=--admin-port=off` leaves it out)."""
     workdir = tempfile.mkdtemp(prefix="lanner-perf-")
-    mc = free_port()
+    mc, ad = free_port(), free_port()
     th = free_port() if thrift else None
+    extra = list(extra or [])
+    for i, a in enumerate(extra):        # the last --admin-port wins, as in `lanner serve`
+        if a.startswith("--admin-port"):
+            value = a.split("=", 1)[1] if "=" in a else (extra[i + 1] if i + 1 < len(extra) else "")
+            ad = int(value) if value.isdigit() else None
     args = [sys.executable, "-m", "lanner.cli", "serve",
             "--queue-path", queue_path or os.path.join(workdir, "queues"),
             "--status-file", os.path.join(workdir, "status"), "--listen", "127.0.0.1",
-            "--memcache-port", str(mc), "--text-port", "off", "--admin-port", "off",
+            "--memcache-port", str(mc), "--text-port", "off", "--admin-port", str(ad) if ad else "off",
             "--thrift-port", str(th) if th else "off"]
     if workers is not None:          # None: `lanner serve`'s own default layout
         args += ["--workers", str(workers)]
@@ -209,13 +217,13 @@ def start_lanner(workers: int | None = None, fronts: int | None = None, config: 
         args += ["--fronts", str(fronts)]
     if config:
         args += ["--config", os.path.abspath(config)]
-    args += list(extra or [])
+    args += extra
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     # stderr goes to a file: a long run's logging must never fill a pipe nobody reads and stall the server
     with open(os.path.join(workdir, "lanner.log"), "wb") as err:
         proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err, cwd=workdir, env=env)
-    target = Target("lanner", "kestrel", "127.0.0.1", mc, thrift_port=th, tree=ProcTree(proc.pid), proc=proc,
+    target = Target("lanner", "kestrel", "127.0.0.1", mc, thrift_port=th, admin_port=ad, tree=ProcTree(proc.pid), proc=proc,
                     workdir=workdir, settings={"workers": workers, "fronts": fronts, "config": config,
                                                "args": " ".join(args[3:])})
     try:

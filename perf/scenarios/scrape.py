@@ -18,8 +18,8 @@ CPU per scrape) next to the ones it does (requests/s, wall-clock latency).
    p99 and worst round trip during the scrapes against the quiet spells between them shows
    how long a scrape holds that worker's clients.
 
-Needs the admin port: `--admin-port N`, or with `--start lanner` pass
-`--lanner-arg=--admin-port=N` (the scenario reads it from there).  `--lanner-config` with
+Needs the admin port: `--admin-port N`, or a server `--start lanner` started (its admin port
+is on).  `--lanner-config` with
 `[default]` `keep_journal = false` makes creating 10,000 queues take seconds, not minutes.
 """
 from __future__ import annotations
@@ -57,17 +57,12 @@ def add_arguments(p) -> None:
     g.add_argument("--skip-size", action="store_true", help="only the effect phase")
 
 
-def admin_port(args) -> int:
-    if args.admin_port:
-        return args.admin_port
-    extra = list(getattr(args, "lanner_arg", []) or [])
-    for i, a in enumerate(extra):
-        if a.startswith("--admin-port="):
-            return int(a.split("=", 1)[1])
-        if a == "--admin-port" and i + 1 < len(extra):
-            return int(extra[i + 1])
-    raise ScenarioError("scrape needs the admin port: --admin-port N "
-                        "(with --start lanner also --lanner-arg=--admin-port=N)")
+def admin_port(args, target) -> int:
+    """--admin-port, else the port of the server `--start` started."""
+    port = args.admin_port or target.admin_port
+    if not port:
+        raise ScenarioError("scrape needs the admin port: --admin-port N")
+    return port
 
 
 def fetch(host: str, port: int, path: str) -> tuple[float, bytes]:
@@ -104,7 +99,7 @@ class Scraper(threading.Thread):
 
 def run(args, ctx) -> Report:
     ctx.require_queues(NAME)
-    host, port = ctx.target.host, admin_port(args)
+    host, port = ctx.target.host, admin_port(args, ctx.target)
     report = Report(NAME, {"concurrency": args.concurrency, "duration": args.duration, "rounds": args.rounds,
                            "interval": args.interval, "queues": args.queues, "repeats": args.repeats},
                     ctx.target.describe(),

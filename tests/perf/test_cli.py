@@ -5,11 +5,14 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 
 from lanner.perf import scenarios
 from lanner.perf.__main__ import build_parser
 from lanner.perf.report import Plot, Report, format_table, progress_bar, render, write_json, write_plots
-from lanner.perf.servers import ProcTree, find_server_pid, free_port
+from lanner.perf.servers import ProcTree, find_server_pid, free_port, start_lanner
+
+from tests.helpers import wait_for
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -124,3 +127,21 @@ def test_progress_bar_is_silent_off_a_terminal():
     bar.update(3)
     bar.close()
     assert bar.n == 3 and type(bar).__name__ == "_NoBar"
+
+
+def test_a_started_lanner_has_the_default_layout_admin_process_included():
+    """`--start lanner` runs what `lanner serve` runs: the admin port on, so the admin process
+    is in every figure; `--admin-port=off` leaves it out."""
+    target = start_lanner(workers=1)
+    try:
+        assert target.admin_port
+        with urllib.request.urlopen(f"http://127.0.0.1:{target.admin_port}/ping.json", timeout=10) as r:
+            assert r.status == 200
+        assert wait_for(lambda: target.tree.count("admin") == 1, 10)
+    finally:
+        target.stop()
+    target = start_lanner(workers=1, extra=["--admin-port=off"])
+    try:
+        assert target.admin_port is None and target.tree.count("admin") == 0
+    finally:
+        target.stop()
