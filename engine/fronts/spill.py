@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from lanner.protocols.memcache_replies import SPLICE_MIN, Spliced
+
 #: Unsent reply bytes a connection may have before it stops taking commands (conn.py's Conn).
 REPLY_BUDGET = 4 << 20
 #: Unsent bytes below which a connection that stopped takes commands again.
@@ -30,6 +32,8 @@ WRITE_LOW = 1 << 20
 WRITE_CHUNK = 256 << 10
 #: Spilled bytes a front writes per loop turn, over all its connections.
 TURN_BYTES = 512 << 10
+# A Spliced reply is always bigger than a chunk, so conn.flush_out never joins or writes one whole.
+assert SPLICE_MIN >= WRITE_CHUNK
 
 
 class SpillTurns:
@@ -83,8 +87,12 @@ class SpillWriter:
 
     def spill_out(self, pieces: list) -> None:
         """Queue `pieces` behind what is spilled already; they leave on later turns."""
-        self.spill.extend(pieces)
+        spill = self.spill
         for p in pieces:
+            if type(p) is Spliced:
+                spill.extend(p.pieces)       # the value itself, never copied
+            else:
+                spill.append(p)
             self.spilled += len(p)
         if self.spilled + self.transport.get_write_buffer_size() > REPLY_BUDGET:
             self.paused_writing = True       # the caller (pump) stops reading

@@ -49,12 +49,14 @@ except (AttributeError, OSError):
 
 
 class WriteJob:
-    """One buffer to append to one fd; `error` is the OSError it ended with, if any."""
-    __slots__ = ("fd", "buf", "done", "error")
+    """One buffer, then `tail` if any (a big item's own bytes: the journal does not copy them
+    into its buffer), to append to one fd; `error` is the OSError it ended with, if any."""
+    __slots__ = ("fd", "buf", "tail", "done", "error")
 
-    def __init__(self, fd: int, buf: bytearray) -> None:
+    def __init__(self, fd: int, buf: bytearray, tail: bytes | None = None) -> None:
         self.fd = fd
         self.buf = buf
+        self.tail = tail
         self.done = threading.Event()
         self.error: OSError | None = None
 
@@ -85,8 +87,8 @@ class Writer:
         self._thread: threading.Thread | None = None
         self._name = name
 
-    def submit(self, fd: int, buf: bytearray) -> WriteJob:
-        job = WriteJob(fd, buf)
+    def submit(self, fd: int, buf: bytearray, tail: bytes | None = None) -> WriteJob:
+        job = WriteJob(fd, buf, tail)
         self._start()
         self._jobs.put(job)
         return job
@@ -139,6 +141,8 @@ class Writer:
                 continue
             try:
                 write_all(job.fd, job.buf, 0, _write)
+                if job.tail is not None:
+                    write_all(job.fd, job.tail, 0, _write)
             except OSError as e:
                 job.error = e
             else:
@@ -148,7 +152,7 @@ class Writer:
             os.write(self.notify_w, b"w")
 
 
-def write_all(fd: int, buf: bytearray, done: int, write) -> None:
+def write_all(fd: int, buf: bytearray | bytes, done: int, write) -> None:
     """Write `buf[done:]` whole with `write` (os.write, or a module's test seam), however short
     each write is.  The journal's inline flush and this thread both finish writes this way."""
     total = len(buf)
