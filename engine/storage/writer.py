@@ -50,13 +50,18 @@ except (AttributeError, OSError):
 
 class WriteJob:
     """One buffer, then `tail` if any (a big item's own bytes: the journal does not copy them
-    into its buffer), to append to one fd; `error` is the OSError it ended with, if any."""
-    __slots__ = ("fd", "buf", "tail", "done", "error")
+    into its buffer), to append to one fd; `error` is the OSError it ended with, if any.  A job
+    submitted `after` another of the same file is skipped with that one's error if it failed:
+    nothing may land behind a failed write, which its owner cuts back (journal.py)."""
+    __slots__ = ("fd", "buf", "tail", "after", "size", "done", "error")
 
-    def __init__(self, fd: int, buf: bytearray, tail: bytes | None = None) -> None:
+    def __init__(self, fd: int, buf: bytearray, tail: bytes | None = None,
+                 after: WriteJob | None = None) -> None:
         self.fd = fd
         self.buf = buf
         self.tail = tail
+        self.after = after
+        self.size = len(buf) + (len(tail) if tail is not None else 0)
         self.done = threading.Event()
         self.error: OSError | None = None
 
@@ -87,8 +92,9 @@ class Writer:
         self._thread: threading.Thread | None = None
         self._name = name
 
-    def submit(self, fd: int, buf: bytearray, tail: bytes | None = None) -> WriteJob:
-        job = WriteJob(fd, buf, tail)
+    def submit(self, fd: int, buf: bytearray, tail: bytes | None = None,
+               after: WriteJob | None = None) -> WriteJob:
+        job = WriteJob(fd, buf, tail, after)
         self._start()
         self._jobs.put(job)
         return job
@@ -139,7 +145,10 @@ class Writer:
                 job.done.set()
                 os.write(self.notify_w, b"w")
                 continue
+            after, job.after = job.after, None      # (no chain of references to old jobs)
             try:
+                if after is not None and after.error is not None:
+                    raise after.error
                 write_all(job.fd, job.buf, 0, _write)
                 if job.tail is not None:
                     write_all(job.fd, job.tail, 0, _write)
