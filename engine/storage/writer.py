@@ -9,16 +9,18 @@ to the fd it was given, in order of submission, and says how it went: the stream
 marks, rollback) stays the owner's, who settles the job when it is done (`Journal.settle_write`),
 and who never touches the buffer or closes the fd while the job is under way.
 
-The thread also waits until the kernel has written those pages to the disk (sync_file_range:
-write-out only, no metadata, not a durability promise; that is still fsync's job).  Otherwise a
-flood leaves hundreds of MB dirty, and the kernel's dirty-page throttling then pauses every
-writer of the process, the loop's small journal writes too, and the loop's later rename of the
-file at rotation (ext4 writes out a renamed file's delayed blocks) or unlink of a packed file
-waits for all of it.  Waiting here makes the flood, and only the flood, go at the disk's pace.
-Python's os module has no sync_file_range, so it is called through ctypes (which releases the
-GIL); without it (not Linux) the thread only writes.
-
-When a job is done the thread writes one byte to `notify_w`, which wakes the owner's loop.
+When a job's bytes are written (the OS has them: all the commit rule asks before a reply) the
+job is done and the thread writes one byte to `notify_w`, which wakes the owner's loop.  Then,
+before it takes the next job, the thread waits until the kernel has written those pages to the
+disk (sync_file_range: write-out only, no metadata, not a durability promise; that is still
+fsync's job), on a duplicate of the fd, since the owner may close its own once told.  Without
+that wait a flood leaves hundreds of MB dirty, and the kernel's dirty-page throttling then
+pauses every writer of the process, the loop's small journal writes too, and the loop's later
+rename of the file at rotation or unlink of a packed file waits for all of it.  Waiting here
+makes the flood, and only the flood, go at the disk's pace; waiting before the job is done made
+every reply behind a big record (a small set on the flood's own queue) wait for the disk too
+(issue 8: p50 140 ms, now about 1 ms).  Python's os module has no sync_file_range, so it is
+called through ctypes (which releases the GIL); without it (not Linux) the thread only writes.
 
 `run` takes other slow file work that the owner must see finished before it goes on with what
 depends on it (a journal rewrite's write, fsyncs and renames, compaction.py): the owner keeps the
@@ -40,6 +42,7 @@ _write = os.write
 
 # sync_file_range(2) flags: wait for write-out under way, start it, wait for it.
 _WRITE_OUT = 1 | 2 | 4
+# (looked up at call time, so tests can hold it)
 try:
     _sync_file_range = ctypes.CDLL(None, use_errno=True).sync_file_range
     _sync_file_range.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
@@ -154,11 +157,14 @@ class Writer:
                     write_all(job.fd, job.tail, 0, _write)
             except OSError as e:
                 job.error = e
-            else:
-                if _sync_file_range is not None:       # a hint: its failure changes nothing
-                    _sync_file_range(job.fd, 0, 0, _WRITE_OUT)
+            out = -1
+            if job.error is None and _sync_file_range is not None:
+                out = os.dup(job.fd)        # the owner may close its fd once told
             job.done.set()
             os.write(self.notify_w, b"w")
+            if out >= 0:                    # a hint: its failure changes nothing
+                _sync_file_range(out, 0, 0, _WRITE_OUT)
+                os.close(out)
 
 
 def write_all(fd: int, buf: bytearray | bytes, done: int, write) -> None:

@@ -14,6 +14,7 @@ import pytest
 from lanner.config import QueueConfig
 from lanner.queues.item import QItem
 from lanner.storage import writer as W
+from lanner.storage.journal.codec import encode_add
 from lanner.storage.journal.files import JournalError
 from lanner.storage.journal.journal import BIG_RECORD, Journal
 from lanner.storage.writer import Writer
@@ -139,3 +140,28 @@ def test_without_a_writer_or_for_a_mutable_body_the_record_is_copied(tmp_path, c
     j.record_add(QItem(T, 0, bytearray(BIG1.data)))  # could change under the thread: copied
     assert j.pending_bytes == 21 + len(BIG1.data) and not j._chain
     j.close()
+
+
+def test_a_write_is_done_before_its_write_out_which_runs_on_a_duplicate_fd(tmp_path, clock, writer, monkeypatch):
+    """issue 8: waiting for the disk before saying the write was done made every reply behind a
+    big record (a small set on the flood's own queue) wait for the disk; the owner may close
+    its fd once told, so the write-out waits on a duplicate."""
+    gate, entered, fds = threading.Event(), threading.Event(), []
+
+    def sync_file_range(fd, off, n, flags):
+        fds.append(fd)
+        entered.set()
+        assert gate.wait(10)
+        return 0
+    monkeypatch.setattr(W, "_sync_file_range", sync_file_range)
+    j = opened(tmp_path / "d", clock, writer)
+    j.record_add(BIG1)
+    job = j._inflight
+    assert entered.wait(10) and job.done.wait(5)     # done while the write-out is held
+    own = j._fd
+    j.settle_write()
+    j.close()                                        # closes its fd under the write-out
+    assert fds and fds[0] != own
+    gate.set()
+    writer.run(lambda: None).wait()
+    assert (tmp_path / "d" / "q").read_bytes() == encode_add(BIG1)
