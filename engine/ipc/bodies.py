@@ -33,13 +33,14 @@ class Bodies:
         """Append a piece; when the body is complete return (queue, data, expiry, flags).
         Pieces of a body that was dropped (its connection left) are ignored.
 
-        Each piece is copied once, as it comes, into the body's BytesIO, whose `getvalue`
-        then hands over its own buffer as the `bytes` of the item, without a copy (CPython).
-        Joining the pieces at the end instead was one 8 MiB copy of several ms on the owner's
-        loop (issue 8: a small request waited behind it); this spreads the same copying over
-        the turns the pieces arrive in.  A piece may be a view of a ring or an input buffer
-        that is reused once this returns: it is copied here either way.  A body that came in
-        one `bytes` piece is not copied at all."""
+        Each piece is copied once, as it comes, into a BytesIO made over a `bytes` of the
+        body's size (its only reference, so written in place and never grown: growing it
+        copied the body over and over), whose `getvalue` then hands over that very object as
+        the item's `bytes`, without a copy (CPython).  Joining the pieces at the end instead
+        was one 8 MiB copy of several ms on the owner's loop (issue 8: a small request waited
+        behind it); this spreads the same copying over the turns the pieces arrive in.  A
+        piece may be a view of a ring or an input buffer that is reused once this returns: it
+        is copied here either way.  A body that came in one `bytes` piece is not copied."""
         key = (src, conn, req)
         entry = self._open.get(key)
         if entry is None:
@@ -51,11 +52,11 @@ class Bodies:
             del self._open[key]
             if got == 0 and n == size and type(piece) is bytes:
                 return entry[0], piece, entry[1], entry[3]
-            buf = entry[4] or io.BytesIO()
+            buf = entry[4] or io.BytesIO(bytes(size))
             buf.write(memoryview(piece)[:size - got])
             return entry[0], buf.getvalue(), entry[1], entry[3]
         if entry[4] is None:
-            entry[4] = io.BytesIO()
+            entry[4] = io.BytesIO(bytes(size))
         entry[4].write(piece)
         entry[5] = got + n
         return None
