@@ -8,6 +8,7 @@ cdef class MemcacheParser(StreamParser):
     cdef public Py_ssize_t _need
     cdef public object _set
     cdef public object _after
+    cdef public object _direct
 
     @cython.locals(buf=bytearray, state=int, need=Py_ssize_t, n=Py_ssize_t)
     cpdef object next(self)

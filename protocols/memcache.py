@@ -416,7 +416,7 @@ class MemcacheParser(StreamParser):
     `stream_over` bytes is yielded as SetHead then SetPiece commands as it arrives, never
     buffered whole (None: every body is buffered and yielded as one Set)."""
 
-    __slots__ = ("item_limit", "stream_over", "_need", "_set", "_after")
+    __slots__ = ("item_limit", "stream_over", "_need", "_set", "_after", "_direct")
     BETWEEN, STOPPED = _LINE, _STOPPED
 
     def __init__(self, max_line: int = 1 << 20,
@@ -432,9 +432,19 @@ class MemcacheParser(StreamParser):
                                 # BODY: body bytes not yet yielded
         self._set: Set | None = None       # DATA: the Set waiting for its data
         self._after = None      # SKIP: what to yield once the skipped block is past
+        self._direct = None     # BODY, nothing buffered: bytes fed, yielded as they are
 
     def feed(self, data: bytes) -> None:
         state = self._state
+        if state == _BODY:
+            if self._direct is None and not self._buf and len(data) >= STREAM_PIECE:
+                # a streamed body's bytes as they came, one piece, never copied here (issue 8:
+                # the buffer and the piece cut from it were two copies of each 8 MiB body)
+                self._direct = data
+                return
+            if self._direct is not None:
+                self._buf += self._direct
+                self._direct = None
         if state == _SKIP and not self._buf:
             n = len(data)
             need = self._need
@@ -482,15 +492,22 @@ class MemcacheParser(StreamParser):
                 return cmd
             elif state == _BODY:
                 need = self._need
-                n = len(buf)
-                if n < need and n < STREAM_PIECE:
-                    return None
-                if n <= need:
-                    piece = bytes(buf)
-                    buf.clear()
+                piece = self._direct
+                if piece is not None:        # (nothing is buffered before it)
+                    self._direct = None
+                    if len(piece) > need:
+                        buf += memoryview(piece)[need:]
+                        piece = piece[:need]
                 else:
-                    piece = bytes(buf[:need])
-                    del buf[:need]
+                    n = len(buf)
+                    if n < need and n < STREAM_PIECE:
+                        return None
+                    if n <= need:
+                        piece = bytes(buf)
+                        buf.clear()
+                    else:
+                        piece = bytes(buf[:need])
+                        del buf[:need]
                 self._need = need - len(piece)
                 if self._need:
                     return SetPiece(piece, False)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 __all__ = [
     "END", "STORED", "NOT_STORED", "DELETED", "ERROR", "CLIENT_ERROR", "SERVER_ERROR",
-    "FLUSHED_ALL", "RELOADED", "value_block", "single_value", "client_error", "server_error", "count_line",
+    "FLUSHED_ALL", "RELOADED", "value_block", "single_value", "get_reply", "Spliced", "SPLICE_MIN",
+    "client_error", "server_error", "count_line",
     "version_line", "status_line", "encode_stats", "encode_dump_stats", "encode_dump_config",
 ]
 
@@ -31,6 +32,33 @@ def single_value(key_raw: str, data: bytes) -> bytes:
     """`value_block` + END in one copy of `data` (a get of one key): `value_block(...) + END`
     copied an 8 MiB item twice on the loop (issue 8)."""
     return b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (key_raw.encode("latin-1"), len(data), data)
+
+
+#: A value at least this big is sent from its own bytes (`Spliced`), not copied into the reply.
+SPLICE_MIN = 256 << 10
+
+
+class Spliced:
+    """A reply made of pieces that are written in order and never joined, so an 8 MiB value is
+    not copied on the loop to frame it (issue 8).  len() is its size in bytes; the front's
+    writer (fronts/spill.py) writes the pieces."""
+
+    __slots__ = ("pieces", "size")
+
+    def __init__(self, pieces: tuple) -> None:
+        self.pieces = pieces
+        self.size = sum(map(len, pieces))
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def get_reply(key_raw: str, data) -> bytes | Spliced:
+    """`single_value`; for a big value that is `bytes` (never a view of a buffer that is reused)
+    the value itself goes in the reply, between its line and END."""
+    if len(data) < SPLICE_MIN or type(data) is not bytes:
+        return single_value(key_raw, data)
+    return Spliced((b"VALUE %s 0 %d\r\n" % (key_raw.encode("latin-1"), len(data)), data, b"\r\nEND\r\n"))
 
 
 def _reason_bytes(reason: str) -> bytes:

@@ -26,15 +26,12 @@ import msgpack
 
 from lanner.fronts.counters import C_CURR, C_READ, C_TOTAL, C_WRITTEN
 from lanner.fronts.inline import InlineReplies
+from lanner.fronts.spill import REPLY_BUDGET, WRITE_CHUNK, WRITE_LOW, SpillWriter  # noqa: F401 (WRITE_LOW: tests)
 from lanner.ops.latency import family_of
 from lanner.queues.names import validate_queue_name
 from lanner.ipc.messages import (OP_DISCONNECT, OP_DUMP_CONFIG, OP_RELOAD, OP_SET_DATA, OP_STATS, R_DATA,
                                  R_OK, R_SERVER_ERROR, RF_CLOSE, RF_MORE)
 
-#: Unsent reply bytes a connection may have before it stops taking commands (see Conn).
-REPLY_BUDGET = 4 << 20
-#: The transport's low-water mark: below it a connection that stopped takes commands again.
-WRITE_LOW = 1 << 20
 #: Commands in flight (sent, reply not yet written) per connection, whatever their size.
 MAX_INFLIGHT = 1024
 #: Unparsed bytes a connection holds while it cannot take commands, before it stops reading.
@@ -86,7 +83,7 @@ def expiry_at(ms: int) -> int:
     return ms if ms > 0 else 1
 
 
-class Conn(InlineReplies, asyncio.Protocol, abc.ABC):
+class Conn(InlineReplies, SpillWriter, asyncio.Protocol, abc.ABC):
     """One client connection.  A subclass passes its protocol's parser (`feed(bytes)`, `next()`
     -> command or None, `buffered` -> bytes held) and implements `handle` and `unavailable`.
 
@@ -101,8 +98,9 @@ class Conn(InlineReplies, asyncio.Protocol, abc.ABC):
     have had so far (`reply_size`, pessimistic at first), with at most MAX_INFLIGHT in flight.
     While it cannot take commands the parser keeps what arrives, up to INPUT_LIMIT bytes; then
     the connection stops reading (the kernel's buffers and TCP push back on the client).
-    A client that does not read its replies fills the transport's buffer past REPLY_BUDGET:
-    `pause_writing` stops both taking commands and reading until it drains to WRITE_LOW.
+    A client that does not read its replies leaves them unsent (the transport's slice and the
+    spill behind it, spill.py): past REPLY_BUDGET, `paused_writing` stops both taking commands
+    and reading until they drain to WRITE_LOW.  A big reply leaves a slice per turn (spill.py).
     """
 
     count_bytes = True           # bytes_read / bytes_written (thrift is not counted, §9.5)
@@ -129,7 +127,11 @@ class Conn(InlineReplies, asyncio.Protocol, abc.ABC):
         self.touched = 0               # bitmask of workers this connection sent requests to
         self.refuse_reads = False
         self.refuse_writes = False
-        self.paused_writing = False
+        self.paused_writing = False    # too much unsent: take no commands, read nothing
+        self.spill: deque = deque()    # reply bytes waiting for the transport (spill.py)
+        self.spilled = 0
+        self.wbusy = False             # the transport still holds a slice
+        self.spill_queued = False      # in the front's SpillTurns
         self.reading_paused = False
         self.last_activity = 0.0
         self.cur_fam = -1              # latency family of the command being handled
@@ -154,7 +156,7 @@ class Conn(InlineReplies, asyncio.Protocol, abc.ABC):
     # -- asyncio callbacks -----------------------------------------------------------------------
     def connection_made(self, transport):
         self.transport = transport
-        transport.set_write_buffer_limits(high=REPLY_BUDGET, low=WRITE_LOW)
+        transport.set_write_buffer_limits(high=0, low=0)     # pause_writing: a slice is unsent
         f = self.front
         f.conns[self.id] = self
         if self.counts_connection:
@@ -201,14 +203,8 @@ class Conn(InlineReplies, asyncio.Protocol, abc.ABC):
         self.slots.clear()
         self.parts.clear()
         self.held = 0
-
-    def pause_writing(self):
-        self.paused_writing = True
-        self.update_reading()
-
-    def resume_writing(self):
-        self.paused_writing = False
-        self.pump()
+        self.spill.clear()
+        self.spilled = 0
 
     # -- flow ------------------------------------------------------------------------------------
     def pump(self) -> None:
@@ -248,7 +244,7 @@ class Conn(InlineReplies, asyncio.Protocol, abc.ABC):
         if n >= MAX_INFLIGHT:
             return False
         t = self.transport
-        queued = t.get_write_buffer_size() if t is not None else 0
+        queued = (t.get_write_buffer_size() if t is not None else 0) + self.spilled
         return self.held + queued + n * self.reply_size < REPLY_BUDGET
 
     def update_reading(self) -> None:
@@ -454,15 +450,22 @@ class Conn(InlineReplies, asyncio.Protocol, abc.ABC):
             # roll back open reads before the client can see the reply and reconnect
             self.send_disconnects()
             self.front.flush_rings()
-        if self.out and t is not None and not t.is_closing():
-            data = b"".join(self.out) if len(self.out) > 1 else self.out[0]
-            self.out.clear()
+        out = self.out
+        if out and t is not None and not t.is_closing():
+            data = out[0]
+            n = len(data)
+            if len(out) > 1:
+                n = sum(map(len, out))
+                if n <= WRITE_CHUNK:
+                    data = b"".join(out)
             if self.count_bytes:
-                self.front.my.words[C_WRITTEN] += len(data)
-            t.write(data)
-        else:
-            self.out.clear()
-        if self.closing and t is not None and not t.is_closing():
+                self.front.my.words[C_WRITTEN] += n
+            if n > WRITE_CHUNK or self.spilled or self.wbusy:
+                self.spill_out([data] if n <= WRITE_CHUNK else out)    # behind what waits: a slice per turn
+            else:
+                t.write(data)
+        out.clear()
+        if self.closing and not self.spilled and t is not None and not t.is_closing():
             t.close()
 
     def worker_down(self, w: int) -> None:

@@ -22,6 +22,7 @@ from lanner.fronts.admin import AdminConn
 from lanner.fronts.conn import Conn
 from lanner.fronts.counters import FRONT_COUNTERS, global_stats
 from lanner.fronts.memcache import MemcacheConn
+from lanner.fronts.spill import SpillTurns
 from lanner.fronts.text import TextConn
 from lanner.fronts.thrift import ThriftConn
 from lanner.ipc import control
@@ -70,6 +71,7 @@ class Front:
         self.servers = []
         self.stopping = False
         self.write_pending: set[Conn] = set()
+        self.spills = SpillTurns(self)          # connections with big replies to write, a slice per turn
         self.ring_waiters: set[Conn] = set()     # connections waiting for room in a request ring
         self.congested = False                   # some request ring holds over BACKLOG_LIMIT
         self.asm = [Reassembler() for _ in resp_rings]

@@ -379,7 +379,7 @@ def get1_reply(status: int, flags: int, payload, key) -> tuple[bytes, bool]:
     """A one-key get's reply (`key`: as the client sent it, echoed in VALUE) and whether it
     closes the connection (both paths use it)."""
     if status == R_ITEM:
-        return mr.single_value(key, payload), False
+        return mr.get_reply(key, payload), False       # big: not copied (spill.py writes it)
     if status == R_END or status == R_EMPTY:
         return mr.END, False
     failure = failure_reply(status, flags, payload)

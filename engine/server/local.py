@@ -111,7 +111,7 @@ class LocalFront(Front):
             if c is None or st is None or st[1] < HANDOFF_AFTER:
                 self.candidates.discard(cid)
                 continue
-            if c.slots or c.fast or c.parts or c.out or c.held:
+            if c.slots or c.fast or c.parts or c.out or c.held or c.spilled:
                 continue                   # a reply is owed: look again when it has left
             self.candidates.discard(cid)
             w = st[0]

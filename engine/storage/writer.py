@@ -9,16 +9,18 @@ to the fd it was given, in order of submission, and says how it went: the stream
 marks, rollback) stays the owner's, who settles the job when it is done (`Journal.settle_write`),
 and who never touches the buffer or closes the fd while the job is under way.
 
-The thread also waits until the kernel has written those pages to the disk (sync_file_range:
-write-out only, no metadata, not a durability promise; that is still fsync's job).  Otherwise a
-flood leaves hundreds of MB dirty, and the kernel's dirty-page throttling then pauses every
-writer of the process, the loop's small journal writes too, and the loop's later rename of the
-file at rotation (ext4 writes out a renamed file's delayed blocks) or unlink of a packed file
-waits for all of it.  Waiting here makes the flood, and only the flood, go at the disk's pace.
-Python's os module has no sync_file_range, so it is called through ctypes (which releases the
-GIL); without it (not Linux) the thread only writes.
-
-When a job is done the thread writes one byte to `notify_w`, which wakes the owner's loop.
+When a job's bytes are written (the OS has them: all the commit rule asks before a reply) the
+job is done and the thread writes one byte to `notify_w`, which wakes the owner's loop.  Then,
+before it takes the next job, the thread waits until the kernel has written those pages to the
+disk (sync_file_range: write-out only, no metadata, not a durability promise; that is still
+fsync's job), on a duplicate of the fd, since the owner may close its own once told.  Without
+that wait a flood leaves hundreds of MB dirty, and the kernel's dirty-page throttling then
+pauses every writer of the process, the loop's small journal writes too, and the loop's later
+rename of the file at rotation or unlink of a packed file waits for all of it.  Waiting here
+makes the flood, and only the flood, go at the disk's pace; waiting before the job is done made
+every reply behind a big record (a small set on the flood's own queue) wait for the disk too
+(issue 8: p50 140 ms, now about 1 ms).  Python's os module has no sync_file_range, so it is
+called through ctypes (which releases the GIL); without it (not Linux) the thread only writes.
 
 `run` takes other slow file work that the owner must see finished before it goes on with what
 depends on it (a journal rewrite's write, fsyncs and renames, compaction.py): the owner keeps the
@@ -40,6 +42,7 @@ _write = os.write
 
 # sync_file_range(2) flags: wait for write-out under way, start it, wait for it.
 _WRITE_OUT = 1 | 2 | 4
+# (looked up at call time, so tests can hold it)
 try:
     _sync_file_range = ctypes.CDLL(None, use_errno=True).sync_file_range
     _sync_file_range.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
@@ -49,12 +52,19 @@ except (AttributeError, OSError):
 
 
 class WriteJob:
-    """One buffer to append to one fd; `error` is the OSError it ended with, if any."""
-    __slots__ = ("fd", "buf", "done", "error")
+    """One buffer, then `tail` if any (a big item's own bytes: the journal does not copy them
+    into its buffer), to append to one fd; `error` is the OSError it ended with, if any.  A job
+    submitted `after` another of the same file is skipped with that one's error if it failed:
+    nothing may land behind a failed write, which its owner cuts back (journal.py)."""
+    __slots__ = ("fd", "buf", "tail", "after", "size", "done", "error")
 
-    def __init__(self, fd: int, buf: bytearray) -> None:
+    def __init__(self, fd: int, buf: bytearray, tail: bytes | None = None,
+                 after: WriteJob | None = None) -> None:
         self.fd = fd
         self.buf = buf
+        self.tail = tail
+        self.after = after
+        self.size = len(buf) + (len(tail) if tail is not None else 0)
         self.done = threading.Event()
         self.error: OSError | None = None
 
@@ -85,8 +95,9 @@ class Writer:
         self._thread: threading.Thread | None = None
         self._name = name
 
-    def submit(self, fd: int, buf: bytearray) -> WriteJob:
-        job = WriteJob(fd, buf)
+    def submit(self, fd: int, buf: bytearray, tail: bytes | None = None,
+               after: WriteJob | None = None) -> WriteJob:
+        job = WriteJob(fd, buf, tail, after)
         self._start()
         self._jobs.put(job)
         return job
@@ -137,18 +148,26 @@ class Writer:
                 job.done.set()
                 os.write(self.notify_w, b"w")
                 continue
+            after, job.after = job.after, None      # (no chain of references to old jobs)
             try:
+                if after is not None and after.error is not None:
+                    raise after.error
                 write_all(job.fd, job.buf, 0, _write)
+                if job.tail is not None:
+                    write_all(job.fd, job.tail, 0, _write)
             except OSError as e:
                 job.error = e
-            else:
-                if _sync_file_range is not None:       # a hint: its failure changes nothing
-                    _sync_file_range(job.fd, 0, 0, _WRITE_OUT)
+            out = -1
+            if job.error is None and _sync_file_range is not None:
+                out = os.dup(job.fd)        # the owner may close its fd once told
             job.done.set()
             os.write(self.notify_w, b"w")
+            if out >= 0:                    # a hint: its failure changes nothing
+                _sync_file_range(out, 0, 0, _WRITE_OUT)
+                os.close(out)
 
 
-def write_all(fd: int, buf: bytearray, done: int, write) -> None:
+def write_all(fd: int, buf: bytearray | bytes, done: int, write) -> None:
     """Write `buf[done:]` whole with `write` (os.write, or a module's test seam), however short
     each write is.  The journal's inline flush and this thread both finish writes this way."""
     total = len(buf)

@@ -20,8 +20,9 @@ def rig(tmp_path):
 
 
 def unsent(c) -> int:
-    """Bytes the server holds for this client: the transport's buffer and the held replies."""
-    return c.transport.get_write_buffer_size() + c.conn.held
+    """Bytes the server holds for this client: the transport's buffer, the spill behind it and
+    the held replies."""
+    return c.transport.get_write_buffer_size() + c.conn.spilled + c.conn.held
 
 
 def read_replies(rig, c, n: int, terminator: bytes = b"END\r\n") -> bytes:

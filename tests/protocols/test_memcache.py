@@ -312,3 +312,36 @@ def test_binary_magic_only_counts_at_the_start_of_a_command():
     cmds = list(p.commands())
     assert type(cmds[0]) is Set and cmds[0].data == b"\x80"
     assert type(cmds[1]) is Version
+
+
+def test_a_streamed_body_fed_while_nothing_is_buffered_is_yielded_as_fed():
+    """issue 8: copying each piece into the parser's buffer and out again was two copies of
+    every 8 MiB body on the loop; bytes fed with nothing buffered are the piece itself."""
+    p = mc.MemcacheParser(stream_over=1024)
+    size = 3 * mc.STREAM_PIECE
+    p.feed(b"set big 0 0 %d\r\n" % size)
+    assert isinstance(p.next(), mc.SetHead)
+    first = bytes(range(256)) * (mc.STREAM_PIECE // 256)
+    p.feed(first)
+    piece = p.next()
+    assert piece.data is first and not piece.last and p.next() is None
+    rest = b"r" * (2 * mc.STREAM_PIECE) + b"\r\nget big\r\n"     # the body's end and what follows
+    p.feed(rest)
+    piece = p.next()
+    assert piece.data == rest[:2 * mc.STREAM_PIECE] and piece.last
+    cmd = p.next()
+    assert type(cmd) is mc.Get and cmd.keys[0].queue == "big" and p.next() is None
+
+
+def test_a_piece_held_as_fed_keeps_its_place_before_later_bytes():
+    p = mc.MemcacheParser(stream_over=1024)
+    size = 2 * mc.STREAM_PIECE + 5
+    p.feed(b"set big 0 0 %d\r\n" % size)
+    p.next()
+    a, b = b"a" * mc.STREAM_PIECE, b"b" * (mc.STREAM_PIECE + 5) + b"\r\n"
+    p.feed(a)
+    p.feed(b)                          # before the front took the first piece
+    got = b""
+    while (cmd := p.next()) is not None:
+        got += cmd.data
+    assert got == a + b[:-2] and p.buffered == 0

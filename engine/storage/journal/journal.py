@@ -48,6 +48,7 @@ _write = os.write
 _fsync = os.fsync
 
 AUTOFLUSH = 4 << 20             # pending bytes that force a flush
+BIG_RECORD = 1 << 20            # item bytes written from the item itself, not copied (_add_behind)
 WRITE_BEHIND_MAX = 256 << 20    # pending bytes, behind a write under way, that force a flush
 
 
@@ -104,8 +105,9 @@ class Journal(JournalCompaction):
         self._synced_size = 0
         self._torn = False               # a failed write may have left bytes past _disk_size
         self.writer = None               # a storage.writer.Writer: big flushes go to its thread
-        self._inflight = None            # the WriteJob under way, if any
-        self._inflight_n = 0             # its bytes: after _disk_size, before _pending
+        self._inflight = None            # the newest WriteJob under way, if any
+        self._inflight_n = 0             # bytes of the jobs under way: after _disk_size, before _pending
+        self._chain: list = []           # the jobs under way, oldest first (big items: _add_behind)
         self._rb: Cursor | None = None
         self._closed = False
         self._erased = False
@@ -239,11 +241,37 @@ class Journal(JournalCompaction):
     def record_add(self, item: QItem) -> int:
         p = self._pending
         mark = self._base + self._disk_size + self._inflight_n + len(p)
+        if len(item.data) >= BIG_RECORD and self._add_behind(item):
+            return mark
         p += pack_addx(2, len(item.data) + 16, item.add_time, item.expiry)
         p += item.data
         if len(p) > AUTOFLUSH:
             self._autoflush()
         return mark
+
+    def _add_behind(self, item: QItem) -> bool:
+        """A big item's ADDX goes to the writer's thread at once: the buffer and the record's
+        head, then the item's own bytes (copying 8 MiB into the buffer was a sixth of the loop
+        under a flood, issue 8).  Behind a write under way it is chained (the thread skips it
+        if that one failed); `settle_write` takes them all.  Only with a writer and bytes that
+        cannot change (`bytes`), up to WRITE_BEHIND_MAX under way; else the caller copies, as
+        for any record.  True if the record went."""
+        data = item.data
+        if self.writer is None or self._fd < 0 or type(data) is not bytes or \
+                self._inflight_n + len(data) > WRITE_BEHIND_MAX:
+            return False
+        if self._torn:                # (only after a failed write: none is under way)
+            try:
+                self._untear()
+            except JournalError:
+                return False          # the owner's flush fails too and rolls back
+        buf, self._pending = self._pending, bytearray()
+        buf += pack_addx(2, len(data) + 16, item.add_time, item.expiry)
+        job = self.writer.submit(self._fd, buf, data, self._inflight)
+        self._chain.append(job)
+        self._inflight = job
+        self._inflight_n += job.size
+        return True
 
     def record_remove(self, item: QItem) -> int:
         p = self._pending
@@ -298,32 +326,46 @@ class Journal(JournalCompaction):
             except JournalError:
                 return False          # the owner's flush fails too and rolls back
         buf, self._pending = self._pending, bytearray()
-        self._inflight_n = len(buf)
-        self._inflight = self.writer.submit(self._fd, buf)
+        job = self.writer.submit(self._fd, buf)
+        self._chain.append(job)
+        self._inflight = job
+        self._inflight_n = job.size
         return True
 
     @property
     def write_done(self) -> bool:
-        """No write under way, or it has finished (`settle_write` will not wait)."""
+        """No write under way, or the newest has finished, and with it every one before it
+        (the thread writes in order): `settle_write` will not wait."""
         job = self._inflight
         return job is None or job.done.is_set()
 
     def settle_write(self) -> None:
-        """Take the result of the write under way (waiting for it if need be): its bytes are
-        the OS's now, or (it failed) the file is cut back, its records go back to the front of
-        the buffer, and JournalError is raised as from `flush`."""
+        """Take the results of the writes under way (waiting for them if need be): their bytes
+        are the OS's now, or (one failed) the file is cut back to the end of the last good one,
+        the records of the failed one and of those after it go back to the front of the buffer,
+        and JournalError is raised as from `flush`."""
         job = self._inflight
         if job is None:
             return
-        job.wait()
-        n = self._inflight_n
+        job.wait()                   # the newest: every earlier one is done too
+        jobs, self._chain = self._chain, []
         self._inflight = None
         self._inflight_n = 0
-        e = job.error
-        if e is None:
-            self._disk_size += n
+        for i, job in enumerate(jobs):
+            if job.error is None:
+                self._disk_size += job.size
+                continue
+            n = job.size
+            back = bytearray()
+            for j in jobs[i:]:
+                back += j.buf
+                if j.tail is not None:
+                    back += j.tail
+            e = job.error
+            break
+        else:
             return
-        self._pending[:0] = job.buf
+        self._pending[:0] = back
         self._torn = True
         try:
             self._untear()
