@@ -227,13 +227,22 @@ Command = (Get | Set | SetHead | SetPiece | SetRefused | Delete | Flush | FlushA
 
 def parse_int(tok: bytes) -> int | None:
     """Java `Integer.parseInt`: optional sign, ASCII decimal digits, 32-bit range; else None."""
-    if tok.isdigit():  # bytes.isdigit is ASCII-only, unlike str.isdigit
-        if len(tok) < 10:
-            return int(tok)
-    elif not (len(tok) > 1 and tok[0] in b"+-" and tok[1:].isdigit()):
-        return None
-    v = int(tok)
-    return v if INT_MIN <= v <= INT_MAX else None
+    n = len(tok)
+    if 0 < n < 10:
+        # the common case, up to 9 plain digits (no overflow possible): a C loop where
+        # memcache.pxd types it, instead of a call to int()
+        v = 0
+        for c in tok:
+            if c < 48 or c > 57:
+                break
+            v = v * 10 + (c - 48)
+        else:
+            return v
+    # bytes.isdigit is ASCII-only, unlike str.isdigit
+    if tok.isdigit() or (n > 1 and tok[0] in b"+-" and tok[1:].isdigit()):
+        big = int(tok)
+        return big if INT_MIN <= big <= INT_MAX else None
+    return None
 
 
 def _show(tok: bytes, limit: int = 48) -> str:
@@ -531,7 +540,16 @@ class MemcacheParser(StreamParser):
             if line:
                 return self._stop(ProtocolError(client_error("line of only spaces"), True))
             return self._stop(ProtocolError(client_error("empty command line"), True))
-        word = toks[0].lower()
+        word = toks[0]
+        # the two commands of nearly every request, as clients send them (lower case): straight
+        # to their parsing, past the table, the lower-casing and the stop check
+        if word == b"set":
+            return self._storage(word, toks)
+        if word == b"get" and len(toks) == 2:
+            raw = toks[1].decode("latin-1")
+            if raw and "/" not in raw:
+                return Get([GetKey(raw, raw)])
+        word = word.lower()
         handler = _SIMPLE.get(word)
         if handler is not None:
             cmd = handler(toks)

@@ -26,12 +26,9 @@ STREAM_OVER = 64 << 10
 
 class MemcacheConn(Conn):
     def __init__(self, front):
-        super().__init__(front, mc.MemcacheParser(item_limit=self.item_limit,
+        # the queue's max_item_size under the config in force now (it changes on reload)
+        super().__init__(front, mc.MemcacheParser(item_limit=front.item_limits.__getitem__,
                                                   stream_over=STREAM_OVER))
-
-    def item_limit(self, queue: str) -> int:
-        """The queue's max_item_size under the config in force now (it changes on reload)."""
-        return self.front.config.queue_config(queue).max_item_size
 
     def handle(self, cmd) -> None:
         _HANDLERS[type(cmd)](self, cmd)
