@@ -26,7 +26,7 @@ import msgpack
 
 from lanner.fronts.counters import C_CURR, C_READ, C_TOTAL, C_WRITTEN
 from lanner.fronts.inline import InlineReplies
-from lanner.ops.latency import family_of
+from lanner.ops.latency import BY_TYPE, family_of
 from lanner.queues.names import validate_queue_name
 from lanner.ipc.messages import (OP_DISCONNECT, OP_DUMP_CONFIG, OP_RELOAD, OP_SET_DATA, OP_STATS, R_DATA,
                                  R_OK, R_SERVER_ERROR, RF_CLOSE, RF_MORE)
@@ -106,6 +106,9 @@ class Conn(InlineReplies, asyncio.Protocol, abc.ABC):
     """
 
     count_bytes = True           # bytes_read / bytes_written (thrift is not counted, §9.5)
+    #: command class -> handler(conn, cmd) where a protocol dispatches on the class alone:
+    #: `process` calls it without the `handle` hook in between (None: `handle`)
+    handlers: dict | None = None
     counts_connection = True     # curr/total_connections cover memcache, text and thrift
     conn_flags = 0               # thrift: F_THRIFT on every request (ipc/messages.py)
 
@@ -225,13 +228,19 @@ class Conn(InlineReplies, asyncio.Protocol, abc.ABC):
     def process(self) -> None:
         parser = self.parser
         can_take = self.can_take
+        handlers = self.handlers
         handle = self.handle
         while can_take():
             cmd = parser.next()
             if cmd is None:
                 return
-            self.cur_fam = family_of(cmd)
-            handle(cmd)
+            kind = type(cmd)
+            fam = BY_TYPE.get(kind)
+            self.cur_fam = family_of(cmd) if fam is None else fam
+            if handlers is None:
+                handle(cmd)
+            else:
+                handlers[kind](self, cmd)
 
     def can_take(self) -> bool:
         if self.stopped:

@@ -31,7 +31,7 @@ class MemcacheConn(Conn):
                                                   stream_over=STREAM_OVER))
 
     def handle(self, cmd) -> None:
-        _HANDLERS[type(cmd)](self, cmd)
+        self.handlers[type(cmd)](self, cmd)
 
     def unavailable(self, slot: Slot, reason: str) -> None:
         slot.out = mr.server_error(reason)
@@ -54,19 +54,21 @@ class MemcacheConn(Conn):
         return self.close_with(self.whitelist_refusal(queue, op), mr.server_error)
 
     # -- storage ---------------------------------------------------------------------------------
-    def on_set(self, cmd: mc.Set) -> None:
-        self.store(cmd.queue, cmd.exptime, cmd.noreply, len(cmd.data), cmd.data)
-
-    def on_set_head(self, cmd: mc.SetHead) -> None:
-        self.store(cmd.queue, cmd.exptime, cmd.noreply, cmd.size, None)
-
     def on_set_piece(self, cmd: mc.SetPiece) -> None:
         self.body_piece(cmd.data, cmd.last)
 
-    def store(self, q: str, exptime: int, noreply: bool, size: int, data: bytes | None) -> None:
-        """One set: its body whole (`data`), or None when it follows in SetPieces, which go to
-        the same worker(s) as they arrive (F_STREAM, then OP_SET_DATA; ipc/bodies.py)."""
+    def store(self, cmd: mc.Set | mc.SetHead) -> None:
+        """One set: its body whole (Set), or announced (SetHead) when it follows in SetPieces,
+        which go to the same worker(s) as they arrive (F_STREAM, then OP_SET_DATA;
+        ipc/bodies.py)."""
         f = self.front
+        q = cmd.queue
+        if type(cmd) is mc.Set:
+            data = cmd.data
+            size = len(data)
+        else:
+            data = None
+            size = cmd.size
         if q not in f.valid_names and self.bad_name(q):
             return
         if (self.refuse_writes or f.status.blocks_writes()) and self.writes_blocked():
@@ -74,6 +76,8 @@ class MemcacheConn(Conn):
         if f.config.has_whitelists and self.not_listed(q, "add"):
             return
         f.my.words[C_SET] += 1
+        exptime = cmd.exptime
+        noreply = cmd.noreply
         if exptime == 0:
             expiry = 0
         elif exptime < 1_000_000:
@@ -92,7 +96,9 @@ class MemcacheConn(Conn):
                 self.begin_body([(w, req)])
             return
         if dests is None:                # the hot path: one queue, one reply
-            w = f.owner(q)
+            w = f.owners.get(q)
+            if w is None:
+                w = f.owner(q)
             if w == self.local and not stream and not self.slots and not self.worker.closed_conns:
                 self.worker.inline_set(f.index, self.id, self.inline_req(set_reply, None), q, expiry, payload)
                 return
@@ -140,7 +146,9 @@ class MemcacheConn(Conn):
                 if f.config.aliases.get(q) is not None:
                     self.reply_now(mr.END)
                     return
-                w = f.owner(q)
+                w = f.owners.get(q)
+                if w is None:
+                    w = f.owner(q)
                 if w == self.local and not self.slots and not self.worker.closed_conns:
                     self.worker.inline_get(f.index, self.id, self.inline_req(get1_reply, k.raw), q)
                     return
@@ -426,9 +434,9 @@ def first_failure(slot: Slot) -> bool:
     return False
 
 
-_HANDLERS = {
-    mc.Get: MemcacheConn.on_get, mc.Set: MemcacheConn.on_set, mc.SetRefused: MemcacheConn.on_set_refused,
-    mc.SetHead: MemcacheConn.on_set_head, mc.SetPiece: MemcacheConn.on_set_piece,
+MemcacheConn.handlers = {
+    mc.Get: MemcacheConn.on_get, mc.Set: MemcacheConn.store, mc.SetRefused: MemcacheConn.on_set_refused,
+    mc.SetHead: MemcacheConn.store, mc.SetPiece: MemcacheConn.on_set_piece,
     mc.Delete: MemcacheConn.on_delete, mc.Flush: MemcacheConn.on_flush,
     mc.FlushAll: MemcacheConn.on_flush_all, mc.FlushExpired: MemcacheConn.on_flush_expired,
     mc.FlushAllExpired: MemcacheConn.on_flush_all_expired, mc.Stats: MemcacheConn.on_stats,

@@ -39,19 +39,21 @@ _NAMES = {
     "stats": "stats", "dumpstats": "stats", "dumpconfig": "stats", "httprequest": "admin",
     "httperror": "admin",
 }
-_BY_TYPE: dict[type, int] = {}
+#: command class -> family index, for the classes whose family the class alone decides; filled
+#: by family_of (a connection looks a command's class up here first: no call per request)
+BY_TYPE: dict[type, int] = {}
 
 
 def family_of(cmd) -> int:
     """Family index of a parsed command (memcache/text command objects by class,
     thrift calls by method name, admin requests as `admin`)."""
-    i = _BY_TYPE.get(type(cmd))
+    i = BY_TYPE.get(type(cmd))
     if i is not None:
         return i
     method = getattr(cmd, "method", None)
     if isinstance(method, str) and type(cmd).__name__ == "Call":
         return FAMILIES.index(_NAMES.get(method, "other"))
-    i = _BY_TYPE[type(cmd)] = FAMILIES.index(_NAMES.get(type(cmd).__name__.lower(), "other"))
+    i = BY_TYPE[type(cmd)] = FAMILIES.index(_NAMES.get(type(cmd).__name__.lower(), "other"))
     return i
 
 
