@@ -70,32 +70,78 @@ STATUS_NAMES = ("up", "readonly", "quiescent", "writeavoid")
 
 
 # --------------------------------------------------------------------------- commands
+#
+# The three commands of nearly every request (GetKey, Get, Set) are written out rather than
+# made by @dataclass: memcache.pxd makes them C types in the compiled build (a parsed command
+# costs a C allocation, not a Python __init__), which Cython's dataclass support cannot do with
+# slots.  They keep the dataclasses' constructor, fields, equality and repr.
 
-@dataclass(slots=True)
+def _fields_repr(cmd, names: tuple) -> str:
+    return "%s(%s)" % (type(cmd).__name__, ", ".join("%s=%r" % (n, getattr(cmd, n)) for n in names))
+
+
+def _fields_eq(cmd, other, names: tuple):
+    if type(other) is not type(cmd):
+        return NotImplemented
+    return all(getattr(cmd, n) == getattr(other, n) for n in names)
+
+
 class GetKey:
     """One key of a `get`: `raw` is echoed verbatim in the VALUE line (deviation 3)."""
-    raw: str
-    queue: str
-    timeout_ms: int | None = None
-    open: bool = False
-    close: bool = False
-    abort: bool = False
-    peek: bool = False
+    __slots__ = ("raw", "queue", "timeout_ms", "open", "close", "abort", "peek")
+
+    def __init__(self, raw: str, queue: str, timeout_ms: int | None = None, open: bool = False,
+                 close: bool = False, abort: bool = False, peek: bool = False) -> None:
+        self.raw = raw
+        self.queue = queue
+        self.timeout_ms = timeout_ms
+        self.open = open
+        self.close = close
+        self.abort = abort
+        self.peek = peek
+
+    def __repr__(self) -> str:
+        return _fields_repr(self, ("raw", "queue", "timeout_ms", "open", "close", "abort", "peek"))
+
+    def __eq__(self, other):
+        return _fields_eq(self, other, ("raw", "queue", "timeout_ms", "open", "close", "abort", "peek"))
+
+    __hash__ = None                # mutable, compared by value: as the dataclass was
 
 
-@dataclass(slots=True)
 class Get:
     """`get`/`gets` with one or more keys (deviation 4): one VALUE block per hit, then END."""
-    keys: list[GetKey]
+    __slots__ = ("keys",)
+
+    def __init__(self, keys: list[GetKey]) -> None:
+        self.keys = keys
+
+    def __repr__(self) -> str:
+        return _fields_repr(self, ("keys",))
+
+    def __eq__(self, other):
+        return _fields_eq(self, other, ("keys",))
+
+    __hash__ = None
 
 
-@dataclass(slots=True)
 class Set:
-    queue: str
-    flags: int
-    exptime: int
-    data: bytes
-    noreply: bool = False
+    __slots__ = ("queue", "flags", "exptime", "data", "noreply")
+
+    def __init__(self, queue: str, flags: int, exptime: int, data: bytes, noreply: bool = False) -> None:
+        self.queue = queue
+        self.flags = flags
+        self.exptime = exptime
+        self.data = data
+        self.noreply = noreply
+
+    def __repr__(self) -> str:
+        return _fields_repr(self, ("queue", "flags", "exptime", "data", "noreply"))
+
+    def __eq__(self, other):
+        return _fields_eq(self, other, ("queue", "flags", "exptime", "data", "noreply"))
+
+    __hash__ = None
 
 
 @dataclass(slots=True)

@@ -144,6 +144,7 @@ class Conn(InlineReplies, asyncio.Protocol, abc.ABC):
         self.early: dict[int, tuple] = {}
         self.worker = getattr(front, "worker", None)      # a LocalFront's worker, else None
         self.local = getattr(front, "local", -1)          # that worker's index
+        self.local_bit = 1 << self.local if self.local >= 0 else 0     # its bit in `touched`
 
     # -- the protocol hooks ----------------------------------------------------------------------
     @abc.abstractmethod
