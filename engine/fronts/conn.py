@@ -227,11 +227,15 @@ class Conn(InlineReplies, asyncio.Protocol, abc.ABC):
         self.update_reading()
 
     def process(self) -> None:
+        """Take and handle commands while flow control lets the connection (`room`).  A handler
+        that ran its command by the fused path (inline.py) says so (returns True): that added
+        exactly the one reply in flight `room` counted, so flow control need not be asked
+        again; after any other command it is."""
         parser = self.parser
-        can_take = self.can_take
         handlers = self.handlers
         handle = self.handle
-        while can_take():
+        room = self.room()
+        while room:
             cmd = parser.next()
             if cmd is None:
                 return
@@ -240,26 +244,39 @@ class Conn(InlineReplies, asyncio.Protocol, abc.ABC):
             self.cur_fam = family_of(cmd) if fam is None else fam
             if handlers is None:
                 handle(cmd)
-            else:
-                handlers[kind](self, cmd)
+            elif handlers[kind](self, cmd) is True:
+                room -= 1
+                continue
+            room = self.room()
 
     def can_take(self) -> bool:
+        return self.room() > 0
+
+    def room(self) -> int:
+        """How many more commands the connection may take now (flow control, see the class
+        doc), if each adds one reply of `reply_size` bytes in flight and nothing else changes."""
         if self.stopped:
-            return False
+            return 0
         if self.body is not None:      # a body's pieces go on whatever the budget, ring room permitting
-            return self.front.ring_room(self.body, self)
+            return 1 if self.front.ring_room(self.body, self) else 0
         if self.blocked is not None or self.paused_writing:
-            return False
+            return 0
         if self.front.congested and not self.front.room_for_commands(self):
-            return False
+            return 0
         n = len(self.slots) + len(self.fast)
-        if n == 0:
-            return True
-        if n >= MAX_INFLIGHT:
-            return False
         t = self.transport
-        queued = t.get_write_buffer_size() if t is not None else 0
-        return self.held + queued + n * self.reply_size < REPLY_BUDGET
+        free = REPLY_BUDGET - self.held - (t.get_write_buffer_size() if t is not None else 0)
+        size = self.reply_size
+        # the m-th reply in flight (m = n, n + 1, ...) is allowed while m < MAX_INFLIGHT and
+        # m * size < free; the first one always is
+        k = MAX_INFLIGHT - n
+        if size > 0:
+            k = min(k, (free - 1) // size + 1 - n if free > 0 else -n)
+        elif free <= 0:
+            k = 0
+        if n == 0 and k < 1:
+            return 1
+        return k if k > 0 else 0
 
     def update_reading(self) -> None:
         want = not self.stopped and not self.paused_writing and \

@@ -57,7 +57,7 @@ class MemcacheConn(Conn):
     def on_set_piece(self, cmd: mc.SetPiece) -> None:
         self.body_piece(cmd.data, cmd.last)
 
-    def store(self, cmd: mc.Set | mc.SetHead) -> None:
+    def store(self, cmd: mc.Set | mc.SetHead) -> bool | None:
         """One set: its body whole (Set), or announced (SetHead) when it follows in SetPieces,
         which go to the same worker(s) as they arrive (F_STREAM, then OP_SET_DATA;
         ipc/bodies.py)."""
@@ -101,7 +101,7 @@ class MemcacheConn(Conn):
                 w = f.owner(q)
             if w == self.local and not stream and not self.slots and not self.worker.closed_conns:
                 self.worker.inline_set(f.index, self.id, self.inline_req(set_reply, None), q, expiry, payload)
-                return
+                return True             # fused: one reply in flight and nothing else (Conn.process)
             slot = self.new_slot(_finish_stored)
             part = self.request(slot, w, OP_SET, flags, q, expiry, size, payload)
             self.seal(slot)
@@ -128,7 +128,7 @@ class MemcacheConn(Conn):
             self.reply_now(mr.NOT_STORED)
 
     # -- get -------------------------------------------------------------------------------------
-    def on_get(self, cmd: mc.Get) -> None:
+    def on_get(self, cmd: mc.Get) -> bool | None:
         f = self.front
         keys = cmd.keys
         if len(keys) == 1:
@@ -151,7 +151,7 @@ class MemcacheConn(Conn):
                     w = f.owner(q)
                 if w == self.local and not self.slots and not self.worker.closed_conns:
                     self.worker.inline_get(f.index, self.id, self.inline_req(get1_reply, k.raw), q)
-                    return
+                    return True         # fused: one reply in flight and nothing else (Conn.process)
                 slot = self.new_slot(_finish_get1, call=k.raw)
                 self.request(slot, w, OP_GET, 0, q, -1)
                 self.seal(slot)
