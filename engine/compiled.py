@@ -9,4 +9,5 @@ its .py file, i.e. when the build silently fell back to pure Python."""
 HOT_MODULES = (
     "lanner.protocols.stream",       # with stream.pxd: the parsers' buffer and state as C fields
     "lanner.protocols.memcache",     # with memcache.pxd: MemcacheParser a C type, next() typed
+    "lanner.ops.latency",            # with latency.pxd: Recorder.observe on a typed memoryview
 )
