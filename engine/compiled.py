@@ -10,4 +10,5 @@ HOT_MODULES = (
     "lanner.protocols.stream",       # with stream.pxd: the parsers' buffer and state as C fields
     "lanner.protocols.memcache",     # with memcache.pxd: MemcacheParser a C type, next() typed
     "lanner.ops.latency",            # with latency.pxd: Recorder.observe on a typed memoryview
+    "lanner.ipc.shm",                # with shm.pxd: CounterSlot.incr/decr on a typed memoryview
 )

@@ -184,7 +184,7 @@ class Conn(InlineReplies, asyncio.Protocol, abc.ABC):
     def data_received(self, data: bytes):
         f = self.front
         if self.count_bytes:
-            f.my.words[C_READ] += len(data)
+            f.my.incr(C_READ, len(data))
         self.last_activity = f.loop.time()
         self.t_in = time.monotonic()
         self.parser.feed(data)

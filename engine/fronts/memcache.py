@@ -75,7 +75,7 @@ class MemcacheConn(Conn):
             return
         if f.config.has_whitelists and self.not_listed(q, "add"):
             return
-        f.my.words[C_SET] += 1
+        f.my.incr(C_SET)
         exptime = cmd.exptime
         noreply = cmd.noreply
         if exptime == 0:
@@ -142,7 +142,7 @@ class MemcacheConn(Conn):
                     return
                 if f.config.has_whitelists and self.not_listed(q, "remove"):
                     return
-                f.my.words[C_GET] += 1
+                f.my.incr(C_GET)
                 if f.config.aliases.get(q) is not None:
                     self.reply_now(mr.END)
                     return
