@@ -271,7 +271,9 @@ class Conn(InlineReplies, asyncio.Protocol, abc.ABC):
         # m * size < free; the first one always is
         k = MAX_INFLIGHT - n
         if size > 0:
-            k = min(k, (free - 1) // size + 1 - n if free > 0 else -n)
+            by_size = (free - 1) // size + 1 - n if free > 0 else -n
+            if by_size < k:
+                k = by_size
         elif free <= 0:
             k = 0
         if n == 0 and k < 1:
