@@ -8,15 +8,6 @@ cpdef object parse_int(bytes tok)
 
 cpdef bint _noreply(list toks, Py_ssize_t nargs)
 
-cdef class GetKey:
-    cdef public object raw, queue, timeout_ms, open, close, abort, peek
-
-cdef class Get:
-    cdef public object keys
-
-cdef class Set:
-    cdef public object queue, flags, exptime, data, noreply
-
 cdef class MemcacheParser(StreamParser):
     cdef public object item_limit
     cdef public object stream_over

@@ -106,9 +106,7 @@ class Conn(InlineReplies, asyncio.Protocol, abc.ABC):
     """
 
     count_bytes = True           # bytes_read / bytes_written (thrift is not counted, §9.5)
-    #: command class -> handler(conn, cmd) where a protocol dispatches on the class alone:
-    #: `process` calls it without the `handle` hook in between (None: `handle`)
-    handlers: dict | None = None
+    handlers: dict | None = None  # command class -> handler(conn, cmd), else `handle` is called
     counts_connection = True     # curr/total_connections cover memcache, text and thrift
     conn_flags = 0               # thrift: F_THRIFT on every request (ipc/messages.py)
 
@@ -227,10 +225,8 @@ class Conn(InlineReplies, asyncio.Protocol, abc.ABC):
         self.update_reading()
 
     def process(self) -> None:
-        """Take and handle commands while flow control lets the connection (`room`).  A handler
-        that ran its command by the fused path (inline.py) says so (returns True): that added
-        exactly the one reply in flight `room` counted, so flow control need not be asked
-        again; after any other command it is."""
+        """Take commands while `room` allows; a handler that took the fused path returns True:
+        that used exactly the one reply in flight `room` counted, anything else asks again."""
         parser = self.parser
         handlers = self.handlers
         handle = self.handle
@@ -240,8 +236,7 @@ class Conn(InlineReplies, asyncio.Protocol, abc.ABC):
             if cmd is None:
                 return
             kind = type(cmd)
-            fam = BY_TYPE.get(kind)
-            self.cur_fam = family_of(cmd) if fam is None else fam
+            self.cur_fam = BY_TYPE[kind] if kind in BY_TYPE else family_of(cmd)
             if handlers is None:
                 handle(cmd)
             elif handlers[kind](self, cmd) is True:
@@ -249,12 +244,8 @@ class Conn(InlineReplies, asyncio.Protocol, abc.ABC):
                 continue
             room = self.room()
 
-    def can_take(self) -> bool:
-        return self.room() > 0
-
     def room(self) -> int:
-        """How many more commands the connection may take now (flow control, see the class
-        doc), if each adds one reply of `reply_size` bytes in flight and nothing else changes."""
+        """How many more commands flow control (class doc) allows, each one more reply in flight."""
         if self.stopped:
             return 0
         if self.body is not None:      # a body's pieces go on whatever the budget, ring room permitting
@@ -267,8 +258,7 @@ class Conn(InlineReplies, asyncio.Protocol, abc.ABC):
         t = self.transport
         free = REPLY_BUDGET - self.held - (t.get_write_buffer_size() if t is not None else 0)
         size = self.reply_size
-        # the m-th reply in flight (m = n, n + 1, ...) is allowed while m < MAX_INFLIGHT and
-        # m * size < free; the first one always is
+        # reply m = n, n + 1, ... in flight is allowed while m < MAX_INFLIGHT, m * size < free
         k = MAX_INFLIGHT - n
         if size > 0:
             by_size = (free - 1) // size + 1 - n if free > 0 else -n
@@ -276,13 +266,11 @@ class Conn(InlineReplies, asyncio.Protocol, abc.ABC):
                 k = by_size
         elif free <= 0:
             k = 0
-        if n == 0 and k < 1:
-            return 1
-        return k if k > 0 else 0
+        return k if k > 0 else (1 if n == 0 else 0)      # the first one always is
 
     def update_reading(self) -> None:
         want = not self.stopped and not self.paused_writing and \
-            (self.parser.buffered <= INPUT_LIMIT or self.can_take())
+            (self.parser.buffered <= INPUT_LIMIT or self.room() > 0)
         if want != self.reading_paused:
             return                     # reading already is as it should be (the common case)
         t = self.transport
