@@ -9,6 +9,7 @@ CI) fails if that happened where it must not.
 """
 import os
 import runpy
+import shutil
 import sys
 
 from setuptools import Extension, setup
@@ -35,6 +36,26 @@ def hot_modules() -> tuple[str, ...]:
     return runpy.run_path(os.path.join(HERE, "engine", "compiled.py"))["HOT_MODULES"]
 
 
+def pxd_include_dir() -> str:
+    """A folder holding every .pxd of the compiled modules where their import name puts them
+    (lanner/protocols/memcache.pxd for protocols/memcache.pxd).  Cython looks for a module's
+    declarations, and for what a .pxd cimports, by import name from the package root; with
+    package-dir mapping `lanner.protocols` onto protocols/ it finds neither next to the .py, so
+    without this folder every class a .pxd declares a C type silently compiles as a Python
+    class (tests/test_compiled.py checks that they are C types)."""
+    out = os.path.join(HERE, "build", "cython", "include")
+    os.makedirs(out, exist_ok=True)
+    for m in hot_modules():
+        src = os.path.join(HERE, source_of(m)[:-3] + ".pxd")
+        if os.path.exists(src):
+            dst = os.path.join(out, *m.split(".")) + ".pxd"
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            # copy2 keeps the source's mtime, so cythonize rebuilds only when the .pxd changed
+            if not os.path.exists(dst) or os.path.getmtime(dst) != os.path.getmtime(src):
+                shutil.copy2(src, dst)
+    return out
+
+
 def extensions() -> list:
     try:
         from Cython.Build import cythonize
@@ -43,6 +64,7 @@ def extensions() -> list:
         return []
     exts = [Extension(m, [source_of(m)]) for m in hot_modules()]
     return cythonize(exts, build_dir=os.path.join("build", "cython"), quiet=True,
+                     include_path=[pxd_include_dir()],
                      compiler_directives={
                          "language_level": 3,
                          # type hints document, they do not convert: a `bytes` hint must still

@@ -9,4 +9,7 @@ its .py file, i.e. when the build silently fell back to pure Python."""
 HOT_MODULES = (
     "lanner.protocols.stream",       # with stream.pxd: the parsers' buffer and state as C fields
     "lanner.protocols.memcache",     # with memcache.pxd: MemcacheParser a C type, next() typed
+    "lanner.protocols.memcache_commands",    # with its .pxd: GetKey, Get, Set C types
+    "lanner.ops.latency",            # with latency.pxd: Recorder.observe on a typed memoryview
+    "lanner.ipc.shm",                # with shm.pxd: CounterSlot.incr/decr on a typed memoryview
 )

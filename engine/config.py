@@ -160,10 +160,13 @@ class ZooKeeperConfig:
 class FrozenMap(Mapping):
     """A read-only, hashable, picklable dict (MappingProxyType cannot be pickled)."""
 
-    __slots__ = ("_d",)
+    # `get` is the dict's own bound method, set per instance: the fronts and workers look
+    # aliases and queue configs up per request, and a Python-level get() would be a call each
+    __slots__ = ("_d", "get")
 
     def __init__(self, data: Mapping | None = None) -> None:
         self._d = dict(data or {})
+        self.get = self._d.get
 
     def __getitem__(self, key):
         return self._d[key]
@@ -177,9 +180,6 @@ class FrozenMap(Mapping):
     def __contains__(self, key) -> bool:
         return key in self._d
 
-    def get(self, key, default=None):
-        return self._d.get(key, default)
-
     def __hash__(self) -> int:
         return hash(frozenset(self._d.items()))
 
@@ -191,6 +191,7 @@ class FrozenMap(Mapping):
 
     def __setstate__(self, state) -> None:
         self._d = state
+        self.get = state.get
 
 
 def _freeze_overrides(overrides: Mapping[str, Mapping[str, object]]) -> FrozenMap:

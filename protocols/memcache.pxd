@@ -1,6 +1,12 @@
 # C types for the compiled build of memcache.py (setup.py, engine/compiled.py); the .py is the
 # code, this file only declares.
+cimport cython
 from lanner.protocols.stream cimport StreamParser
+
+@cython.locals(n=Py_ssize_t, v=long, c=int)
+cpdef object parse_int(bytes tok)
+
+cpdef bint _noreply(list toks, Py_ssize_t nargs)
 
 cdef class MemcacheParser(StreamParser):
     cdef public object item_limit
@@ -12,7 +18,9 @@ cdef class MemcacheParser(StreamParser):
 
     @cython.locals(buf=bytearray, state=int, need=Py_ssize_t, n=Py_ssize_t)
     cpdef object next(self)
+    @cython.locals(toks=list, word=bytes, raw=str)
     cpdef object _line(self, bytes line)
+    @cython.locals(size=object, exptime=object, flags=object, queue=str, noreply=bint)
     cpdef object _storage(self, bytes word, list toks)
     cpdef object _skip(self, Py_ssize_t n, object after)
     cpdef object _stop(self, object cmd)

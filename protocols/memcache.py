@@ -47,9 +47,11 @@ long line one byte at a time stays linear.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Callable, Iterator
 
+from lanner.protocols.memcache_commands import (
+    GetKey, Get, Set, SetHead, SetPiece, SetRefused, Delete, Flush, FlushAll, FlushExpired, FlushAllExpired, Stats,
+    DumpStats, DumpConfig, Monitor, Confirm, Status, Version, Reload, Shutdown, Quit, ProtocolError, Command)
 from lanner.protocols.memcache_replies import client_error
 from lanner.protocols.stream import TOO_LONG, StreamParser
 
@@ -69,171 +71,26 @@ INT_MAX = (1 << 31) - 1
 STATUS_NAMES = ("up", "readonly", "quiescent", "writeavoid")
 
 
-# --------------------------------------------------------------------------- commands
-
-@dataclass(slots=True)
-class GetKey:
-    """One key of a `get`: `raw` is echoed verbatim in the VALUE line (deviation 3)."""
-    raw: str
-    queue: str
-    timeout_ms: int | None = None
-    open: bool = False
-    close: bool = False
-    abort: bool = False
-    peek: bool = False
-
-
-@dataclass(slots=True)
-class Get:
-    """`get`/`gets` with one or more keys (deviation 4): one VALUE block per hit, then END."""
-    keys: list[GetKey]
-
-
-@dataclass(slots=True)
-class Set:
-    queue: str
-    flags: int
-    exptime: int
-    data: bytes
-    noreply: bool = False
-
-
-@dataclass(slots=True)
-class SetHead:
-    """A `set` whose body is streamed (larger than the parser's `stream_over`): the body follows
-    as SetPiece commands, the last one with `last` true.  Nothing of it is buffered whole."""
-    queue: str
-    flags: int
-    exptime: int
-    size: int
-    noreply: bool = False
-
-
-@dataclass(slots=True)
-class SetPiece:
-    """The next bytes of the body announced by the last SetHead."""
-    data: bytes
-    last: bool
-
-
-@dataclass(slots=True)
-class SetRefused:
-    """A `set` larger than the queue's item limit; its data is being skipped.  Reply NOT_STORED
-    (after the usual queue-name and write-status checks) unless `noreply`."""
-    queue: str
-    size: int
-    noreply: bool = False
-
-
-@dataclass(slots=True)
-class Delete:
-    queue: str
-    noreply: bool = False
-
-
-@dataclass(slots=True)
-class Flush:
-    queue: str
-    noreply: bool = False
-
-
-@dataclass(slots=True)
-class FlushAll:
-    noreply: bool = False
-
-
-@dataclass(slots=True)
-class FlushExpired:
-    queue: str
-
-
-@dataclass(slots=True)
-class FlushAllExpired:
-    pass
-
-
-@dataclass(slots=True)
-class Stats:
-    pass
-
-
-@dataclass(slots=True)
-class DumpStats:
-    """Empty `names` means every queue and alias."""
-    names: list[str]
-
-
-@dataclass(slots=True)
-class DumpConfig:
-    pass
-
-
-@dataclass(slots=True)
-class Monitor:
-    """`seconds` may be 0 or negative (deadline already passed: answer END at once);
-    `max_items` None means `maxOpenTransactions`."""
-    queue: str
-    seconds: int
-    max_items: int | None = None
-
-
-@dataclass(slots=True)
-class Confirm:
-    """`count` is passed through as sent; 0 answers ERROR and a negative count must be
-    refused by the front (Kestrel corrupted its list)."""
-    queue: str
-    count: int
-
-
-@dataclass(slots=True)
-class Status:
-    """`name` None asks for the status; otherwise it is one of STATUS_NAMES, lower-cased."""
-    name: str | None = None
-
-
-@dataclass(slots=True)
-class Version:
-    pass
-
-
-@dataclass(slots=True)
-class Reload:
-    pass
-
-
-@dataclass(slots=True)
-class Shutdown:
-    pass
-
-
-@dataclass(slots=True)
-class Quit:
-    pass
-
-
-@dataclass(slots=True)
-class ProtocolError:
-    """Write `reply`, then close the connection if `close`."""
-    reply: bytes
-    close: bool
-
-
-Command = (Get | Set | SetHead | SetPiece | SetRefused | Delete | Flush | FlushAll | FlushExpired | FlushAllExpired
-           | Stats | DumpStats | DumpConfig | Monitor | Confirm | Status | Version | Reload
-           | Shutdown | Quit | ProtocolError)
-
-
 # --------------------------------------------------------------------------- parsing helpers
 
 def parse_int(tok: bytes) -> int | None:
     """Java `Integer.parseInt`: optional sign, ASCII decimal digits, 32-bit range; else None."""
-    if tok.isdigit():  # bytes.isdigit is ASCII-only, unlike str.isdigit
-        if len(tok) < 10:
-            return int(tok)
-    elif not (len(tok) > 1 and tok[0] in b"+-" and tok[1:].isdigit()):
-        return None
-    v = int(tok)
-    return v if INT_MIN <= v <= INT_MAX else None
+    n = len(tok)
+    if 0 < n < 10:
+        # the common case, up to 9 plain digits (no overflow possible): a C loop where
+        # memcache.pxd types it, instead of a call to int()
+        v = 0
+        for c in tok:
+            if c < 48 or c > 57:
+                break
+            v = v * 10 + (c - 48)
+        else:
+            return v
+    # bytes.isdigit is ASCII-only, unlike str.isdigit
+    if tok.isdigit() or (n > 1 and tok[0] in b"+-" and tok[1:].isdigit()):
+        big = int(tok)
+        return big if INT_MIN <= big <= INT_MAX else None
+    return None
 
 
 def _show(tok: bytes, limit: int = 48) -> str:
@@ -548,7 +405,16 @@ class MemcacheParser(StreamParser):
             if line:
                 return self._stop(ProtocolError(client_error("line of only spaces"), True))
             return self._stop(ProtocolError(client_error("empty command line"), True))
-        word = toks[0].lower()
+        word = toks[0]
+        # the two commands of nearly every request, as clients send them (lower case): straight
+        # to their parsing, past the table, the lower-casing and the stop check
+        if word == b"set":
+            return self._storage(word, toks)
+        if word == b"get" and len(toks) == 2:
+            raw = toks[1].decode("latin-1")
+            if raw and "/" not in raw:
+                return Get([GetKey(raw, raw)])
+        word = word.lower()
         handler = _SIMPLE.get(word)
         if handler is not None:
             cmd = handler(toks)

@@ -1,5 +1,7 @@
 # C types for the compiled build of stream.py (setup.py, engine/compiled.py); the .py is the
 # code, this file only declares.
+cimport cython
+
 cdef class StreamParser:
     cdef public Py_ssize_t max_line
     cdef public bytearray _buf

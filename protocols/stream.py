@@ -12,9 +12,9 @@ TOO_LONG = object()
 
 
 class StreamParser:
+    """A subclass sets BETWEEN (the state between two requests, where a handoff may happen) and
+    STOPPED (the state after the last request it will ever yield) as class attributes."""
     __slots__ = ("max_line", "_buf", "_scan", "_state")
-    BETWEEN: int          # the state between two requests (where a handoff may happen)
-    STOPPED: int          # the state after the last request it will ever yield
 
     @property
     def buffered(self) -> int:

@@ -2,6 +2,7 @@
 optional where no compiler is."""
 import importlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 from lanner.compiled import HOT_MODULES
 
 ROOT = Path(__file__).resolve().parent.parent
+HEAPTYPE = 1 << 9           # Py_TPFLAGS_HEAPTYPE
 
 
 def loaded_from(name: str) -> Path:
@@ -38,6 +40,28 @@ def test_compiled_module_is_not_older_than_its_source(name):
         if src.exists():
             assert path.stat().st_mtime >= src.stat().st_mtime, \
                 f"{path.name} is older than {src.name}: run `pip install -e .` again"
+
+
+@pytest.mark.parametrize("name", HOT_MODULES)
+def test_classes_a_pxd_declares_are_c_types(name):
+    """A .pxd next to a compiled module makes the classes it declares C types (typed fields, direct
+    method calls).  Cython finds it by import name, which package-dir maps elsewhere: if the build
+    misses it, the module still compiles, with every class a plain Python class, and only the
+    CPU per request shows it (setup.py's pxd_include_dir)."""
+    mod = importlib.import_module(name)
+    path = Path(mod.__file__)
+    if path.suffix != ".so":
+        return                      # pure Python: nothing was declared
+    pxd = path.with_name(path.name.split(".")[0] + ".pxd")
+    if not pxd.exists():
+        return
+    declared = re.findall(r"^cdef class (\w+)", pxd.read_text(), re.M)
+    assert declared, f"{pxd.name} declares no class"
+    for cls_name in declared:
+        cls = getattr(mod, cls_name)
+        # a class statement makes a heap type; an extension type of the build is static
+        assert not cls.__flags__ & HEAPTYPE, \
+            f"{name}.{cls_name} compiled as a Python class: the build did not apply {pxd.name}"
 
 
 def test_setup_lists_only_existing_sources():

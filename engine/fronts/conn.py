@@ -27,7 +27,7 @@ import msgpack
 from lanner.fronts.counters import C_CURR, C_READ, C_TOTAL, C_WRITTEN
 from lanner.fronts.inline import InlineReplies
 from lanner.fronts.spill import REPLY_BUDGET, WRITE_CHUNK, WRITE_LOW, SpillWriter  # noqa: F401 (WRITE_LOW: tests)
-from lanner.ops.latency import family_of
+from lanner.ops.latency import BY_TYPE, family_of
 from lanner.queues.names import validate_queue_name
 from lanner.ipc.messages import (OP_DISCONNECT, OP_DUMP_CONFIG, OP_RELOAD, OP_SET_DATA, OP_STATS, R_DATA,
                                  R_OK, R_SERVER_ERROR, RF_CLOSE, RF_MORE)
@@ -104,6 +104,7 @@ class Conn(InlineReplies, SpillWriter, asyncio.Protocol, abc.ABC):
     """
 
     count_bytes = True           # bytes_read / bytes_written (thrift is not counted, §9.5)
+    handlers: dict | None = None  # command class -> handler(conn, cmd), else `handle` is called
     counts_connection = True     # curr/total_connections cover memcache, text and thrift
     conn_flags = 0               # thrift: F_THRIFT on every request (ipc/messages.py)
 
@@ -143,6 +144,7 @@ class Conn(InlineReplies, SpillWriter, asyncio.Protocol, abc.ABC):
         self.early: dict[int, tuple] = {}
         self.worker = getattr(front, "worker", None)      # a LocalFront's worker, else None
         self.local = getattr(front, "local", -1)          # that worker's index
+        self.local_bit = 1 << self.local if self.local >= 0 else 0     # its bit in `touched`
 
     # -- the protocol hooks ----------------------------------------------------------------------
     @abc.abstractmethod
@@ -182,7 +184,7 @@ class Conn(InlineReplies, SpillWriter, asyncio.Protocol, abc.ABC):
     def data_received(self, data: bytes):
         f = self.front
         if self.count_bytes:
-            f.my.words[C_READ] += len(data)
+            f.my.incr(C_READ, len(data))
         self.last_activity = f.loop.time()
         self.t_in = time.monotonic()
         self.parser.feed(data)
@@ -219,37 +221,52 @@ class Conn(InlineReplies, SpillWriter, asyncio.Protocol, abc.ABC):
         self.update_reading()
 
     def process(self) -> None:
+        """Take commands while `room` allows; a handler that took the fused path returns True:
+        that used exactly the one reply in flight `room` counted, anything else asks again."""
         parser = self.parser
-        can_take = self.can_take
+        handlers = self.handlers
         handle = self.handle
-        while can_take():
+        room = self.room()
+        while room:
             cmd = parser.next()
             if cmd is None:
                 return
-            self.cur_fam = family_of(cmd)
-            handle(cmd)
+            kind = type(cmd)
+            self.cur_fam = BY_TYPE[kind] if kind in BY_TYPE else family_of(cmd)
+            if handlers is None:
+                handle(cmd)
+            elif handlers[kind](self, cmd) is True:
+                room -= 1
+                continue
+            room = self.room()
 
-    def can_take(self) -> bool:
+    def room(self) -> int:
+        """How many more commands flow control (class doc) allows, each one more reply in flight."""
         if self.stopped:
-            return False
+            return 0
         if self.body is not None:      # a body's pieces go on whatever the budget, ring room permitting
-            return self.front.ring_room(self.body, self)
+            return 1 if self.front.ring_room(self.body, self) else 0
         if self.blocked is not None or self.paused_writing:
-            return False
+            return 0
         if self.front.congested and not self.front.room_for_commands(self):
-            return False
+            return 0
         n = len(self.slots) + len(self.fast)
-        if n == 0:
-            return True
-        if n >= MAX_INFLIGHT:
-            return False
         t = self.transport
-        queued = (t.get_write_buffer_size() if t is not None else 0) + self.spilled
-        return self.held + queued + n * self.reply_size < REPLY_BUDGET
+        free = REPLY_BUDGET - self.held - self.spilled - (t.get_write_buffer_size() if t is not None else 0)
+        size = self.reply_size
+        # reply m = n, n + 1, ... in flight is allowed while m < MAX_INFLIGHT, m * size < free
+        k = MAX_INFLIGHT - n
+        if size > 0:
+            by_size = (free - 1) // size + 1 - n if free > 0 else -n
+            if by_size < k:
+                k = by_size
+        elif free <= 0:
+            k = 0
+        return k if k > 0 else (1 if n == 0 else 0)      # the first one always is
 
     def update_reading(self) -> None:
         want = not self.stopped and not self.paused_writing and \
-            (self.parser.buffered <= INPUT_LIMIT or self.can_take())
+            (self.parser.buffered <= INPUT_LIMIT or self.room() > 0)
         if want != self.reading_paused:
             return                     # reading already is as it should be (the common case)
         t = self.transport
@@ -459,7 +476,7 @@ class Conn(InlineReplies, SpillWriter, asyncio.Protocol, abc.ABC):
                 if n <= WRITE_CHUNK:
                     data = b"".join(out)
             if self.count_bytes:
-                self.front.my.words[C_WRITTEN] += n
+                self.front.my.incr(C_WRITTEN, n)
             if n > WRITE_CHUNK or self.spilled or self.wbusy:
                 self.spill_out([data] if n <= WRITE_CHUNK else out)    # behind what waits: a slice per turn
             else:

@@ -42,6 +42,23 @@ BACKLOG_LIMIT = 64
 CONN_CLASSES = {"memcache": MemcacheConn, "text": TextConn, "admin": AdminConn, "thrift": ThriftConn}
 
 
+class ItemLimits(dict):
+    """queue -> its max_item_size under the front's config: the memcache parser asks on every
+    set, so a dict lookup answers, and the config resolves a queue only on a miss."""
+
+    __slots__ = ("front",)
+
+    def __init__(self, front) -> None:
+        super().__init__()
+        self.front = front
+
+    def __missing__(self, queue: str) -> int:
+        if len(self) > 100_000:            # bounded: names are client-chosen
+            self.clear()
+        limit = self[queue] = self.front.config.queue_config(queue).max_item_size
+        return limit
+
+
 class Front:
     """One front process's state: its rings, its connections, the config it serves."""
 
@@ -78,7 +95,8 @@ class Front:
         # (worker, ring) of the rings that exist: a worker's own front has none to that worker
         self.live_req = [(w, r) for w, r in enumerate(req_rings) if r is not None]
         self.live_resp = [(w, r) for w, r in enumerate(resp_rings) if r is not None]
-        self.valid_names: set[str] = set()     # names already checked (cleared on reload)
+        self.valid_names: set[str] = set()     # names already checked (cleared by use_config)
+        self.item_limits = ItemLimits(self)    # queue -> max_item_size (cleared by use_config)
         self.owners: dict[str, int] = {}       # queue -> worker, a cache of placement
 
     # -- routing ---------------------------------------------------------------------------------
@@ -222,12 +240,18 @@ class Front:
         """Re-read the config file; on failure keep the old config and return why (the key and
         the reason, never the file's path: the reason may go to a client)."""
         try:
-            self.config = reload_config(self.config)
+            config = reload_config(self.config)
         except ConfigError as e:
             log.error("front %d: reload failed: %s", self.index, e)
             return e.brief
-        self.valid_names.clear()
+        self.use_config(config)
         return None
+
+    def use_config(self, config) -> None:
+        """Serve `config` from now on: what was cached from the old one goes."""
+        self.config = config
+        self.valid_names.clear()
+        self.item_limits.clear()
 
     def request_reload(self) -> str | None:
         """`reload` from a client: this front reloads now; if that worked, the caller sends every

@@ -19,17 +19,21 @@ class InlineReplies:
     __slots__ = ()
 
     def inline_req(self, render, call) -> int:
-        """Number a request the caller runs inline now (Worker.inline_set / inline_get) and
-        keep how to render its reply: `render(status, flags, payload, call)` -> (bytes, close).
+        """Number a request the caller runs inline now (Worker.inline_set / inline_get), keep
+        how to render its reply: `render(status, flags, payload, call)` -> (bytes, close), and
+        make sure the worker's turn (its batch's end, where the reply comes from) is scheduled.
         The caller checked that no Slot is queued, so replies leave in the order of `fast`."""
         req = self.next_req
         self.next_req = (req + 1) & 0xFFFFFFFF or 1
         f = self.front
-        self.touched |= 1 << self.local
+        self.touched |= self.local_bit
         if f.streak:
             f.streak.pop(self.id, None)     # a local request breaks a streak towards a handoff
         f.inline_requests += 1
         self.fast.append((req, render, call, self.cur_fam, self.t_in))
+        w = self.worker
+        if not w.turn_scheduled:
+            w.schedule_turn()
         return req
 
     def fast_reply(self, status: int, flags: int, payload) -> None:

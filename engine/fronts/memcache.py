@@ -26,15 +26,12 @@ STREAM_OVER = 64 << 10
 
 class MemcacheConn(Conn):
     def __init__(self, front):
-        super().__init__(front, mc.MemcacheParser(item_limit=self.item_limit,
+        # the queue's max_item_size under the config in force now (it changes on reload)
+        super().__init__(front, mc.MemcacheParser(item_limit=front.item_limits.__getitem__,
                                                   stream_over=STREAM_OVER))
 
-    def item_limit(self, queue: str) -> int:
-        """The queue's max_item_size under the config in force now (it changes on reload)."""
-        return self.front.config.queue_config(queue).max_item_size
-
     def handle(self, cmd) -> None:
-        _HANDLERS[type(cmd)](self, cmd)
+        self.handlers[type(cmd)](self, cmd)
 
     def unavailable(self, slot: Slot, reason: str) -> None:
         slot.out = mr.server_error(reason)
@@ -57,26 +54,30 @@ class MemcacheConn(Conn):
         return self.close_with(self.whitelist_refusal(queue, op), mr.server_error)
 
     # -- storage ---------------------------------------------------------------------------------
-    def on_set(self, cmd: mc.Set) -> None:
-        self.store(cmd.queue, cmd.exptime, cmd.noreply, len(cmd.data), cmd.data)
-
-    def on_set_head(self, cmd: mc.SetHead) -> None:
-        self.store(cmd.queue, cmd.exptime, cmd.noreply, cmd.size, None)
-
     def on_set_piece(self, cmd: mc.SetPiece) -> None:
         self.body_piece(cmd.data, cmd.last)
 
-    def store(self, q: str, exptime: int, noreply: bool, size: int, data: bytes | None) -> None:
-        """One set: its body whole (`data`), or None when it follows in SetPieces, which go to
-        the same worker(s) as they arrive (F_STREAM, then OP_SET_DATA; ipc/bodies.py)."""
+    def store(self, cmd: mc.Set | mc.SetHead) -> bool | None:
+        """One set: its body whole (Set), or announced (SetHead) when it follows in SetPieces,
+        which go to the same worker(s) as they arrive (F_STREAM, then OP_SET_DATA;
+        ipc/bodies.py)."""
         f = self.front
+        q = cmd.queue
+        if type(cmd) is mc.Set:
+            data = cmd.data
+            size = len(data)
+        else:
+            data = None
+            size = cmd.size
         if q not in f.valid_names and self.bad_name(q):
             return
         if (self.refuse_writes or f.status.blocks_writes()) and self.writes_blocked():
             return
         if f.config.has_whitelists and self.not_listed(q, "add"):
             return
-        f.my.words[C_SET] += 1
+        f.my.incr(C_SET)
+        exptime = cmd.exptime
+        noreply = cmd.noreply
         if exptime == 0:
             expiry = 0
         elif exptime < 1_000_000:
@@ -95,10 +96,12 @@ class MemcacheConn(Conn):
                 self.begin_body([(w, req)])
             return
         if dests is None:                # the hot path: one queue, one reply
-            w = f.owner(q)
+            w = f.owners.get(q)
+            if w is None:
+                w = f.owner(q)
             if w == self.local and not stream and not self.slots and not self.worker.closed_conns:
                 self.worker.inline_set(f.index, self.id, self.inline_req(set_reply, None), q, expiry, payload)
-                return
+                return True             # fused: one reply in flight and nothing else (Conn.process)
             slot = self.new_slot(_finish_stored)
             part = self.request(slot, w, OP_SET, flags, q, expiry, size, payload)
             self.seal(slot)
@@ -125,7 +128,7 @@ class MemcacheConn(Conn):
             self.reply_now(mr.NOT_STORED)
 
     # -- get -------------------------------------------------------------------------------------
-    def on_get(self, cmd: mc.Get) -> None:
+    def on_get(self, cmd: mc.Get) -> bool | None:
         f = self.front
         keys = cmd.keys
         if len(keys) == 1:
@@ -139,14 +142,16 @@ class MemcacheConn(Conn):
                     return
                 if f.config.has_whitelists and self.not_listed(q, "remove"):
                     return
-                f.my.words[C_GET] += 1
+                f.my.incr(C_GET)
                 if f.config.aliases.get(q) is not None:
                     self.reply_now(mr.END)
                     return
-                w = f.owner(q)
+                w = f.owners.get(q)
+                if w is None:
+                    w = f.owner(q)
                 if w == self.local and not self.slots and not self.worker.closed_conns:
                     self.worker.inline_get(f.index, self.id, self.inline_req(get1_reply, k.raw), q)
-                    return
+                    return True         # fused: one reply in flight and nothing else (Conn.process)
                 slot = self.new_slot(_finish_get1, call=k.raw)
                 self.request(slot, w, OP_GET, 0, q, -1)
                 self.seal(slot)
@@ -429,9 +434,9 @@ def first_failure(slot: Slot) -> bool:
     return False
 
 
-_HANDLERS = {
-    mc.Get: MemcacheConn.on_get, mc.Set: MemcacheConn.on_set, mc.SetRefused: MemcacheConn.on_set_refused,
-    mc.SetHead: MemcacheConn.on_set_head, mc.SetPiece: MemcacheConn.on_set_piece,
+MemcacheConn.handlers = {
+    mc.Get: MemcacheConn.on_get, mc.Set: MemcacheConn.store, mc.SetRefused: MemcacheConn.on_set_refused,
+    mc.SetHead: MemcacheConn.store, mc.SetPiece: MemcacheConn.on_set_piece,
     mc.Delete: MemcacheConn.on_delete, mc.Flush: MemcacheConn.on_flush,
     mc.FlushAll: MemcacheConn.on_flush_all, mc.FlushExpired: MemcacheConn.on_flush_expired,
     mc.FlushAllExpired: MemcacheConn.on_flush_all_expired, mc.Stats: MemcacheConn.on_stats,

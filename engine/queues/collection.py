@@ -232,7 +232,7 @@ class QueueCollection:
                 if cq is not None and cq.add(data, expiry_ms, now):
                     self.total_items += 1
             undo.ctx = ctx
-        ok = q.add(data, expiry_ms, now)
+        ok = q.add(data, expiry_ms, now, now_ms=now)
         if ok:
             self.total_items += 1
         if self.autoflush:
@@ -261,7 +261,14 @@ class QueueCollection:
             log.error("cannot move an expired item to %r: no worker serves it here", target)
 
     def remove(self, name: str, transactional: bool = False) -> QItem | None:
-        return self._counted((self._queues.get(name) or self.queue(name)).remove(transactional))
+        item = (self._queues.get(name) or self.queue(name)).remove(transactional)
+        if item is None:                    # _counted, inline on the hot path
+            self.get_misses += 1
+        else:
+            self.get_hits += 1
+        if self.autoflush:
+            self.flush_storages()
+        return item
 
     def peek(self, name: str) -> QItem | None:
         return self._counted((self._queues.get(name) or self.queue(name)).peek())

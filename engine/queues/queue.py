@@ -132,10 +132,11 @@ class PersistentQueue:
 
     # -- adds ----------------------------------------------------------------------------------
     def add(self, data: bytes, expiry_ms: int | None = None, add_time_ms: int | None = None, *,
-            count_total: bool = True) -> bool:
+            count_total: bool = True, now_ms: int | None = None) -> bool:
         """Append an item; False when refused (§5.3).  `expiry_ms` is absolute
         epoch ms, None or 0 for never.  `count_total` says whether the add counts
-        in this queue's `total_items` stat (every kind of add does by default)."""
+        in this queue's `total_items` stat (every kind of add does by default).
+        `now_ms`: the caller's reading of the clock, if it has one (one per request)."""
         if self.touched is not None:
             self.touched[self] = None
         config = self.config
@@ -143,7 +144,7 @@ class PersistentQueue:
             return False
         if config.fanout_only and not self.is_fanout_child:
             return True
-        now = self.clock.now_ms()
+        now = self.clock.now_ms() if now_ms is None else now_ms
         # "Full" is judged before the expiry sweep of this add (§5.3, §9 #21).
         while self._length >= config.max_items or self._bytes >= config.max_size:
             if not config.discard_old_when_full:
@@ -167,7 +168,7 @@ class PersistentQueue:
         item = QItem(now if add_time_ms is None else add_time_ms, expiry, data)
         storage = self.storage
         storage.before_add(self, config, now)
-        if storage.can_read_behind and not storage.in_read_behind and self._bytes >= config.max_memory_size:
+        if self._bytes >= config.max_memory_size and storage.can_read_behind and not storage.in_read_behind:
             log.info("queue %r: dropping to read-behind at %d bytes", self.name, self._bytes)
             storage.start_read_behind()
         items = self._items
@@ -187,7 +188,7 @@ class PersistentQueue:
             self._refill(now)              # tiny max_memory_size: keep the head in memory
         if count_total:
             self.total_items += 1
-        if self.waiters:
+        if self.waiters.live:
             self._wake_one()
         return True
 
@@ -219,7 +220,11 @@ class PersistentQueue:
             self.discard_expired(now)
         if not items:
             return None
-        item = self._pop_head()
+        item = items.popleft()              # _pop_head, inline on the hot path
+        n = len(item.data)
+        self._mem_bytes -= n
+        self._bytes -= n
+        self._length -= 1
         self._last_removed_add_time = item.add_time
         storage = self.storage
         if transactional:
@@ -237,7 +242,8 @@ class PersistentQueue:
         undo = self.undo
         if undo is not None and mark is not None:
             undo.entries.append((self.medium, mark, self, kind, item, xid if transactional else 0, undo.ctx))
-        self._refill(now)
+        if storage.in_read_behind:
+            self._refill(now)
         storage.after_remove(self, self.config, now)
         return item
 

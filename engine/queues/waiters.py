@@ -52,14 +52,14 @@ def _live(item) -> bool:
 class WaitList:
     """One queue's blocked fetchers, oldest first."""
 
-    __slots__ = ("_dq", "_live")
+    __slots__ = ("_dq", "live")
 
     def __init__(self) -> None:
         self._dq: deque[Waiter] = deque()
-        self._live = 0
+        self.live = 0                  # waiters queued and not cancelled (every add tests it)
 
     def __len__(self) -> int:
-        return self._live
+        return self.live
 
     def add(self, w: Waiter) -> None:
         """Queue `w` at the tail (also how a woken waiter that lost the race rejoins)."""
@@ -68,7 +68,7 @@ class WaitList:
         w.queued = True
         w.woken = False
         self._dq.append(w)
-        self._live += 1
+        self.live += 1
 
     def wake_one(self) -> Waiter | None:
         dq = self._dq
@@ -77,7 +77,7 @@ class WaitList:
             if w.queued and not w.cancelled:
                 w.queued = False
                 w.woken = True
-                self._live -= 1
+                self.live -= 1
                 return w
         return None
 
@@ -91,17 +91,17 @@ class WaitList:
                 w.evicted = True
                 out.append(w)
         self._dq.clear()
-        self._live = 0
+        self.live = 0
         return out
 
     def cancel(self, w: Waiter) -> None:
         """Withdraw `w` (disconnect, deadline, or served after a wake-up).  Idempotent."""
         if w.queued and not w.cancelled:
-            self._live -= 1
+            self.live -= 1
             w.queued = False
             # Keep the deque from filling with dead records when a long-lived
             # list sees many cancels (e.g. short `t=` polls on an idle queue).
-            if len(self._dq) > 64 and len(self._dq) > 4 * self._live:
+            if len(self._dq) > 64 and len(self._dq) > 4 * self.live:
                 w.cancelled = True
                 self._dq = deque(x for x in self._dq if x.queued and not x.cancelled)
         w.cancelled = True

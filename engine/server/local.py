@@ -89,7 +89,7 @@ class LocalFront(Front):
         if op == OP_DISCONNECT:
             streak.pop(conn_id, None)
         elif op != OP_HANDOFF:
-            self.my.words[C_ROUTED] += 1
+            self.my.incr(C_ROUTED)
             if op in FANOUT_OPS:           # a command for every worker: no worker to move to
                 streak.pop(conn_id, None)
                 return Front.send(self, worker, conn_id, req, op, flags, queue, a, b, payload)

@@ -53,8 +53,7 @@ class PeerOps:
             return e.brief
         self.coll.reload(self.config)
         if self.front is not None:
-            self.front.config = self.config
-            self.front.valid_names.clear()
+            self.front.use_config(self.config)
         log.info("worker %d: configuration reloaded", self.index)
         return None
 

@@ -190,10 +190,18 @@ class ServerStatus:
         """What blocks requests now: the previous status until a stricter change's grace ends."""
         return STATUSES[self._enforced_index()]
 
+    # Asked for every request: the common case (the cached status is current and no stricter
+    # change is in its grace period) answers from the cache without a further call.
     def blocks_reads(self) -> bool:
+        cache = self._cache
+        if self._seq[0] == cache[0] and not cache[3]:
+            return cache[1] >= QUIESCENT
         return self._enforced_index() >= QUIESCENT
 
     def blocks_writes(self) -> bool:
+        cache = self._cache
+        if self._seq[0] == cache[0] and not cache[3]:
+            return cache[1] >= READ_ONLY
         return self._enforced_index() >= READ_ONLY
 
     # ---------------------------------------------------------------- writers

@@ -52,17 +52,21 @@ class Waiting:
     def plain_get(self, src, conn, req, queue) -> None:
         """`get q` with no option and no wait, the common request: remove the head or answer
         empty; an open read on the queue makes it a protocol error (it closes the connection).
-        The fused local path (Conn.inline_req) calls it directly, op_get for every other
-        caller."""
-        sess = self.sessions.get((src, conn))
-        if sess is not None and sess.open_count(queue):
-            self.reply(src, conn, req, R_ERROR, RF_CLOSE)
-            return
-        coll = self.coll
-        coll.undo.ctx = (src, conn, req)
-        item = coll.remove(queue)
-        self.replies.append((src, pack_resp(conn, req, R_ITEM, 0, 0, 0), item.data) if item is not None
-                            else (src, pack_resp(conn, req, R_EMPTY, 0, 0, 0), b""))
+        The fused local path (Conn.inline_req) calls it directly, with no request record
+        around it, so it answers its own failure; op_get for every other caller."""
+        try:
+            sess = self.sessions.get((src, conn))
+            if sess is not None and sess.open_count(queue):
+                self.reply(src, conn, req, R_ERROR, RF_CLOSE)
+            else:
+                coll = self.coll
+                coll.undo.ctx = (src, conn, req)
+                item = coll.remove(queue)
+                self.replies.append((src, pack_resp(conn, req, R_ITEM, 0, 0, 0), item.data)
+                                    if item is not None
+                                    else (src, pack_resp(conn, req, R_EMPTY, 0, 0, 0), b""))
+        except Exception as e:   # one bad request must not take the shard down
+            self.request_failed(src, conn, req, queue, e)
 
     def op_get(self, src, conn, req, queue, flags, timeout) -> None:
         if not flags and timeout <= 0:

@@ -263,7 +263,8 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
 
     def inline_set(self, src: int, conn: int, req: int, queue: str, expiry: int, data: bytes) -> None:
         """A whole-body set from this worker's own client, run by the fused local path
-        (Conn.inline_req): OP_SET as `execute` runs it, without the request record."""
+        (Conn.inline_req, which scheduled the turn): OP_SET as `execute` runs it, without the
+        request record."""
         coll = self.coll
         coll.undo.ctx = (src, conn, req)
         try:
@@ -272,17 +273,10 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
             self.request_failed(src, conn, req, queue, e)
         else:
             self.replies.append((src, pack_resp(conn, req, R_OK if ok else R_NOT_STORED, 0, 0, 0), b""))
-        if not self.turn_scheduled:
-            self.schedule_turn()
 
-    def inline_get(self, src: int, conn: int, req: int, queue: str) -> None:
-        """A plain `get q` from this worker's own client, run by the fused local path."""
-        try:
-            self.plain_get(src, conn, req, queue)
-        except Exception as e:   # one bad request must not take the shard down
-            self.request_failed(src, conn, req, queue, e)
-        if not self.turn_scheduled:
-            self.schedule_turn()
+    # A plain `get q` from this worker's own client, run by the fused local path: plain_get
+    # (waiting.py) answers its own failures; Conn.inline_req scheduled the turn.
+    inline_get = Waiting.plain_get
 
     def execute(self, src: int, conn: int, req: int, op: int, flags: int, queue: str, a: int, b: int,
                 payload) -> None:

@@ -96,13 +96,7 @@ class JournalCompaction:
         return self._archived_size
 
     # -------------------------------------------------------- rotation, rewrite (§6.4)
-    def before_add(self, view, config, now_ms: int) -> None:
-        self._check_rotate(view, config)
-
-    def after_remove(self, view, config, now_ms: int) -> None:
-        self._check_rotate(view, config)
-
-    def _check_rotate(self, view, config) -> None:
+    def _check_rotate(self, view, config, now_ms: int = 0) -> None:
         if self._rewrite_job is not None:
             self._adopt_rewrite()
         size = self._disk_size + self._inflight_n + len(self._pending)
@@ -135,6 +129,10 @@ class JournalCompaction:
                 if self.logsize > config.max_memory_size:
                     self._rotate(view, self.logsize + self._archived_size > config.max_journal_size)
 
+
+    # the seam's hooks (seam.py) around every add and remove: both are the rotation check
+    # itself, one call per operation
+    before_add = after_remove = _check_rotate
     def _compact(self, view, config, total: int, allowed: bool) -> bool:
         """Kestrel's rule 2 (the same in both modes): the files together pass max_journal_size
         while the live state fits in memory, so a rewrite shrinks them; then rate-limited."""

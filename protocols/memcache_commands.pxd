@@ -1,0 +1,13 @@
+# C types for the compiled build of memcache_commands.py (setup.py, engine/compiled.py); the .py
+# is the code, this file only declares: the commands of nearly every request.
+cdef class _Command:
+    pass
+
+cdef class GetKey(_Command):
+    cdef public object raw, queue, timeout_ms, open, close, abort, peek
+
+cdef class Get(_Command):
+    cdef public object keys
+
+cdef class Set(_Command):
+    cdef public object queue, flags, exptime, data, noreply
