@@ -48,6 +48,8 @@ class ShardLoop:
         loop.add_reader(self.wake_fd, self.on_wake)
         loop.add_reader(self.control.fileno(), self.on_control_readable)
         loop.add_reader(self.sync_done_r, self.on_sync_readable)
+        if self.syncer.fd >= 0:
+            loop.add_reader(self.syncer.fd, self.on_aio_readable)     # kernel AIO fsyncs (syncer.py)
         if self.cleaner_reader is not None:
             loop.add_reader(self.cleaner.fileno(), self.on_cleaner_readable)
         if self.inbox is not None:
@@ -190,6 +192,10 @@ class ShardLoop:
 
     def on_sync_readable(self) -> None:
         self.on_sync_done()
+        self.woke()
+
+    def on_aio_readable(self) -> None:
+        self.on_synced()
         self.woke()
 
     def on_cleaner_readable(self) -> None:

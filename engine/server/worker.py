@@ -53,6 +53,7 @@ from lanner.ipc.messages import (F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_STREAM, F_T
 from lanner.queues.placement import worker_of
 from lanner.queues.sessions import Session
 from lanner.storage.factory import StorageFactory
+from lanner.storage.aio import open_aio
 from lanner.storage.syncer import Syncer
 from lanner.storage.writer import Writer
 from lanner.server.exits import EXIT_BOOT_ERROR, EXIT_OK, EXIT_UNSAVED
@@ -123,7 +124,7 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         self.sync_queue: list = []       # storages written since the last round, for the next one
         self.sync_done_r, self.sync_done_w = os.pipe()
         os.set_blocking(self.sync_done_r, False)
-        self.syncer = Syncer(self.sync_done_w)      # fsync rounds (commit.py)
+        self.syncer = Syncer(self.sync_done_w, aio=open_aio())      # fsync rounds (commit.py)
         self.writer = Writer(self.sync_done_w)      # write-behind of big journal writes (commit.py)
         self.writing: set = set()                   # journals with a write-behind under way
         self.write_held: list = []                  # replies whose records it is writing

@@ -1,18 +1,28 @@
-"""fsync off the owner's thread, in rounds that overlap (a worker's group commit, server/commit.py).
+"""fsync off the owner's critical path, in rounds that overlap (a worker's group commit,
+server/commit.py).
 
 A round is the set of byte streams (each storage's `medium`) that one batch of replies depends
-on under sync "always".  Its media are fsynced by a few threads in parallel (fsync releases the
-GIL; the filesystem commits concurrent fsyncs in one journal transaction), and when the last one
-returns the round is done and one byte on `notify_w` wakes the owner.  The owner starts a round as
-soon as a batch has written its records, without waiting for earlier rounds: an fsync that starts
-while another is under way joins the kernel's next commit instead of waiting for the owner to
-notice the first one.  So the disk never idles while replies wait, and a reply waits for about one
-commit, not up to two plus a loop turn.
+on under sync "always".  Its media are fsynced in parallel (the filesystem commits concurrent
+fsyncs in one journal transaction), and when the last one returns the round is done.  The owner
+starts a round as soon as a batch has written its records, without waiting for earlier rounds:
+an fsync that starts while another is under way joins the kernel's next commit instead of
+waiting for the owner to notice the first one.  So the disk never idles while replies wait, and
+a reply waits for about one commit, not up to two plus a loop turn.
+
+Two engines run the fsyncs (issue 8, P5):
+* kernel AIO (storage/aio.py, the default on Linux): the owner submits fdatasyncs (`sync_target`
+  of the medium says which fd and whether fdatasync covers it) and reaps their completions on its
+  own thread when the loop sees the eventfd `fd` (`poll`).  No thread, no GIL hand-off, no lock
+  contention; a round whose rounds wait is submitted the moment the owner reaps the fsync before.
+* threads (no AIO, and tests that inject fsync functions): a few threads call `medium.sync()`
+  (fsync releases the GIL); the thread whose fsync returns fsyncs the same medium again at once
+  for the rounds that waited (their records are written), and a finished round writes one byte to
+  `notify_w` unless one is already waiting there.
 
 The owner finishes rounds in the order it started them (`done_prefix`), so replies leave in batch
 order and a failed fsync can still turn every later reply that depends on it into an error.
-Media are only ever asked to `sync()` (fsync what their owner already wrote; seam.py), never to
-touch their buffers.
+Media are only ever asked to fsync what their owner already wrote (seam.py), never to touch
+their buffers.
 
 One medium is never fsynced twice at once: Linux reports a write-back error to only one of the
 fsyncs of a file that check for it, so with two under way the later round could take the error
@@ -23,7 +33,7 @@ Once an fsync of a medium failed, a later fsync may succeed although the bytes a
 round that needs that medium fails with the same error, without an fsync, until the owner has
 rolled the medium back (`clear`).
 
-Periodic fsyncs (`later`) run on the same threads; their failures are logged (storage/sync.py).
+Periodic fsyncs (`later`) go the same way; their failures are logged (storage/sync.py).
 """
 from __future__ import annotations
 
@@ -35,7 +45,7 @@ from queue import SimpleQueue
 
 log = logging.getLogger(__name__)
 
-#: fsync threads per owner: enough to fsync every file of a busy round at once.
+#: fsync threads per owner (thread engine): enough to fsync every file of a busy round at once.
 THREADS = 8
 
 
@@ -51,18 +61,25 @@ class Round:
 
 
 class Syncer:
-    """The fsync threads of one owner and the rounds it has started, oldest first."""
+    """The fsyncs of one owner and the rounds it has started, oldest first.  With `aio`
+    (storage/aio.py) the owner's loop watches `fd` and calls `poll` when it is readable."""
 
-    def __init__(self, notify_w: int, threads: int = THREADS, name: str = "fsync") -> None:
+    def __init__(self, notify_w: int, threads: int = THREADS, name: str = "fsync", aio=None) -> None:
         self.notify_w = notify_w
+        self.aio = aio
+        self.fd = aio.fd if aio is not None else -1
         self.rounds: deque[Round] = deque()
-        self._tasks: SimpleQueue = SimpleQueue()
         self._lock = threading.Lock()
         self._busy: dict = {}           # medium -> rounds waiting for its fsync under way
         self._failed: dict = {}         # medium -> the OSError of its failed fsync, until `clear`
+        self._notified = False          # a byte on notify_w the owner has not taken yet
+        self._tasks: SimpleQueue = SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._nthreads = threads
         self._name = name
+        self._inflight: dict[int, tuple] = {}   # aio token -> (medium, rounds, the medium's token)
+        self._token = 0
+        self._jobs: list = []           # aio fsyncs to submit together
 
     def __len__(self) -> int:
         """Rounds started and not yet taken by `done_prefix`."""
@@ -73,24 +90,66 @@ class Syncer:
         media = list(dict.fromkeys(media))
         r = Round(media, replies)
         self.rounds.append(r)
-        self._spawn()
         if not media:
-            os.write(self.notify_w, b"x")
+            self._notify()
         for m in media:
             self._ask(m, r)
+        self._submit()
         return r
 
     def later(self, media) -> None:
         """Periodic fsyncs: nobody waits for them; a failure is logged."""
-        self._spawn()
         for m in media:
             self._ask(m, None)
+        self._submit()
 
     def clear(self, medium) -> None:
         """The owner rolled `medium` back after its failed fsync: it may be fsynced again."""
         with self._lock:
             self._failed.pop(medium, None)
 
+    def ready(self) -> bool:
+        """An AIO fsync has completed and waits for `poll` (no syscall)."""
+        return bool(self._inflight) and self.aio.ready()
+
+    def poll(self, wait: bool = False) -> None:
+        """Take the AIO fsyncs that completed (with `wait`, at least one if any is under way):
+        their rounds count them, and the rounds that waited for one get the next fsync now."""
+        if self.aio is None:
+            return
+        for token, err in self.aio.reap(wait):
+            medium, rounds, mtoken = self._inflight.pop(token)
+            error = medium.sync_done(mtoken, OSError(err, os.strerror(err)) if err else None)
+            if error is not None:
+                log.error("fsync failed: %s", error)
+            self._finish(medium, rounds, error, notify=False)
+        self._submit()
+
+    def done_prefix(self) -> list[Round]:
+        """Take the finished rounds at the head, in the order they were started."""
+        out = []
+        rounds = self.rounds
+        with self._lock:
+            self._notified = False
+            while rounds and rounds[0].remaining == 0:
+                out.append(rounds.popleft())
+        return out
+
+    def close(self) -> None:
+        """Stop once the fsyncs already asked for are done (shutdown, tests)."""
+        for _ in self._threads:
+            self._tasks.put(None)
+        for t in self._threads:
+            t.join()
+        self._threads = []
+        if self.aio is not None:
+            while self._inflight:
+                self.poll(wait=True)
+            self.aio.close()
+            self.aio = None
+            self.fd = -1
+
+    # -- both engines ------------------------------------------------------------------------------
     def _ask(self, medium, r: Round | None) -> None:
         """fsync `medium` for round `r` (None: periodic): now, or after the one under way."""
         with self._lock:
@@ -102,38 +161,91 @@ class Syncer:
                     return
                 self._busy[medium] = []
         if error is None:
-            self._tasks.put((medium, [r]))
-        elif self._settle(medium, [r], error):
-            os.write(self.notify_w, b"x")
+            self._issue(medium, [r])
+        elif self._settle([r], medium, error):
+            self._notify()
 
-    def _settle(self, medium, rounds: list, error: OSError | None) -> bool:
+    def _issue(self, medium, rounds: list) -> None:
+        if self.aio is not None and not self.aio.open():
+            self.aio = None                         # (logged) no AIO after all: threads from now on
+        if self.aio is None:
+            self._spawn()
+            self._tasks.put((medium, rounds))
+            return
+        target = medium.sync_target()
+        if target is None:                      # already durable (rotation fsynced it)
+            self._finish(medium, rounds, None)
+            return
+        fd, mtoken, datasync = target
+        self._token += 1
+        self._inflight[self._token] = (medium, rounds, mtoken)
+        self._jobs.append((self._token, fd, datasync))
+
+    def _submit(self) -> None:
+        """Submit the AIO fsyncs gathered (those beyond the context's slots wait for `poll` to
+        free some); one the kernel refused fails its rounds."""
+        while self._jobs:
+            jobs = self._jobs
+            done, error = self.aio.submit(jobs)
+            self._jobs = jobs[done:]
+            if error is None:
+                return
+            for token, _, _ in jobs[done:done + 1]:
+                self._jobs.pop(0)
+                medium, rounds, mtoken = self._inflight.pop(token)
+                failed = medium.sync_done(mtoken, error)
+                if failed is not None:
+                    log.error("fsync failed: %s", failed)
+                self._finish(medium, rounds, failed)
+
+    def _finish(self, medium, rounds: list, error: OSError | None, notify: bool = True) -> list | None:
+        """`medium`'s fsync for `rounds` returned; on the AIO engine, fsync it again for the rounds
+        that waited.  Returns those rounds (the thread engine fsyncs them itself).  `notify`:
+        wake the owner if a round finished (not when the owner itself is reaping, `poll`)."""
+        with self._lock:
+            waiting = self._busy.pop(medium)
+            if error is not None:
+                self._failed[medium] = error
+                rounds = rounds + waiting         # their bytes may be gone too: no fsync for them
+                waiting = []
+            elif waiting:
+                self._busy[medium] = []
+            finished = self._settle_locked(rounds, medium, error)
+        if finished and notify:
+            self._notify()
+        if not waiting:
+            return None
+        if self.aio is None:
+            return waiting
+        self._issue(medium, waiting)
+        return None
+
+    def _settle(self, rounds: list, medium, error: OSError | None) -> bool:
+        with self._lock:
+            return self._settle_locked(rounds, medium, error)
+
+    @staticmethod
+    def _settle_locked(rounds: list, medium, error: OSError | None) -> bool:
         """`medium` is done (or failed) for `rounds`; True if one of them is finished."""
         finished = False
-        with self._lock:
-            for r in rounds:
-                if r is not None:
-                    if error is not None:
-                        r.failed.append((medium, error))
-                    r.remaining -= 1
-                    finished |= r.remaining == 0
+        for r in rounds:
+            if r is not None:
+                if error is not None:
+                    r.failed.append((medium, error))
+                r.remaining -= 1
+                finished |= r.remaining == 0
         return finished
 
-    def done_prefix(self) -> list[Round]:
-        """Take the finished rounds at the head, in the order they were started."""
-        out = []
-        rounds = self.rounds
-        while rounds and rounds[0].remaining == 0:
-            out.append(rounds.popleft())
-        return out
+    def _notify(self) -> None:
+        """Wake the owner with one byte, unless one it has not taken yet is waiting already.
+        (On the AIO engine the owner finishes its own rounds in `poll`, and needs no byte.)"""
+        with self._lock:
+            if self._notified:
+                return
+            self._notified = True
+        os.write(self.notify_w, b"x")
 
-    def close(self) -> None:
-        """Stop the threads once the fsyncs already asked for are done (shutdown, tests)."""
-        for _ in self._threads:
-            self._tasks.put(None)
-        for t in self._threads:
-            t.join()
-        self._threads = []
-
+    # -- thread engine -----------------------------------------------------------------------------
     def _spawn(self) -> None:
         if self._threads:
             return
@@ -143,25 +255,17 @@ class Syncer:
             self._threads.append(t)
 
     def _run(self) -> None:
-        tasks, lock, busy = self._tasks, self._lock, self._busy
+        tasks = self._tasks
         while True:
             task = tasks.get()
             if task is None:
                 return
             medium, rounds = task
-            error = None
-            try:
-                medium.sync()
-            except OSError as e:
-                log.error("fsync failed: %s", e)
-                error = e
-            with lock:
-                waiting = busy.pop(medium)
-                if error is not None:
-                    self._failed[medium] = error
-                    rounds = rounds + waiting     # their bytes may be gone too: no fsync for them
-                elif waiting:
-                    busy[medium] = []
-                    tasks.put((medium, waiting))
-            if self._settle(medium, rounds, error):
-                os.write(self.notify_w, b"x")
+            while rounds:           # the rounds that waited meanwhile: fsync again, at once
+                error = None
+                try:
+                    medium.sync()
+                except OSError as e:
+                    log.error("fsync failed: %s", e)
+                    error = e
+                rounds = self._finish(medium, rounds, error)

@@ -13,6 +13,7 @@ import pytest
 from lanner.config import Config, QueueConfig, ServerConfig
 from lanner.ipc.messages import (F_OPEN, OP_DISCONNECT, OP_GET, OP_SET, OP_TGET, R_DATA, R_ITEM, R_OK,
                                  R_SERVER_ERROR, RF_CLOSE, pack_req, unpack_resp)
+from lanner.server import worker as W
 from lanner.server.worker import Worker
 from lanner.storage.journal import journal as J
 
@@ -26,12 +27,15 @@ class Status:
 
 
 @pytest.fixture
-def worker(tmp_path, clock):
+def worker(tmp_path, clock, monkeypatch):
     made = []
 
-    def make(**default):
+    def make(aio=W.open_aio, **default):
+        """`aio`: what makes the syncer's AIO context (storage/aio.py); None for its fsync threads,
+        which call the journal's `_fsync` that tests inject."""
         cfg = Config(server=ServerConfig(queue_path=str(tmp_path / "queues")), default=QueueConfig(**default))
         a, b = socket.socketpair()
+        monkeypatch.setattr(W, "open_aio", aio or (lambda: None))
         w = Worker(0, 1, cfg, Status(), [None], [None], -1, a, None, clock=clock, nfronts=1)
         w.boot()
         w.published = []
@@ -93,7 +97,7 @@ def test_a_failed_write_fails_exactly_the_requests_it_undid(worker, monkeypatch)
 
 
 def test_a_failed_fsync_under_always_cuts_back_and_fails_the_batch(worker, monkeypatch, tmp_path):
-    w = worker(sync_journal="always")
+    w = worker(sync_journal="always", aio=None)
     w.handle(0, req(1, OP_SET, "q", payload=b"a"))
     w.finish_batch()
     w.wait_for_sync()
@@ -180,7 +184,7 @@ def test_a_failed_fsync_in_the_thread_fails_its_queue_in_every_round_and_spares_
     """Rounds overlap (storage/syncer.py): while q's fsync is under way a second round starts for
     `other` and q.  q's fsync fails: both of q's sets are undone and answered SERVER_ERROR (a later
     fsync of q must not vouch for bytes the failed one lost); `other`'s set is kept."""
-    w = worker(sync_journal="always")
+    w = worker(sync_journal="always", aio=None)
     q_path = str(tmp_path / "queues" / "q")
     gate, calls = threading.Event(), []
     real = os.fsync
