@@ -3,9 +3,13 @@ import errno
 import os
 import select
 import threading
+import time
 
 import pytest
 
+from lanner.queues.item import QItem
+from lanner.storage.aio import open_aio
+from lanner.storage.journal.journal import Journal
 from lanner.storage.syncer import Syncer
 
 
@@ -101,3 +105,267 @@ def test_one_medium_is_never_fsynced_twice_at_once(syncer):
         wait_notified(syncer)
         done += syncer.done_prefix()
     assert done == rounds and a.syncs == 2               # the 2nd and 3rd share one fsync
+
+
+def test_the_thread_whose_fsync_returned_fsyncs_the_rounds_that_waited_at_once():
+    """The records of the rounds that waited are written: the thread that just fsynced the medium
+    fsyncs it again itself, before other work queued meanwhile (here: b's, on the only thread)."""
+    r, w = os.pipe()
+    s = Syncer(w, threads=1)
+    s.notify_r = r
+    a, b = Medium("a"), Medium("b")
+    order = []
+    for m in (a, b):
+        m.sync = (lambda real, name: lambda: (order.append(name), real())[1])(m.sync, m.name)
+    try:
+        rounds = [s.start([a], [1]), s.start([b], [2]), s.start([a], [3])]
+        assert a.started.wait(10)
+        b.go.set()
+        a.go.set()
+        assert wait_for(lambda: all(x.remaining == 0 for x in rounds))
+        assert order == ["a", "a", "b"]
+    finally:
+        s.close()
+        os.close(r)
+        os.close(w)
+
+
+def test_rounds_that_finish_before_the_owner_looks_wake_it_once(syncer):
+    a, b = Medium("a"), Medium("b")
+    first, second = syncer.start([a], [1]), syncer.start([b], [2])
+    a.go.set()
+    b.go.set()
+    assert wait_for(lambda: second.remaining == 0 and first.remaining == 0)
+    assert select.select([syncer.notify_r], [], [], 10)[0]
+    assert os.read(syncer.notify_r, 64) == b"x"                # one byte for both
+    assert syncer.done_prefix() == [first, second]
+    c = Medium("c")
+    c.go.set()
+    third = syncer.start([c], [3])                          # the owner looked: the next one wakes it
+    wait_notified(syncer)
+    assert syncer.done_prefix() == [third]
+
+
+def wait_for(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+# -- the kernel AIO engine (storage/aio.py), through a fake kernel the test completes ----------------
+
+class FakeAio:
+    """Takes fsyncs like storage/aio.Aio and completes them when the test says, through the same
+    eventfd signal the kernel uses."""
+
+    def __init__(self, slots=128, refuse=None):
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK)
+        self.slots = slots
+        self.refuse = refuse            # errno io_submit fails the next job with
+        self.inflight = 0
+        self.submitted = []             # (token, fd, datasync), in order
+        self.completed = []
+        self.pending = []               # completed, not yet reaped
+
+    def open(self):
+        return True
+
+    def submit(self, jobs):
+        if self.refuse is not None:
+            e, self.refuse = self.refuse, None
+            return 0, OSError(e, os.strerror(e))
+        n = min(len(jobs), self.slots - self.inflight)
+        self.submitted += jobs[:n]
+        self.inflight += n
+        return n, None
+
+    def complete(self, fd, err=0):
+        """The oldest fsync of `fd` under way returns `err`."""
+        done = {t for t, _ in self.completed}
+        token = next(t for t, f, _ in self.submitted if f == fd and t not in done)
+        self.completed.append((token, err))
+        self.pending.append((token, err))
+        os.eventfd_write(self.fd, 1)
+
+    def ready(self):
+        return bool(self.pending)
+
+    def reap(self, wait=False):
+        try:
+            os.eventfd_read(self.fd)
+        except BlockingIOError:
+            pass
+        out, self.pending = self.pending, []
+        self.inflight -= len(out)
+        return out
+
+    def close(self):
+        os.close(self.fd)
+
+    def fsyncs(self, fd):
+        return [j for j in self.submitted if j[1] == fd]
+
+
+class AioMedium:
+    """A medium with `written` bytes of which `synced` are durable; `fd` only names it."""
+
+    def __init__(self, fd):
+        self.fd = fd
+        self.written = 1
+        self.synced = 0
+
+    def sync_target(self):
+        return None if self.synced >= self.written else (self.fd, self.written, True)
+
+    def sync_done(self, token, error):
+        if error is not None:
+            return error
+        self.synced = max(self.synced, token)
+        return None
+
+
+@pytest.fixture
+def aio_syncer():
+    r, w = os.pipe()
+    fake = FakeAio()
+    s = Syncer(w, aio=fake)
+    s.notify_r = r
+    yield s, fake
+    s.close()
+    os.close(r)
+    os.close(w)
+
+
+def test_aio_rounds_finish_in_the_order_they_started(aio_syncer):
+    s, k = aio_syncer
+    a, b = AioMedium(10), AioMedium(11)
+    first, second = s.start([a], [1]), s.start([b, b], [2])
+    assert [j[1:] for j in k.submitted] == [(10, True), (11, True)]     # both at once, fdatasync
+    k.complete(11)
+    assert select.select([s.fd], [], [], 0)[0]                          # the loop's wake-up
+    s.poll()
+    assert second.remaining == 0 and s.done_prefix() == []
+    k.complete(10)
+    s.poll()
+    assert s.done_prefix() == [first, second] and a.synced == b.synced == 1
+    assert not select.select([s.notify_r], [], [], 0)[0]                # the owner reaped: no byte
+
+
+def test_aio_rounds_that_wait_for_a_medium_share_the_fsync_started_when_it_returns(aio_syncer):
+    s, k = aio_syncer
+    a = AioMedium(10)
+    first = s.start([a], [1])
+    a.written = 2
+    second = s.start([a], [2])
+    a.written = 3
+    third = s.start([a], [3])
+    assert len(k.fsyncs(10)) == 1                                       # never two at once
+    k.complete(10)
+    s.poll()                                                            # reaped: the next goes now
+    assert len(k.fsyncs(10)) == 2 and s.done_prefix() == [first]
+    k.complete(10)
+    s.poll()
+    assert s.done_prefix() == [second, third] and a.synced == 3 and len(k.fsyncs(10)) == 2
+
+
+def test_aio_a_failed_fsync_fails_every_round_of_its_medium_until_cleared(aio_syncer):
+    s, k = aio_syncer
+    a, b = AioMedium(10), AioMedium(11)
+    first = s.start([a], [1])
+    second = s.start([a, b], [2])                                       # waits for a; b goes now
+    k.complete(11)
+    k.complete(10, errno.EIO)
+    s.poll()
+    assert s.done_prefix() == [first, second]
+    assert [(m.fd, e.errno) for m, e in first.failed] == [(10, errno.EIO)]
+    assert [(m.fd, e.errno) for m, e in second.failed] == [(10, errno.EIO)]   # no fsync vouched for it
+    third = s.start([a], [3])                                           # not cleared: fails, no fsync
+    assert len(k.fsyncs(10)) == 1 and third.remaining == 0 and third.failed
+    assert select.select([s.notify_r], [], [], 0)[0]                    # finished on the owner's call: woken
+    os.read(s.notify_r, 64)
+    assert s.done_prefix() == [third]
+    s.clear(a)
+    fourth = s.start([a], [4])
+    assert len(k.fsyncs(10)) == 2
+    k.complete(10)
+    s.poll()
+    assert s.done_prefix() == [fourth] and not fourth.failed
+
+
+def test_aio_nothing_to_fsync_finishes_the_round_at_once(aio_syncer):
+    s, k = aio_syncer
+    a = AioMedium(10)
+    a.synced = 1                                                        # (rotation fsynced it)
+    r = s.start([a], [1])
+    assert k.submitted == [] and r.remaining == 0
+    assert select.select([s.notify_r], [], [], 0)[0]
+    assert s.done_prefix() == [r]
+
+
+def test_aio_fsyncs_beyond_the_contexts_slots_wait_for_one_to_return(aio_syncer):
+    s, k = aio_syncer
+    k.slots = 2
+    media = [AioMedium(fd) for fd in (10, 11, 12)]
+    r = s.start(media, [1])
+    assert [j[1] for j in k.submitted] == [10, 11]
+    k.complete(10)
+    s.poll()
+    assert [j[1] for j in k.submitted] == [10, 11, 12]
+    k.complete(11)
+    k.complete(12)
+    s.poll()
+    assert s.done_prefix() == [r] and not r.failed
+
+
+def test_aio_an_fsync_the_kernel_refuses_fails_its_round(aio_syncer):
+    s, k = aio_syncer
+    k.refuse = errno.EINVAL
+    a, b = AioMedium(10), AioMedium(11)
+    r = s.start([a, b], [1])
+    assert [j[1] for j in k.submitted] == [11]                          # the next one still went
+    k.complete(11)
+    s.poll()
+    assert s.done_prefix() == [r] and [(m.fd, e.errno) for m, e in r.failed] == [(10, errno.EINVAL)]
+
+
+def test_kernel_aio_fdatasyncs_a_journal_and_refuses_a_pipe(tmp_path):
+    """The real thing (Linux): a journal's written bytes become durable through an fdatasync the
+    loop reaps; an fd that cannot be fsynced fails its round with the kernel's error."""
+    r, w = os.pipe()
+    s = Syncer(w, aio=open_aio())
+    j = Journal(str(tmp_path), "q", Clock(), sync_policy="always")
+    j.replay(Config())
+    try:
+        j.record_add(QItem(0, 0, b"x" * 100))
+        j.flush()
+        assert j.durable_mark < j.written_mark
+        first = s.start([j], [1])
+        done = []
+        while not done:
+            assert select.select([s.fd], [], [], 10)[0]
+            s.poll()
+            done = s.done_prefix()
+        assert done == [first] and not first.failed and j.durable_mark == j.written_mark
+        pipe = AioMedium(r)
+        bad = s.start([pipe], [2])
+        assert bad.remaining == 0 and [e.errno for _, e in bad.failed] == [errno.EINVAL]
+    finally:
+        s.close()
+        j.close()
+        os.close(r)
+        os.close(w)
+
+
+class Clock:
+    def now_ms(self):
+        return 1_700_000_000_000
+
+    def monotonic(self):
+        return 0.0
+
+
+class Config:
+    max_memory_size = 1 << 20

@@ -15,6 +15,7 @@ from lanner.ipc.messages import (F_OPEN, OP_DISCONNECT, OP_GET, OP_SET, OP_TGET,
                                  R_SERVER_ERROR, RF_CLOSE, pack_req, unpack_resp)
 from lanner.server import worker as W
 from lanner.server.worker import Worker
+from lanner.storage.aio import open_aio
 from lanner.storage.journal import journal as J
 
 
@@ -217,3 +218,83 @@ def test_a_failed_fsync_in_the_thread_fails_its_queue_in_every_round_and_spares_
     w.finish_batch()
     w.wait_for_sync()
     assert replies(w) == {4: [(R_OK, 0, b"")]} and len(calls) == 2
+
+
+class FailingAio:
+    """Kernel AIO (storage/aio.py), except that the first fdatasync of `path` fails with EIO when
+    the test says (`fail`); the others go to the kernel."""
+
+    def __init__(self, path):
+        self.real = open_aio()
+        self.fd = self.real.fd
+        self.path = path
+        self.held = None                # (token, errno) submitted, not yet completed
+        self.done = []
+        self.calls = 0                  # fsyncs of `path`
+
+    def open(self):
+        return self.real.open()
+
+    @property
+    def inflight(self):
+        return self.real.inflight + (self.held is not None) + len(self.done)
+
+    def submit(self, jobs):
+        rest = []
+        for token, fd, datasync in jobs:
+            if os.path.samefile(f"/proc/self/fd/{fd}", self.path):
+                assert self.held is None, "two fsyncs of one file at once"
+                assert datasync
+                self.calls += 1
+                if self.calls == 1:
+                    self.held = (token, errno.EIO)
+                    continue
+            rest.append((token, fd, datasync))
+        done, error = self.real.submit(rest)
+        assert done == len(rest) and error is None
+        return len(jobs), None
+
+    def fail(self):
+        self.done.append(self.held)
+        self.held = None
+        os.eventfd_write(self.fd, 1)
+
+    def ready(self):
+        return bool(self.done) or self.real.ready()
+
+    def reap(self, wait=False):
+        out, self.done = self.done, []
+        return out + self.real.reap(wait and not out)
+
+    def close(self):
+        self.real.close()
+
+
+def test_a_failed_aio_fsync_fails_its_queue_in_every_round_and_spares_others(worker, tmp_path):
+    """The kernel AIO engine (the default): as above, the failed fdatasync of q fails both of q's
+    sets, and q is not fsynced again for the round that waited; `other` keeps its set."""
+    q_path = str(tmp_path / "queues" / "q")
+    aio = []
+    w = worker(sync_journal="always", aio=lambda: aio.append(FailingAio(q_path)) or aio[0])
+    k = aio[0]
+    w.handle(0, req(1, OP_SET, "q", payload=b"a"))
+    w.finish_batch()                                          # round 1: q, held
+    w.handle(0, req(2, OP_SET, "q", payload=b"b"))
+    w.handle(0, req(3, OP_SET, "other", payload=b"c"))
+    w.finish_batch()                                          # round 2 starts meanwhile
+    assert len(w.syncer) == 2 and w.published == [] and k.calls == 1
+    k.fail()
+    w.wait_for_sync()
+    got = replies(w)
+    why = b"fsync failed: Input/output error (queue 'q')"
+    assert got[1] == [(R_SERVER_ERROR, RF_CLOSE, why)]
+    assert got[2] == [(R_SERVER_ERROR, RF_CLOSE, why)]
+    assert got[3] == [(R_OK, 0, b"")]
+    assert k.calls == 1                                       # no fsync of q vouched for "b"
+    assert queue_datas(w, "q") == [] and queue_datas(w, "other") == [b"c"]
+    assert os.path.getsize(q_path) == 0
+    w.handle(0, req(4, OP_SET, "q", payload=b"d"))            # rolled back: q is fsynced again
+    w.finish_batch()
+    w.wait_for_sync()
+    assert replies(w) == {4: [(R_OK, 0, b"")]} and k.calls == 2
+    w.syncer.close()
