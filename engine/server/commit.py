@@ -2,7 +2,7 @@
 
 Replies leave only after the records they acknowledge reached the OS (one write per
 dirty journal or segment per turn); replies that depend on an fsync (sync "always")
-wait in a round while every file the round's batch wrote is fsynced at once (kernel AIO,
+wait in a round while every file the round's batch wrote is fsynced at once (io_uring,
 or threads: storage/syncer.py); rounds overlap, so the disk commits one round while the
 loop serves the next batch.
 
@@ -149,7 +149,7 @@ class GroupCommit:
         self.on_synced()
 
     def on_synced(self) -> None:
-        """fsyncs returned (the AIO eventfd woke the loop, or the pipe): publish what they made
+        """fsyncs returned (the io_uring eventfd woke the loop, or the pipe): publish what they made
         durable and start the round that waited for a free slot."""
         self.take_synced()
         if (self.held or self.sync_queue) and len(self.syncer) < MAX_ROUNDS:

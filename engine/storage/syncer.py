@@ -10,11 +10,13 @@ waiting for the owner to notice the first one.  So the disk never idles while re
 a reply waits for about one commit, not up to two plus a loop turn.
 
 Two engines run the fsyncs (issue 8, P5):
-* kernel AIO (storage/aio.py, the default on Linux): the owner submits fdatasyncs (`sync_target`
-  of the medium says which fd and whether fdatasync covers it) and reaps their completions on its
-  own thread when the loop sees the eventfd `fd` (`poll`).  No thread, no GIL hand-off, no lock
-  contention; a round whose rounds wait is submitted the moment the owner reaps the fsync before.
-* threads (no AIO, and tests that inject fsync functions): a few threads call `medium.sync()`
+* io_uring (storage/uring.py, the default on Linux x86-64): the owner submits fdatasyncs
+  (`sync_target` of the medium says which fd and whether fdatasync covers it) and reaps their
+  completions on its own thread when the loop sees the eventfd `fd`, or at the end of a turn in
+  which one came (`ready`, `poll`).  No Python thread, no GIL hand-off, no lock contention; the
+  fsync for the rounds that waited on a medium is submitted the moment the owner reaps the one
+  before.
+* threads (no io_uring, and tests that inject fsync functions): a few threads call `medium.sync()`
   (fsync releases the GIL); the thread whose fsync returns fsyncs the same medium again at once
   for the rounds that waited (their records are written), and a finished round writes one byte to
   `notify_w` unless one is already waiting there.
@@ -61,13 +63,13 @@ class Round:
 
 
 class Syncer:
-    """The fsyncs of one owner and the rounds it has started, oldest first.  With `aio`
-    (storage/aio.py) the owner's loop watches `fd` and calls `poll` when it is readable."""
+    """The fsyncs of one owner and the rounds it has started, oldest first.  With `uring`
+    (storage/uring.py) the owner's loop watches `fd` and calls `poll` when it is readable."""
 
-    def __init__(self, notify_w: int, threads: int = THREADS, name: str = "fsync", aio=None) -> None:
+    def __init__(self, notify_w: int, threads: int = THREADS, name: str = "fsync", uring=None) -> None:
         self.notify_w = notify_w
-        self.aio = aio
-        self.fd = aio.fd if aio is not None else -1
+        self.uring = uring
+        self.fd = uring.fd if uring is not None else -1
         self.rounds: deque[Round] = deque()
         self._lock = threading.Lock()
         self._busy: dict = {}           # medium -> rounds waiting for its fsync under way
@@ -77,9 +79,9 @@ class Syncer:
         self._threads: list[threading.Thread] = []
         self._nthreads = threads
         self._name = name
-        self._inflight: dict[int, tuple] = {}   # aio token -> (medium, rounds, the medium's token)
+        self._inflight: dict[int, tuple] = {}   # uring token -> (medium, rounds, the medium's token)
         self._token = 0
-        self._jobs: list = []           # aio fsyncs to submit together
+        self._jobs: list = []           # uring fsyncs to submit together
 
     def __len__(self) -> int:
         """Rounds started and not yet taken by `done_prefix`."""
@@ -109,15 +111,15 @@ class Syncer:
             self._failed.pop(medium, None)
 
     def ready(self) -> bool:
-        """An AIO fsync has completed and waits for `poll` (no syscall)."""
-        return bool(self._inflight) and self.aio.ready()
+        """An io_uring fsync has completed and waits for `poll` (no syscall)."""
+        return bool(self._inflight) and self.uring.ready()
 
     def poll(self, wait: bool = False) -> None:
-        """Take the AIO fsyncs that completed (with `wait`, at least one if any is under way):
+        """Take the io_uring fsyncs that completed (with `wait`, at least one if any is under way):
         their rounds count them, and the rounds that waited for one get the next fsync now."""
-        if self.aio is None:
+        if self.uring is None:
             return
-        for token, err in self.aio.reap(wait):
+        for token, err in self.uring.reap(wait):
             medium, rounds, mtoken = self._inflight.pop(token)
             error = medium.sync_done(mtoken, OSError(err, os.strerror(err)) if err else None)
             if error is not None:
@@ -142,11 +144,11 @@ class Syncer:
         for t in self._threads:
             t.join()
         self._threads = []
-        if self.aio is not None:
+        if self.uring is not None:
             while self._inflight:
                 self.poll(wait=True)
-            self.aio.close()
-            self.aio = None
+            self.uring.close()
+            self.uring = None
             self.fd = -1
 
     # -- both engines ------------------------------------------------------------------------------
@@ -165,16 +167,16 @@ class Syncer:
         elif self._settle([r], medium, error):
             self._notify()
 
-    def _issue(self, medium, rounds: list) -> None:
-        if self.aio is not None and not self.aio.open():
-            self.aio = None                         # (logged) no AIO after all: threads from now on
-        if self.aio is None:
+    def _issue(self, medium, rounds: list, notify: bool = True) -> None:
+        if self.uring is not None and not self.uring.open():
+            self.uring = None                         # (logged) no io_uring after all: threads from now on
+        if self.uring is None:
             self._spawn()
             self._tasks.put((medium, rounds))
             return
         target = medium.sync_target()
-        if target is None:                      # already durable (rotation fsynced it)
-            self._finish(medium, rounds, None)
+        if target is None:      # already durable (the fsync before covered them, or rotation's)
+            self._finish(medium, rounds, None, notify)
             return
         fd, mtoken, datasync = target
         self._token += 1
@@ -182,11 +184,11 @@ class Syncer:
         self._jobs.append((self._token, fd, datasync))
 
     def _submit(self) -> None:
-        """Submit the AIO fsyncs gathered (those beyond the context's slots wait for `poll` to
+        """Submit the io_uring fsyncs gathered (those beyond the context's slots wait for `poll` to
         free some); one the kernel refused fails its rounds."""
         while self._jobs:
             jobs = self._jobs
-            done, error = self.aio.submit(jobs)
+            done, error = self.uring.submit(jobs)
             self._jobs = jobs[done:]
             if error is None:
                 return
@@ -199,7 +201,7 @@ class Syncer:
                 self._finish(medium, rounds, failed)
 
     def _finish(self, medium, rounds: list, error: OSError | None, notify: bool = True) -> list | None:
-        """`medium`'s fsync for `rounds` returned; on the AIO engine, fsync it again for the rounds
+        """`medium`'s fsync for `rounds` returned; on the io_uring engine, fsync it again for the rounds
         that waited.  Returns those rounds (the thread engine fsyncs them itself).  `notify`:
         wake the owner if a round finished (not when the owner itself is reaping, `poll`)."""
         with self._lock:
@@ -215,9 +217,9 @@ class Syncer:
             self._notify()
         if not waiting:
             return None
-        if self.aio is None:
+        if self.uring is None:
             return waiting
-        self._issue(medium, waiting)
+        self._issue(medium, waiting, notify)
         return None
 
     def _settle(self, rounds: list, medium, error: OSError | None) -> bool:
@@ -238,7 +240,7 @@ class Syncer:
 
     def _notify(self) -> None:
         """Wake the owner with one byte, unless one it has not taken yet is waiting already.
-        (On the AIO engine the owner finishes its own rounds in `poll`, and needs no byte.)"""
+        (On the io_uring engine the owner finishes its own rounds in `poll`, and needs no byte.)"""
         with self._lock:
             if self._notified:
                 return

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from lanner.queues.item import QItem
-from lanner.storage.aio import open_aio
+from lanner.storage.uring import open_uring
 from lanner.storage.journal.journal import Journal
 from lanner.storage.syncer import Syncer
 
@@ -155,16 +155,16 @@ def wait_for(cond, timeout=10.0):
     return True
 
 
-# -- the kernel AIO engine (storage/aio.py), through a fake kernel the test completes ----------------
+# -- the io_uring engine (storage/uring.py), through a fake kernel the test completes ----------------
 
-class FakeAio:
-    """Takes fsyncs like storage/aio.Aio and completes them when the test says, through the same
-    eventfd signal the kernel uses."""
+class FakeUring:
+    """Takes fsyncs like storage/uring.Uring and completes them when the test says, through the
+    same eventfd signal the kernel uses."""
 
     def __init__(self, slots=128, refuse=None):
         self.fd = os.eventfd(0, os.EFD_NONBLOCK)
         self.slots = slots
-        self.refuse = refuse            # errno io_submit fails the next job with
+        self.refuse = refuse            # errno io_uring_enter fails the next submission with
         self.inflight = 0
         self.submitted = []             # (token, fd, datasync), in order
         self.completed = []
@@ -209,7 +209,7 @@ class FakeAio:
         return [j for j in self.submitted if j[1] == fd]
 
 
-class AioMedium:
+class KernelMedium:
     """A medium with `written` bytes of which `synced` are durable; `fd` only names it."""
 
     def __init__(self, fd):
@@ -228,10 +228,10 @@ class AioMedium:
 
 
 @pytest.fixture
-def aio_syncer():
+def uring_syncer():
     r, w = os.pipe()
-    fake = FakeAio()
-    s = Syncer(w, aio=fake)
+    fake = FakeUring()
+    s = Syncer(w, uring=fake)
     s.notify_r = r
     yield s, fake
     s.close()
@@ -239,9 +239,9 @@ def aio_syncer():
     os.close(w)
 
 
-def test_aio_rounds_finish_in_the_order_they_started(aio_syncer):
-    s, k = aio_syncer
-    a, b = AioMedium(10), AioMedium(11)
+def test_uring_rounds_finish_in_the_order_they_started(uring_syncer):
+    s, k = uring_syncer
+    a, b = KernelMedium(10), KernelMedium(11)
     first, second = s.start([a], [1]), s.start([b, b], [2])
     assert [j[1:] for j in k.submitted] == [(10, True), (11, True)]     # both at once, fdatasync
     k.complete(11)
@@ -254,9 +254,9 @@ def test_aio_rounds_finish_in_the_order_they_started(aio_syncer):
     assert not select.select([s.notify_r], [], [], 0)[0]                # the owner reaped: no byte
 
 
-def test_aio_rounds_that_wait_for_a_medium_share_the_fsync_started_when_it_returns(aio_syncer):
-    s, k = aio_syncer
-    a = AioMedium(10)
+def test_uring_rounds_that_wait_for_a_medium_share_the_fsync_started_when_it_returns(uring_syncer):
+    s, k = uring_syncer
+    a = KernelMedium(10)
     first = s.start([a], [1])
     a.written = 2
     second = s.start([a], [2])
@@ -271,9 +271,9 @@ def test_aio_rounds_that_wait_for_a_medium_share_the_fsync_started_when_it_retur
     assert s.done_prefix() == [second, third] and a.synced == 3 and len(k.fsyncs(10)) == 2
 
 
-def test_aio_a_failed_fsync_fails_every_round_of_its_medium_until_cleared(aio_syncer):
-    s, k = aio_syncer
-    a, b = AioMedium(10), AioMedium(11)
+def test_uring_a_failed_fsync_fails_every_round_of_its_medium_until_cleared(uring_syncer):
+    s, k = uring_syncer
+    a, b = KernelMedium(10), KernelMedium(11)
     first = s.start([a], [1])
     second = s.start([a, b], [2])                                       # waits for a; b goes now
     k.complete(11)
@@ -295,9 +295,9 @@ def test_aio_a_failed_fsync_fails_every_round_of_its_medium_until_cleared(aio_sy
     assert s.done_prefix() == [fourth] and not fourth.failed
 
 
-def test_aio_nothing_to_fsync_finishes_the_round_at_once(aio_syncer):
-    s, k = aio_syncer
-    a = AioMedium(10)
+def test_uring_nothing_to_fsync_finishes_the_round_at_once(uring_syncer):
+    s, k = uring_syncer
+    a = KernelMedium(10)
     a.synced = 1                                                        # (rotation fsynced it)
     r = s.start([a], [1])
     assert k.submitted == [] and r.remaining == 0
@@ -305,10 +305,10 @@ def test_aio_nothing_to_fsync_finishes_the_round_at_once(aio_syncer):
     assert s.done_prefix() == [r]
 
 
-def test_aio_fsyncs_beyond_the_contexts_slots_wait_for_one_to_return(aio_syncer):
-    s, k = aio_syncer
+def test_uring_fsyncs_beyond_the_contexts_slots_wait_for_one_to_return(uring_syncer):
+    s, k = uring_syncer
     k.slots = 2
-    media = [AioMedium(fd) for fd in (10, 11, 12)]
+    media = [KernelMedium(fd) for fd in (10, 11, 12)]
     r = s.start(media, [1])
     assert [j[1] for j in k.submitted] == [10, 11]
     k.complete(10)
@@ -320,10 +320,10 @@ def test_aio_fsyncs_beyond_the_contexts_slots_wait_for_one_to_return(aio_syncer)
     assert s.done_prefix() == [r] and not r.failed
 
 
-def test_aio_an_fsync_the_kernel_refuses_fails_its_round(aio_syncer):
-    s, k = aio_syncer
+def test_uring_a_submission_the_kernel_refuses_fails_its_round(uring_syncer):
+    s, k = uring_syncer
     k.refuse = errno.EINVAL
-    a, b = AioMedium(10), AioMedium(11)
+    a, b = KernelMedium(10), KernelMedium(11)
     r = s.start([a, b], [1])
     assert [j[1] for j in k.submitted] == [11]                          # the next one still went
     k.complete(11)
@@ -331,27 +331,30 @@ def test_aio_an_fsync_the_kernel_refuses_fails_its_round(aio_syncer):
     assert s.done_prefix() == [r] and [(m.fd, e.errno) for m, e in r.failed] == [(10, errno.EINVAL)]
 
 
-def test_kernel_aio_fdatasyncs_a_journal_and_refuses_a_pipe(tmp_path):
-    """The real thing (Linux): a journal's written bytes become durable through an fdatasync the
-    loop reaps; an fd that cannot be fsynced fails its round with the kernel's error."""
+def test_io_uring_fdatasyncs_a_journal_and_fails_a_pipe(tmp_path):
+    """The real thing (Linux x86-64): a journal's written bytes become durable through an
+    fdatasync the loop reaps; an fd that cannot be fsynced fails its round with the kernel's
+    error."""
     r, w = os.pipe()
-    s = Syncer(w, aio=open_aio())
+    s = Syncer(w, uring=open_uring())
     j = Journal(str(tmp_path), "q", Clock(), sync_policy="always")
     j.replay(Config())
-    try:
-        j.record_add(QItem(0, 0, b"x" * 100))
-        j.flush()
-        assert j.durable_mark < j.written_mark
-        first = s.start([j], [1])
+
+    def finished():
         done = []
         while not done:
             assert select.select([s.fd], [], [], 10)[0]
             s.poll()
             done = s.done_prefix()
-        assert done == [first] and not first.failed and j.durable_mark == j.written_mark
-        pipe = AioMedium(r)
-        bad = s.start([pipe], [2])
-        assert bad.remaining == 0 and [e.errno for _, e in bad.failed] == [errno.EINVAL]
+        return done
+    try:
+        j.record_add(QItem(0, 0, b"x" * 100))
+        j.flush()
+        assert j.durable_mark < j.written_mark
+        first = s.start([j], [1])
+        assert finished() == [first] and not first.failed and j.durable_mark == j.written_mark
+        bad = s.start([KernelMedium(r)], [2])
+        assert finished() == [bad] and [e.errno for _, e in bad.failed] == [errno.EINVAL]
     finally:
         s.close()
         j.close()
@@ -369,3 +372,22 @@ class Clock:
 
 class Config:
     max_memory_size = 1 << 20
+
+
+def test_uring_rounds_the_fsync_before_covered_finish_when_it_is_reaped_without_a_wake_up(uring_syncer):
+    """Records written before the fsync for the rounds that waited was submitted are durable when
+    it returns: a round that waited behind it finishes at that reap, and the owner, who is
+    reaping, gets no byte on the pipe."""
+    s, k = uring_syncer
+    a = KernelMedium(10)
+    first = s.start([a], [1])
+    a.written = 2
+    second = s.start([a], [2])
+    k.complete(10)
+    a.written = 3                                   # a batch flushed before the owner reaped
+    s.poll()                                        # second's fsync goes now, covering 3
+    third = s.start([a], [3])                       # waits for it
+    k.complete(10)
+    s.poll()
+    assert s.done_prefix() == [first, second, third] and a.synced == 3 and len(k.fsyncs(10)) == 2
+    assert not select.select([s.notify_r], [], [], 0)[0]

@@ -15,7 +15,7 @@ from lanner.ipc.messages import (F_OPEN, OP_DISCONNECT, OP_GET, OP_SET, OP_TGET,
                                  R_SERVER_ERROR, RF_CLOSE, pack_req, unpack_resp)
 from lanner.server import worker as W
 from lanner.server.worker import Worker
-from lanner.storage.aio import open_aio
+from lanner.storage.uring import open_uring
 from lanner.storage.journal import journal as J
 
 
@@ -31,12 +31,12 @@ class Status:
 def worker(tmp_path, clock, monkeypatch):
     made = []
 
-    def make(aio=W.open_aio, **default):
-        """`aio`: what makes the syncer's AIO context (storage/aio.py); None for its fsync threads,
+    def make(uring=W.open_uring, **default):
+        """`uring`: what makes the syncer's io_uring (storage/uring.py); None for its fsync threads,
         which call the journal's `_fsync` that tests inject."""
         cfg = Config(server=ServerConfig(queue_path=str(tmp_path / "queues")), default=QueueConfig(**default))
         a, b = socket.socketpair()
-        monkeypatch.setattr(W, "open_aio", aio or (lambda: None))
+        monkeypatch.setattr(W, "open_uring", uring or (lambda: None))
         w = Worker(0, 1, cfg, Status(), [None], [None], -1, a, None, clock=clock, nfronts=1)
         w.boot()
         w.published = []
@@ -98,7 +98,7 @@ def test_a_failed_write_fails_exactly_the_requests_it_undid(worker, monkeypatch)
 
 
 def test_a_failed_fsync_under_always_cuts_back_and_fails_the_batch(worker, monkeypatch, tmp_path):
-    w = worker(sync_journal="always", aio=None)
+    w = worker(sync_journal="always", uring=None)
     w.handle(0, req(1, OP_SET, "q", payload=b"a"))
     w.finish_batch()
     w.wait_for_sync()
@@ -185,7 +185,7 @@ def test_a_failed_fsync_in_the_thread_fails_its_queue_in_every_round_and_spares_
     """Rounds overlap (storage/syncer.py): while q's fsync is under way a second round starts for
     `other` and q.  q's fsync fails: both of q's sets are undone and answered SERVER_ERROR (a later
     fsync of q must not vouch for bytes the failed one lost); `other`'s set is kept."""
-    w = worker(sync_journal="always", aio=None)
+    w = worker(sync_journal="always", uring=None)
     q_path = str(tmp_path / "queues" / "q")
     gate, calls = threading.Event(), []
     real = os.fsync
@@ -220,12 +220,12 @@ def test_a_failed_fsync_in_the_thread_fails_its_queue_in_every_round_and_spares_
     assert replies(w) == {4: [(R_OK, 0, b"")]} and len(calls) == 2
 
 
-class FailingAio:
-    """Kernel AIO (storage/aio.py), except that the first fdatasync of `path` fails with EIO when
+class FailingUring:
+    """io_uring (storage/uring.py), except that the first fdatasync of `path` fails with EIO when
     the test says (`fail`); the others go to the kernel."""
 
     def __init__(self, path):
-        self.real = open_aio()
+        self.real = open_uring()
         self.fd = self.real.fd
         self.path = path
         self.held = None                # (token, errno) submitted, not yet completed
@@ -270,13 +270,13 @@ class FailingAio:
         self.real.close()
 
 
-def test_a_failed_aio_fsync_fails_its_queue_in_every_round_and_spares_others(worker, tmp_path):
-    """The kernel AIO engine (the default): as above, the failed fdatasync of q fails both of q's
+def test_a_failed_io_uring_fsync_fails_its_queue_in_every_round_and_spares_others(worker, tmp_path):
+    """The io_uring engine (the default): as above, the failed fdatasync of q fails both of q's
     sets, and q is not fsynced again for the round that waited; `other` keeps its set."""
     q_path = str(tmp_path / "queues" / "q")
-    aio = []
-    w = worker(sync_journal="always", aio=lambda: aio.append(FailingAio(q_path)) or aio[0])
-    k = aio[0]
+    made = []
+    w = worker(sync_journal="always", uring=lambda: made.append(FailingUring(q_path)) or made[0])
+    k = made[0]
     w.handle(0, req(1, OP_SET, "q", payload=b"a"))
     w.finish_batch()                                          # round 1: q, held
     w.handle(0, req(2, OP_SET, "q", payload=b"b"))
