@@ -39,8 +39,8 @@ class ShardLoop:
 
     def open_loop(self) -> None:
         """The loop and what it waits on: the wake eventfd (rings, and the own front's
-        response rings), the control and cleaner sockets, the group-commit pipe and io_uring eventfd, the
-        handoff socket."""
+        response rings), the control and cleaner sockets, the group-commit pipe and io_uring
+        eventfd, the handoff socket."""
         loop = self.loop = uvloop.new_event_loop()
         asyncio.set_event_loop(loop)
         front = self.front

@@ -53,8 +53,8 @@ from lanner.ipc.messages import (F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_STREAM, F_T
 from lanner.queues.placement import worker_of
 from lanner.queues.sessions import Session
 from lanner.storage.factory import StorageFactory
-from lanner.storage.uring import open_uring
 from lanner.storage.syncer import Syncer
+from lanner.storage.uring import open_uring
 from lanner.storage.writer import Writer
 from lanner.server.exits import EXIT_BOOT_ERROR, EXIT_OK, EXIT_UNSAVED
 from lanner.server.heaptrim import HeapTrim

@@ -268,13 +268,16 @@ def test_rotation_names_never_go_backwards(tmp_path, clock):
 
 
 @pytest.mark.parametrize("policy, fsynced", [("always", True), ("never", False), (100, False)])
-def test_a_fresh_file_is_in_the_directory_on_disk_before_records_go_into_it(tmp_path, clock, monkeypatch, policy,
-                                                                           fsynced):
+def test_a_fresh_file_is_in_the_directory_on_disk_before_records_go_into_it(tmp_path, clock, monkeypatch,
+                                                                           policy, fsynced):
     """Under "always" a reply promises that a power cut keeps its record, and the group commit's
     fdatasync of the file (storage/syncer.py) does not cover its name: the new `q` a rotation makes,
     and a new queue's first file, have their directory fsynced when they are made, while empty."""
     seen = []
-    monkeypatch.setattr(J, "fsync_dir", lambda p: seen.append((p, sorted(os.listdir(p)), os.path.getsize(tmp_path / "q"))))
+
+    def fsync_dir(path):
+        seen.append((path, sorted(os.listdir(path)), os.path.getsize(tmp_path / "q")))
+    monkeypatch.setattr(J, "fsync_dir", fsync_dir)
     write(tmp_path / "q")
     j = open_journal(tmp_path, clock, sync_policy=policy)
     assert seen == []                                                   # it was there already
