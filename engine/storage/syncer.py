@@ -13,9 +13,13 @@ Two engines run the fsyncs (issue 8, P5):
 * io_uring (storage/uring.py, the default on Linux x86-64): the owner submits fdatasyncs
   (`sync_target` of the medium says which fd and whether fdatasync covers it) and reaps their
   completions on its own thread when the loop sees the eventfd `fd`, or at the end of a turn in
-  which one came (`ready`, `poll`).  No Python thread, no GIL hand-off, no lock contention; the
-  fsync for the rounds that waited on a medium is submitted the moment the owner reaps the one
-  before.
+  which one came (`ready`, `poll`).  No Python thread, no GIL hand-off, no lock contention.  A
+  round for a medium whose fsync is under way, when that is the only fsync under way (one busy
+  queue), gets its fsync submitted at once, drained behind it (IOSQE_IO_DRAIN): the kernel
+  starts it the moment the first returns, with no trip through the loop, and still never runs
+  two fsyncs of one file at once; one such follow-on per medium, later rounds wait for the next.
+  (Drained, it would hold back every fsync submitted after it: hence only with one medium busy.)
+  Otherwise the rounds that waited get their fsync when the owner reaps the one before.
 * threads (no io_uring, and tests that inject fsync functions): a few threads call `medium.sync()`
   (fsync releases the GIL); the thread whose fsync returns fsyncs the same medium again at once
   for the rounds that waited (their records are written), and a finished round writes one byte to
@@ -82,6 +86,7 @@ class Syncer:
         self._inflight: dict[int, tuple] = {}   # uring token -> (medium, rounds, the medium's token)
         self._token = 0
         self._jobs: list = []           # uring fsyncs to submit together
+        self._after: dict = {}          # medium -> token of its fsync drained behind the one under way
 
     def __len__(self) -> int:
         """Rounds started and not yet taken by `done_prefix`."""
@@ -121,11 +126,34 @@ class Syncer:
             return
         for token, err in self.uring.reap(wait):
             medium, rounds, mtoken = self._inflight.pop(token)
-            error = medium.sync_done(mtoken, OSError(err, os.strerror(err)) if err else None)
-            if error is not None:
-                log.error("fsync failed: %s", error)
-            self._finish(medium, rounds, error, notify=False)
+            error = self._failed.get(medium)
+            if error is None or err:        # (a follow-on's success after a failure vouches for nothing)
+                error = medium.sync_done(mtoken, OSError(err, os.strerror(err)) if err else None)
+                if error is not None:
+                    log.error("fsync failed: %s", error)
+            self._reaped(token, medium, rounds, error)
         self._submit()
+
+    def _reaped(self, token: int, medium, rounds: list, error: OSError | None) -> None:
+        after = self._after.get(medium)
+        if after is None or after == token:         # the medium's last fsync under way
+            self._after.pop(medium, None)
+            self._finish(medium, rounds, error or self._failed.get(medium), notify=False)
+            return
+        # The first of two returned; the follow-on runs now, and the medium stays busy.
+        with self._lock:
+            waiting, self._busy[medium] = self._busy[medium], []
+            if error is not None:       # every round that needs the medium fails (see above): the
+                self._failed[medium] = error        # follow-on's and the waiting ones, at once
+                _, frounds, fmtoken = self._inflight[after]
+                rounds = rounds + frounds + waiting
+                self._inflight[after] = (medium, [], fmtoken)
+                waiting = []
+            self._settle_locked(rounds, medium, error)
+        del self._after[medium]
+        # the rounds that waited get the next follow-on now, drained behind the one now running
+        if waiting and not (len(self._inflight) == 1 and self._issue(medium, waiting, after=True)):
+            self._busy[medium] = waiting
 
     def done_prefix(self) -> list[Round]:
         """Take the finished rounds at the head, in the order they were started."""
@@ -159,7 +187,9 @@ class Syncer:
             if error is None:
                 waiting = self._busy.get(medium)
                 if waiting is not None:
-                    waiting.append(r)
+                    if not (self.uring is not None and len(self._inflight) == 1 and medium not in self._after
+                            and self._issue(medium, [r], after=True)):
+                        waiting.append(r)
                     return
                 self._busy[medium] = []
         if error is None:
@@ -167,21 +197,28 @@ class Syncer:
         elif self._settle([r], medium, error):
             self._notify()
 
-    def _issue(self, medium, rounds: list, notify: bool = True) -> None:
+    def _issue(self, medium, rounds: list, notify: bool = True, after: bool = False) -> bool:
+        """fsync `medium` for `rounds`; `after`: drained behind its fsync under way (io_uring).
+        False if `after` and there is nothing to fsync beyond what that one covers."""
         if self.uring is not None and not self.uring.open():
             self.uring = None                         # (logged) no io_uring after all: threads from now on
         if self.uring is None:
             self._spawn()
             self._tasks.put((medium, rounds))
-            return
+            return True
         target = medium.sync_target()
-        if target is None:      # already durable (the fsync before covered them, or rotation's)
-            self._finish(medium, rounds, None, notify)
-            return
+        if target is None:
+            if after:           # the fsync under way may not cover it: wait for it
+                return False
+            self._finish(medium, rounds, None, notify)    # already durable: the fsync before covered it
+            return True
         fd, mtoken, datasync = target
         self._token += 1
         self._inflight[self._token] = (medium, rounds, mtoken)
-        self._jobs.append((self._token, fd, datasync))
+        self._jobs.append((self._token, fd, datasync, after))
+        if after:
+            self._after[medium] = self._token
+        return True
 
     def _submit(self) -> None:
         """Submit the io_uring fsyncs gathered (those beyond the context's slots wait for `poll` to
@@ -192,12 +229,16 @@ class Syncer:
             self._jobs = jobs[done:]
             if error is None:
                 return
-            for token, _, _ in jobs[done:done + 1]:
+            for token, _, _, _ in jobs[done:done + 1]:
                 self._jobs.pop(0)
                 medium, rounds, mtoken = self._inflight.pop(token)
                 failed = medium.sync_done(mtoken, error)
                 if failed is not None:
                     log.error("fsync failed: %s", failed)
+                if self._after.get(medium) == token:    # the one under way goes on: these wait for
+                    del self._after[medium]             # the fsync after it, as without a follow-on
+                    self._busy[medium].extend(rounds)
+                    continue
                 self._finish(medium, rounds, failed)
 
     def _finish(self, medium, rounds: list, error: OSError | None, notify: bool = True) -> list | None:

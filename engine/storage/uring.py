@@ -40,6 +40,7 @@ _ENTER_GETEVENTS = 1
 _FEAT_SINGLE_MMAP = 1
 _OFF_SQ_RING, _OFF_CQ_RING, _OFF_SQES = 0, 0x8000000, 0x10000000
 _OP_FSYNC, _FSYNC_DATASYNC = 3, 1
+_IO_DRAIN = 2                                   # IOSQE_IO_DRAIN
 _SQE = struct.Struct("=BBHiQQIIQ24x")           # opcode flags ioprio fd off addr len fsync_flags user_data
 _CQE = struct.Struct("=QiI")                    # user_data res flags
 _U32 = struct.Struct("=I")
@@ -106,9 +107,11 @@ class Uring:
         self._cq_head, self._cq_tail, self._cqes = cq_off[0], cq_off[1], cq_off[5]
         self._cq_mask = _U32.unpack_from(cq, cq_off[2])[0]
 
-    def submit(self, jobs: list[tuple[int, int, bool]]) -> tuple[int, OSError | None]:
-        """fsync (fdatasync if the bool is true) each (token, fd, datasync) of `jobs`.  Returns how
-        many, from the first, the kernel took, and the error that stopped the rest."""
+    def submit(self, jobs: list[tuple[int, int, bool, bool]]) -> tuple[int, OSError | None]:
+        """fsync each (token, fd, datasync, after) of `jobs`: fdatasync if `datasync`; if `after`,
+        only once every fsync submitted before it has completed (IOSQE_IO_DRAIN: the kernel starts
+        it the moment the one under way returns).  Returns how many, from the first, the kernel
+        took, and the error that stopped the rest."""
         n = min(len(jobs), EVENTS - self.inflight)     # the rest wait for a free slot
         sq, sqes, mask = self._sq, self._sqes, self._sq_mask
         done = 0
@@ -117,9 +120,9 @@ class Uring:
             batch = min(n - done, self._sq_entries)
             tail = _U32.unpack_from(sq, self._sq_tail)[0]
             for k in range(batch):
-                token, fd, datasync = jobs[done + k]
+                token, fd, datasync, after = jobs[done + k]
                 i = (tail + k) & mask
-                _SQE.pack_into(sqes, i * _SQE.size, _OP_FSYNC, 0, 0, fd, 0, 0, 0,
+                _SQE.pack_into(sqes, i * _SQE.size, _OP_FSYNC, _IO_DRAIN if after else 0, 0, fd, 0, 0, 0,
                                _FSYNC_DATASYNC if datasync else 0, token)
                 _U32.pack_into(sq, self._sq_array + i * 4, i)
             _U32.pack_into(sq, self._sq_tail, (tail + batch) & 0xFFFFFFFF)

@@ -166,7 +166,7 @@ class FakeUring:
         self.slots = slots
         self.refuse = refuse            # errno io_uring_enter fails the next submission with
         self.inflight = 0
-        self.submitted = []             # (token, fd, datasync), in order
+        self.submitted = []             # (token, fd, datasync, after), in order
         self.completed = []
         self.pending = []               # completed, not yet reaped
 
@@ -185,7 +185,7 @@ class FakeUring:
     def complete(self, fd, err=0):
         """The oldest fsync of `fd` under way returns `err`."""
         done = {t for t, _ in self.completed}
-        token = next(t for t, f, _ in self.submitted if f == fd and t not in done)
+        token = next(t for t, f, *_ in self.submitted if f == fd and t not in done)
         self.completed.append((token, err))
         self.pending.append((token, err))
         os.eventfd_write(self.fd, 1)
@@ -198,6 +198,10 @@ class FakeUring:
             os.eventfd_read(self.fd)
         except BlockingIOError:
             pass
+        if wait and not self.pending:                   # (close: the kernel finishes them all)
+            done = {t for t, _ in self.completed}
+            self.pending = [(t, 0) for t, *_ in self.submitted if t not in done]
+            self.completed += self.pending
         out, self.pending = self.pending, []
         self.inflight -= len(out)
         return out
@@ -243,7 +247,7 @@ def test_uring_rounds_finish_in_the_order_they_started(uring_syncer):
     s, k = uring_syncer
     a, b = KernelMedium(10), KernelMedium(11)
     first, second = s.start([a], [1]), s.start([b, b], [2])
-    assert [j[1:] for j in k.submitted] == [(10, True), (11, True)]     # both at once, fdatasync
+    assert [j[1:] for j in k.submitted] == [(10, True, False), (11, True, False)]   # both now, fdatasync
     k.complete(11)
     assert select.select([s.fd], [], [], 0)[0]                          # the loop's wake-up
     s.poll()
@@ -254,7 +258,10 @@ def test_uring_rounds_finish_in_the_order_they_started(uring_syncer):
     assert not select.select([s.notify_r], [], [], 0)[0]                # the owner reaped: no byte
 
 
-def test_uring_rounds_that_wait_for_a_medium_share_the_fsync_started_when_it_returns(uring_syncer):
+def test_uring_one_busy_medium_gets_its_next_fsync_drained_behind_the_one_under_way(uring_syncer):
+    """With one medium busy, the next round's fsync is submitted at once, to start when the one
+    under way returns (the kernel's drain: never two at once, no trip through the loop between
+    them); rounds after it wait and share the next follow-on, submitted when the first is reaped."""
     s, k = uring_syncer
     a = KernelMedium(10)
     first = s.start([a], [1])
@@ -262,37 +269,93 @@ def test_uring_rounds_that_wait_for_a_medium_share_the_fsync_started_when_it_ret
     second = s.start([a], [2])
     a.written = 3
     third = s.start([a], [3])
-    assert len(k.fsyncs(10)) == 1                                       # never two at once
-    k.complete(10)
-    s.poll()                                                            # reaped: the next goes now
-    assert len(k.fsyncs(10)) == 2 and s.done_prefix() == [first]
+    a.written = 4
+    fourth = s.start([a], [4])
+    assert [j[3] for j in k.fsyncs(10)] == [False, True]               # first, then second's, drained
     k.complete(10)
     s.poll()
-    assert s.done_prefix() == [second, third] and a.synced == 3 and len(k.fsyncs(10)) == 2
+    assert s.done_prefix() == [first] and a.synced == 1
+    assert [j[3] for j in k.fsyncs(10)] == [False, True, True]         # third and fourth share one
+    k.complete(10)
+    s.poll()
+    assert s.done_prefix() == [second] and a.synced == 2
+    k.complete(10)
+    s.poll()
+    assert s.done_prefix() == [third, fourth] and a.synced == 4 and len(k.fsyncs(10)) == 3
+    assert not select.select([s.notify_r], [], [], 0)[0]
+
+
+def test_uring_a_follow_on_is_drained_only_while_its_medium_is_the_only_one_busy(uring_syncer):
+    s, k = uring_syncer
+    a, b = KernelMedium(10), KernelMedium(11)
+    first = s.start([a, b], [1])
+    a.written = 2
+    second = s.start([a], [2])                      # two fsyncs under way: it waits for the reap
+    assert len(k.fsyncs(10)) == 1
+    k.complete(10)
+    k.complete(11)
+    s.poll()
+    assert s.done_prefix() == [first] and [j[3] for j in k.fsyncs(10)] == [False, False]
+    k.complete(10)
+    s.poll()
+    assert s.done_prefix() == [second]
+
+
+def test_uring_a_failed_fsync_fails_its_follow_on_and_the_rounds_that_waited(uring_syncer):
+    """Linux reports a write-back error once: when the fsync under way fails, the drained one
+    behind it may succeed for bytes that are gone, so its rounds fail with the first's error."""
+    s, k = uring_syncer
+    a = KernelMedium(10)
+    first = s.start([a], [1])
+    a.written = 2
+    second = s.start([a], [2])                      # the drained follow-on
+    a.written = 3
+    third = s.start([a], [3])                       # waits
+    k.complete(10, errno.EIO)
+    s.poll()
+    assert s.done_prefix() == [first, second, third]
+    assert all([e.errno for _, e in r.failed] == [errno.EIO] for r in (first, second, third))
+    fourth = s.start([a], [4])                      # not cleared: fails at once
+    assert fourth.remaining == 0 and fourth.failed
+    os.read(s.notify_r, 64)
+    assert s.done_prefix() == [fourth]
+    s.clear(a)                                      # (the owner rolled it back)
+    a.written, a.synced = 1, 0
+    fifth = s.start([a], [5])                       # the follow-on still runs: drained behind it
+    assert [j[3] for j in k.fsyncs(10)] == [False, True, True]
+    k.complete(10)                                  # the old follow-on: its success vouches for nothing
+    s.poll()
+    assert s.done_prefix() == [] and fifth.remaining == 1
+    k.complete(10)
+    s.poll()
+    assert s.done_prefix() == [fifth] and not fifth.failed
 
 
 def test_uring_a_failed_fsync_fails_every_round_of_its_medium_until_cleared(uring_syncer):
     s, k = uring_syncer
     a, b = KernelMedium(10), KernelMedium(11)
+    b.written = 2
     first = s.start([a], [1])
-    second = s.start([a, b], [2])                                       # waits for a; b goes now
+    second = s.start([b], [2])
+    a.written = 2
+    third = s.start([a, b], [3])                    # waits for a (two busy: no follow-on) and b
     k.complete(11)
     k.complete(10, errno.EIO)
     s.poll()
-    assert s.done_prefix() == [first, second]
+    assert s.done_prefix() == [first, second, third]
     assert [(m.fd, e.errno) for m, e in first.failed] == [(10, errno.EIO)]
-    assert [(m.fd, e.errno) for m, e in second.failed] == [(10, errno.EIO)]   # no fsync vouched for it
-    third = s.start([a], [3])                                           # not cleared: fails, no fsync
-    assert len(k.fsyncs(10)) == 1 and third.remaining == 0 and third.failed
+    assert [(m.fd, e.errno) for m, e in third.failed] == [(10, errno.EIO)]   # no fsync vouched for it
+    fourth = s.start([a], [4])                      # not cleared: fails, no fsync
+    assert len(k.fsyncs(10)) == 1 and fourth.remaining == 0 and fourth.failed
     assert select.select([s.notify_r], [], [], 0)[0]                    # finished on the owner's call: woken
     os.read(s.notify_r, 64)
-    assert s.done_prefix() == [third]
+    assert s.done_prefix() == [fourth]
     s.clear(a)
-    fourth = s.start([a], [4])
+    fifth = s.start([a], [5])
     assert len(k.fsyncs(10)) == 2
     k.complete(10)
     s.poll()
-    assert s.done_prefix() == [fourth] and not fourth.failed
+    assert s.done_prefix() == [fifth] and not fifth.failed
 
 
 def test_uring_nothing_to_fsync_finishes_the_round_at_once(uring_syncer):
@@ -377,17 +440,33 @@ class Config:
 def test_uring_rounds_the_fsync_before_covered_finish_when_it_is_reaped_without_a_wake_up(uring_syncer):
     """Records written before the fsync for the rounds that waited was submitted are durable when
     it returns: a round that waited behind it finishes at that reap, and the owner, who is
-    reaping, gets no byte on the pipe."""
+    reaping, gets no byte on the pipe.  (Two media busy: no drained follow-on.)"""
     s, k = uring_syncer
-    a = KernelMedium(10)
-    first = s.start([a], [1])
+    a, b = KernelMedium(10), KernelMedium(11)
+    first = s.start([a, b], [1])
     a.written = 2
     second = s.start([a], [2])
     k.complete(10)
     a.written = 3                                   # a batch flushed before the owner reaped
     s.poll()                                        # second's fsync goes now, covering 3
     third = s.start([a], [3])                       # waits for it
+    k.complete(11)
     k.complete(10)
     s.poll()
     assert s.done_prefix() == [first, second, third] and a.synced == 3 and len(k.fsyncs(10)) == 2
     assert not select.select([s.notify_r], [], [], 0)[0]
+
+
+def test_uring_a_follow_on_that_succeeds_after_a_failure_leaves_the_medium_undurable(uring_syncer):
+    """The failed fsync took the write-back error; the follow-on drained behind it then succeeds
+    although the bytes may be gone: the medium must not count them durable (the owner's rollback
+    cuts back to what is)."""
+    s, k = uring_syncer
+    a = KernelMedium(10)
+    first = s.start([a], [1])
+    a.written = 2
+    second = s.start([a], [2])
+    k.complete(10, errno.EIO)
+    k.complete(10)                                  # both reaped at once
+    s.poll()
+    assert s.done_prefix() == [first, second] and second.failed and a.synced == 0
