@@ -158,11 +158,14 @@ class GroupCommit:
     def take_synced(self) -> None:
         """Publish the replies of the rounds done, in order; a failed fsync's are made errors."""
         self.syncer.poll()
-        for r in self.syncer.done_prefix():
+        taken = self.syncer.done_prefix()
+        for i, r in enumerate(taken):
             for st, e in r.failed:          # not durable: cut it off, undo it, tell the clients
+                # (rounds taken with this one are no longer the syncer's: their replies are failed
+                # here too, or a later round's reply to a request this rollback undid would leave)
                 self.undo_replies(self.coll.rollback(st, unsynced=True),
                                   describe_os_error(e, getattr(st, "name", None)),
-                                  done=r.replies)
+                                  done=[x.replies for x in taken[i:]])
                 self.syncer.clear(st)
             self.publish(r.replies)
         self.coll.undo.trim()
@@ -181,7 +184,7 @@ class GroupCommit:
         for dst in touched:
             self.outbound[dst].publish()
 
-    def undo_replies(self, undone, reason: str, done: list | None = None) -> None:
+    def undo_replies(self, undone, reason: str, done: list[list] | None = None) -> None:
         """Changes were rolled back because their records were lost (queues/undo.py): make
         every reply that reported one an error (SERVER_ERROR; the connection closes, and is
         disconnected here as `reply` does), take undone open reads out of their sessions, and
@@ -218,8 +221,8 @@ class GroupCommit:
                 self.closed_conns.add((dst, conn))
         why = reason.encode("latin-1", "replace")
         seen: set = set()
-        if done is not None:
-            _fail_requests(done, failed, why, seen)
+        for replies in done or ():
+            _fail_requests(replies, failed, why, seen)
         for replies in self.waiting_replies():
             _fail_requests(replies, failed, why, seen)
 

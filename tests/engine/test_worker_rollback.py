@@ -303,3 +303,24 @@ def test_a_failed_io_uring_fsync_fails_its_queue_in_every_round_and_spares_other
     w.wait_for_sync()
     assert replies(w) == {4: [(R_OK, 0, b"")]} and k.calls == 3
     w.syncer.close()
+
+
+def test_rounds_finished_together_after_a_failed_fsync_all_reply_errors(worker, tmp_path):
+    """q's fdatasync fails and the round behind it finishes in the same reap: the rollback for the
+    first undoes the second's set too, and its reply must say so although that round has already
+    left the syncer (it used to be published as STORED for an item no longer there)."""
+    q_path = str(tmp_path / "queues" / "q")
+    made = []
+    w = worker(sync_journal="always", uring=lambda: made.append(FailingUring(q_path)) or made[0])
+    k = made[0]
+    w.handle(0, req(1, OP_SET, "q", payload=b"a"))
+    w.finish_batch()                                          # round 1: q, held
+    w.handle(0, req(2, OP_SET, "q", payload=b"b"))
+    w.finish_batch()                                          # round 2: q, drained behind it
+    assert len(w.syncer) == 2 and len(k.behind) == 1
+    k.fail()                                                  # both come back in one reap
+    w.wait_for_sync()
+    why = b"fsync failed: Input/output error (queue 'q')"
+    assert replies(w) == {1: [(R_SERVER_ERROR, RF_CLOSE, why)], 2: [(R_SERVER_ERROR, RF_CLOSE, why)]}
+    assert queue_datas(w, "q") == [] and os.path.getsize(q_path) == 0
+    w.syncer.close()
