@@ -2,9 +2,9 @@
 
 Replies leave only after the records they acknowledge reached the OS (one write per
 dirty journal or segment per turn); replies that depend on an fsync (sync "always")
-wait in a round while threads fsync every file the round's batch wrote, at once
-(storage/syncer.py); rounds overlap, so the disk commits one round while the loop
-serves the next batch.
+wait in a round while every file the round's batch wrote is fsynced at once (io_uring,
+or threads: storage/syncer.py); rounds overlap, so the disk commits one round while the
+loop serves the next batch.
 
 A journal with a megabyte or more to write (a flood of big items, sync not "always") is
 written behind, by the worker's writer thread (storage/writer.py): only the replies of the
@@ -78,11 +78,13 @@ class GroupCommit:
         coll.undo.trim()
         if writing or self.write_held:
             self.hold_unwritten()
+        syncer = self.syncer
+        if syncer.ready():          # an fsync returned during this turn: its replies go first, and
+            self.take_synced()      # this batch's round need not wait behind it
         replies = self.replies
         if not replies and not needs_sync:
             return
         self.replies = []
-        syncer = self.syncer
         if needs_sync or self.held:
             self.held.extend(replies)
             if len(syncer) < MAX_ROUNDS:
@@ -139,20 +141,34 @@ class GroupCommit:
         yield self.replies
 
     def on_sync_done(self) -> None:
+        """The notify pipe (fsync threads, the writer) woke the loop."""
         try:
             os.read(self.sync_done_r, 4096)
         except BlockingIOError:
-            return
-        for r in self.syncer.done_prefix():
+            pass
+        self.on_synced()
+
+    def on_synced(self) -> None:
+        """fsyncs returned (the io_uring eventfd woke the loop, or the pipe): publish what they made
+        durable and start the round that waited for a free slot."""
+        self.take_synced()
+        if (self.held or self.sync_queue) and len(self.syncer) < MAX_ROUNDS:
+            self.start_sync()
+
+    def take_synced(self) -> None:
+        """Publish the replies of the rounds done, in order; a failed fsync's are made errors."""
+        self.syncer.poll()
+        taken = self.syncer.done_prefix()
+        for i, r in enumerate(taken):
             for st, e in r.failed:          # not durable: cut it off, undo it, tell the clients
+                # (rounds taken with this one are no longer the syncer's: their replies are failed
+                # here too, or a later round's reply to a request this rollback undid would leave)
                 self.undo_replies(self.coll.rollback(st, unsynced=True),
                                   describe_os_error(e, getattr(st, "name", None)),
-                                  done=r.replies)
+                                  done=[x.replies for x in taken[i:]])
                 self.syncer.clear(st)
             self.publish(r.replies)
         self.coll.undo.trim()
-        if (self.held or self.sync_queue) and len(self.syncer) < MAX_ROUNDS:
-            self.start_sync()
 
     def publish(self, replies) -> None:
         touched = set()
@@ -168,7 +184,7 @@ class GroupCommit:
         for dst in touched:
             self.outbound[dst].publish()
 
-    def undo_replies(self, undone, reason: str, done: list | None = None) -> None:
+    def undo_replies(self, undone, reason: str, done: list[list] | None = None) -> None:
         """Changes were rolled back because their records were lost (queues/undo.py): make
         every reply that reported one an error (SERVER_ERROR; the connection closes, and is
         disconnected here as `reply` does), take undone open reads out of their sessions, and
@@ -205,8 +221,8 @@ class GroupCommit:
                 self.closed_conns.add((dst, conn))
         why = reason.encode("latin-1", "replace")
         seen: set = set()
-        if done is not None:
-            _fail_requests(done, failed, why, seen)
+        for replies in done or ():
+            _fail_requests(replies, failed, why, seen)
         for replies in self.waiting_replies():
             _fail_requests(replies, failed, why, seen)
 
@@ -219,7 +235,7 @@ class GroupCommit:
         while self.syncer.rounds or self.held or self.sync_queue:
             if not self.syncer.rounds:
                 self.start_sync()
-            select.select([self.sync_done_r], [], [], 1.0)
+            select.select([self.sync_done_r] + ([self.syncer.fd] if self.syncer.fd >= 0 else []), [], [], 1.0)
             self.on_sync_done()
 
 

@@ -39,8 +39,8 @@ class ShardLoop:
 
     def open_loop(self) -> None:
         """The loop and what it waits on: the wake eventfd (rings, and the own front's
-        response rings), the control and cleaner sockets, the group-commit pipe, the
-        handoff socket."""
+        response rings), the control and cleaner sockets, the group-commit pipe and io_uring
+        eventfd, the handoff socket."""
         loop = self.loop = uvloop.new_event_loop()
         asyncio.set_event_loop(loop)
         front = self.front
@@ -48,6 +48,8 @@ class ShardLoop:
         loop.add_reader(self.wake_fd, self.on_wake)
         loop.add_reader(self.control.fileno(), self.on_control_readable)
         loop.add_reader(self.sync_done_r, self.on_sync_readable)
+        if self.syncer.fd >= 0:
+            loop.add_reader(self.syncer.fd, self.on_uring_readable)   # io_uring fsyncs (syncer.py)
         if self.cleaner_reader is not None:
             loop.add_reader(self.cleaner.fileno(), self.on_cleaner_readable)
         if self.inbox is not None:
@@ -190,6 +192,10 @@ class ShardLoop:
 
     def on_sync_readable(self) -> None:
         self.on_sync_done()
+        self.woke()
+
+    def on_uring_readable(self) -> None:
+        self.on_synced()
         self.woke()
 
     def on_cleaner_readable(self) -> None:

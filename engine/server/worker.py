@@ -17,8 +17,8 @@ A turn (shardloop.py):
      write of a megabyte or more goes to the writer thread instead, and only the
      replies whose records it carries wait for it (commit.py, storage/writer.py);
   3. replies that depend on an fsync (sync "always") are held in a round while
-     threads fsync all of its files at once (group commit; rounds overlap,
-     storage/syncer.py); other replies are
+     all of its files are fdatasynced at once through io_uring (group commit;
+     rounds overlap, storage/syncer.py); other replies are
      published now, one publish per ring, or handed to the worker's own clients.
      A write (or such an fsync) that fails is rolled back (queues/undo.py): every
      change whose record is lost is undone and the replies of the requests that
@@ -54,6 +54,7 @@ from lanner.queues.placement import worker_of
 from lanner.queues.sessions import Session
 from lanner.storage.factory import StorageFactory
 from lanner.storage.syncer import Syncer
+from lanner.storage.uring import open_uring
 from lanner.storage.writer import Writer
 from lanner.server.exits import EXIT_BOOT_ERROR, EXIT_OK, EXIT_UNSAVED
 from lanner.server.heaptrim import HeapTrim
@@ -123,7 +124,7 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         self.sync_queue: list = []       # storages written since the last round, for the next one
         self.sync_done_r, self.sync_done_w = os.pipe()
         os.set_blocking(self.sync_done_r, False)
-        self.syncer = Syncer(self.sync_done_w)      # fsync rounds (commit.py)
+        self.syncer = Syncer(self.sync_done_w, uring=open_uring())    # fsync rounds (commit.py)
         self.writer = Writer(self.sync_done_w)      # write-behind of big journal writes (commit.py)
         self.writing: set = set()                   # journals with a write-behind under way
         self.write_held: list = []                  # replies whose records it is writing

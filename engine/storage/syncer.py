@@ -1,18 +1,34 @@
-"""fsync off the owner's thread, in rounds that overlap (a worker's group commit, server/commit.py).
+"""fsync off the owner's critical path, in rounds that overlap (a worker's group commit,
+server/commit.py).
 
 A round is the set of byte streams (each storage's `medium`) that one batch of replies depends
-on under sync "always".  Its media are fsynced by a few threads in parallel (fsync releases the
-GIL; the filesystem commits concurrent fsyncs in one journal transaction), and when the last one
-returns the round is done and one byte on `notify_w` wakes the owner.  The owner starts a round as
-soon as a batch has written its records, without waiting for earlier rounds: an fsync that starts
-while another is under way joins the kernel's next commit instead of waiting for the owner to
-notice the first one.  So the disk never idles while replies wait, and a reply waits for about one
-commit, not up to two plus a loop turn.
+on under sync "always".  Its media are fsynced in parallel (the filesystem commits concurrent
+fsyncs in one journal transaction), and when the last one returns the round is done.  The owner
+starts a round as soon as a batch has written its records, without waiting for earlier rounds:
+an fsync that starts while another is under way joins the kernel's next commit instead of
+waiting for the owner to notice the first one.  So the disk never idles while replies wait, and
+a reply waits for about one commit, not up to two plus a loop turn.
+
+Two engines run the fsyncs (issue 8, P5):
+* io_uring (storage/uring.py, the default on Linux x86-64): the owner submits fdatasyncs
+  (`sync_target` of the medium says which fd and whether fdatasync covers it) and reaps their
+  completions on its own thread when the loop sees the eventfd `fd`, or at the end of a turn in
+  which one came (`ready`, `poll`).  No Python thread, no GIL hand-off, no lock contention.  A
+  round for a medium whose fsync is under way, when that is the only fsync under way (one busy
+  queue), gets its fsync submitted at once, drained behind it (IOSQE_IO_DRAIN): the kernel
+  starts it the moment the first returns, with no trip through the loop, and still never runs
+  two fsyncs of one file at once; one such follow-on per medium, later rounds wait for the next.
+  (Drained, it would hold back every fsync submitted after it: hence only with one medium busy.)
+  Otherwise the rounds that waited get their fsync when the owner reaps the one before.
+* threads (no io_uring, and tests that inject fsync functions): a few threads call `medium.sync()`
+  (fsync releases the GIL); the thread whose fsync returns fsyncs the same medium again at once
+  for the rounds that waited (their records are written), and a finished round writes one byte to
+  `notify_w` unless one is already waiting there.
 
 The owner finishes rounds in the order it started them (`done_prefix`), so replies leave in batch
 order and a failed fsync can still turn every later reply that depends on it into an error.
-Media are only ever asked to `sync()` (fsync what their owner already wrote; seam.py), never to
-touch their buffers.
+Media are only ever asked to fsync what their owner already wrote (seam.py), never to touch
+their buffers.
 
 One medium is never fsynced twice at once: Linux reports a write-back error to only one of the
 fsyncs of a file that check for it, so with two under way the later round could take the error
@@ -23,7 +39,7 @@ Once an fsync of a medium failed, a later fsync may succeed although the bytes a
 round that needs that medium fails with the same error, without an fsync, until the owner has
 rolled the medium back (`clear`).
 
-Periodic fsyncs (`later`) run on the same threads; their failures are logged (storage/sync.py).
+Periodic fsyncs (`later`) go the same way; their failures are logged (storage/sync.py).
 """
 from __future__ import annotations
 
@@ -35,7 +51,7 @@ from queue import SimpleQueue
 
 log = logging.getLogger(__name__)
 
-#: fsync threads per owner: enough to fsync every file of a busy round at once.
+#: fsync threads per owner (thread engine): enough to fsync every file of a busy round at once.
 THREADS = 8
 
 
@@ -51,18 +67,26 @@ class Round:
 
 
 class Syncer:
-    """The fsync threads of one owner and the rounds it has started, oldest first."""
+    """The fsyncs of one owner and the rounds it has started, oldest first.  With `uring`
+    (storage/uring.py) the owner's loop watches `fd` and calls `poll` when it is readable."""
 
-    def __init__(self, notify_w: int, threads: int = THREADS, name: str = "fsync") -> None:
+    def __init__(self, notify_w: int, threads: int = THREADS, name: str = "fsync", uring=None) -> None:
         self.notify_w = notify_w
+        self.uring = uring
+        self.fd = uring.fd if uring is not None else -1
         self.rounds: deque[Round] = deque()
-        self._tasks: SimpleQueue = SimpleQueue()
         self._lock = threading.Lock()
         self._busy: dict = {}           # medium -> rounds waiting for its fsync under way
         self._failed: dict = {}         # medium -> the OSError of its failed fsync, until `clear`
+        self._notified = False          # a byte on notify_w the owner has not taken yet
+        self._tasks: SimpleQueue = SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._nthreads = threads
         self._name = name
+        self._inflight: dict[int, tuple] = {}   # uring token -> (medium, rounds, the medium's token)
+        self._token = 0
+        self._jobs: list = []           # uring fsyncs to submit together
+        self._after: dict = {}          # medium -> token of its fsync drained behind the one under way
 
     def __len__(self) -> int:
         """Rounds started and not yet taken by `done_prefix`."""
@@ -73,24 +97,89 @@ class Syncer:
         media = list(dict.fromkeys(media))
         r = Round(media, replies)
         self.rounds.append(r)
-        self._spawn()
         if not media:
-            os.write(self.notify_w, b"x")
+            self._notify()
         for m in media:
             self._ask(m, r)
+        self._submit()
         return r
 
     def later(self, media) -> None:
         """Periodic fsyncs: nobody waits for them; a failure is logged."""
-        self._spawn()
         for m in media:
             self._ask(m, None)
+        self._submit()
 
     def clear(self, medium) -> None:
         """The owner rolled `medium` back after its failed fsync: it may be fsynced again."""
         with self._lock:
             self._failed.pop(medium, None)
 
+    def ready(self) -> bool:
+        """An io_uring fsync has completed and waits for `poll` (no syscall)."""
+        return bool(self._inflight) and self.uring.ready()
+
+    def poll(self, wait: bool = False) -> None:
+        """Take the io_uring fsyncs that completed (with `wait`, at least one if any is under way):
+        their rounds count them, and the rounds that waited for one get the next fsync now."""
+        if self.uring is None:
+            return
+        for token, err in self.uring.reap(wait):
+            medium, rounds, mtoken = self._inflight.pop(token)
+            error = self._failed.get(medium)
+            if error is None or err:        # (a follow-on's success after a failure vouches for nothing)
+                error = medium.sync_done(mtoken, OSError(err, os.strerror(err)) if err else None)
+                if error is not None:
+                    log.error("fsync failed: %s", error)
+            self._reaped(token, medium, rounds, error)
+        self._submit()
+
+    def _reaped(self, token: int, medium, rounds: list, error: OSError | None) -> None:
+        after = self._after.get(medium)
+        if after is None or after == token:         # the medium's last fsync under way
+            self._after.pop(medium, None)
+            self._finish(medium, rounds, error or self._failed.get(medium), notify=False)
+            return
+        # The first of two returned; the follow-on runs now, and the medium stays busy.
+        with self._lock:
+            waiting, self._busy[medium] = self._busy[medium], []
+            if error is not None:       # every round that needs the medium fails (see above): the
+                self._failed[medium] = error        # follow-on's and the waiting ones, at once
+                _, frounds, fmtoken = self._inflight[after]
+                rounds = rounds + frounds + waiting
+                self._inflight[after] = (medium, [], fmtoken)
+                waiting = []
+            self._settle_locked(rounds, medium, error)
+        del self._after[medium]
+        # the rounds that waited get the next follow-on now, drained behind the one now running
+        if waiting and not (len(self._inflight) == 1 and self._issue(medium, waiting, after=True)):
+            self._busy[medium] = waiting
+
+    def done_prefix(self) -> list[Round]:
+        """Take the finished rounds at the head, in the order they were started."""
+        out = []
+        rounds = self.rounds
+        with self._lock:
+            self._notified = False
+            while rounds and rounds[0].remaining == 0:
+                out.append(rounds.popleft())
+        return out
+
+    def close(self) -> None:
+        """Stop once the fsyncs already asked for are done (shutdown, tests)."""
+        for _ in self._threads:
+            self._tasks.put(None)
+        for t in self._threads:
+            t.join()
+        self._threads = []
+        if self.uring is not None:
+            while self._inflight:
+                self.poll(wait=True)
+            self.uring.close()
+            self.uring = None
+            self.fd = -1
+
+    # -- both engines ------------------------------------------------------------------------------
     def _ask(self, medium, r: Round | None) -> None:
         """fsync `medium` for round `r` (None: periodic): now, or after the one under way."""
         with self._lock:
@@ -98,42 +187,108 @@ class Syncer:
             if error is None:
                 waiting = self._busy.get(medium)
                 if waiting is not None:
-                    waiting.append(r)
+                    if not (self.uring is not None and len(self._inflight) == 1 and medium not in self._after
+                            and self._issue(medium, [r], after=True)):
+                        waiting.append(r)
                     return
                 self._busy[medium] = []
         if error is None:
-            self._tasks.put((medium, [r]))
-        elif self._settle(medium, [r], error):
-            os.write(self.notify_w, b"x")
+            self._issue(medium, [r])
+        elif self._settle([r], medium, error):
+            self._notify()
 
-    def _settle(self, medium, rounds: list, error: OSError | None) -> bool:
+    def _issue(self, medium, rounds: list, notify: bool = True, after: bool = False) -> bool:
+        """fsync `medium` for `rounds`; `after`: drained behind its fsync under way (io_uring).
+        False if `after` and there is nothing to fsync beyond what that one covers."""
+        if self.uring is not None and not self.uring.open():
+            self.uring = None                         # (logged) no io_uring after all: threads from now on
+        if self.uring is None:
+            self._spawn()
+            self._tasks.put((medium, rounds))
+            return True
+        target = medium.sync_target()
+        if target is None:
+            if after:           # the fsync under way may not cover it: wait for it
+                return False
+            self._finish(medium, rounds, None, notify)    # already durable: the fsync before covered it
+            return True
+        fd, mtoken, datasync = target
+        self._token += 1
+        self._inflight[self._token] = (medium, rounds, mtoken)
+        self._jobs.append((self._token, fd, datasync, after))
+        if after:
+            self._after[medium] = self._token
+        return True
+
+    def _submit(self) -> None:
+        """Submit the io_uring fsyncs gathered (those beyond the context's slots wait for `poll` to
+        free some); one the kernel refused fails its rounds."""
+        while self._jobs:
+            jobs = self._jobs
+            done, error = self.uring.submit(jobs)
+            self._jobs = jobs[done:]
+            if error is None:
+                return
+            for token, _, _, _ in jobs[done:done + 1]:
+                self._jobs.pop(0)
+                medium, rounds, mtoken = self._inflight.pop(token)
+                failed = medium.sync_done(mtoken, error)
+                if failed is not None:
+                    log.error("fsync failed: %s", failed)
+                if self._after.get(medium) == token:    # the one under way goes on: these wait for
+                    del self._after[medium]             # the fsync after it, as without a follow-on
+                    self._busy[medium].extend(rounds)
+                    continue
+                self._finish(medium, rounds, failed)
+
+    def _finish(self, medium, rounds: list, error: OSError | None, notify: bool = True) -> list | None:
+        """`medium`'s fsync for `rounds` returned; on the io_uring engine, fsync it again for the rounds
+        that waited.  Returns those rounds (the thread engine fsyncs them itself).  `notify`:
+        wake the owner if a round finished (not when the owner itself is reaping, `poll`)."""
+        with self._lock:
+            waiting = self._busy.pop(medium)
+            if error is not None:
+                self._failed[medium] = error
+                rounds = rounds + waiting         # their bytes may be gone too: no fsync for them
+                waiting = []
+            elif waiting:
+                self._busy[medium] = []
+            finished = self._settle_locked(rounds, medium, error)
+        if finished and notify:
+            self._notify()
+        if not waiting:
+            return None
+        if self.uring is None:
+            return waiting
+        self._issue(medium, waiting, notify)
+        return None
+
+    def _settle(self, rounds: list, medium, error: OSError | None) -> bool:
+        with self._lock:
+            return self._settle_locked(rounds, medium, error)
+
+    @staticmethod
+    def _settle_locked(rounds: list, medium, error: OSError | None) -> bool:
         """`medium` is done (or failed) for `rounds`; True if one of them is finished."""
         finished = False
-        with self._lock:
-            for r in rounds:
-                if r is not None:
-                    if error is not None:
-                        r.failed.append((medium, error))
-                    r.remaining -= 1
-                    finished |= r.remaining == 0
+        for r in rounds:
+            if r is not None:
+                if error is not None:
+                    r.failed.append((medium, error))
+                r.remaining -= 1
+                finished |= r.remaining == 0
         return finished
 
-    def done_prefix(self) -> list[Round]:
-        """Take the finished rounds at the head, in the order they were started."""
-        out = []
-        rounds = self.rounds
-        while rounds and rounds[0].remaining == 0:
-            out.append(rounds.popleft())
-        return out
+    def _notify(self) -> None:
+        """Wake the owner with one byte, unless one it has not taken yet is waiting already.
+        (On the io_uring engine the owner finishes its own rounds in `poll`, and needs no byte.)"""
+        with self._lock:
+            if self._notified:
+                return
+            self._notified = True
+        os.write(self.notify_w, b"x")
 
-    def close(self) -> None:
-        """Stop the threads once the fsyncs already asked for are done (shutdown, tests)."""
-        for _ in self._threads:
-            self._tasks.put(None)
-        for t in self._threads:
-            t.join()
-        self._threads = []
-
+    # -- thread engine -----------------------------------------------------------------------------
     def _spawn(self) -> None:
         if self._threads:
             return
@@ -143,25 +298,17 @@ class Syncer:
             self._threads.append(t)
 
     def _run(self) -> None:
-        tasks, lock, busy = self._tasks, self._lock, self._busy
+        tasks = self._tasks
         while True:
             task = tasks.get()
             if task is None:
                 return
             medium, rounds = task
-            error = None
-            try:
-                medium.sync()
-            except OSError as e:
-                log.error("fsync failed: %s", e)
-                error = e
-            with lock:
-                waiting = busy.pop(medium)
-                if error is not None:
-                    self._failed[medium] = error
-                    rounds = rounds + waiting     # their bytes may be gone too: no fsync for them
-                elif waiting:
-                    busy[medium] = []
-                    tasks.put((medium, waiting))
-            if self._settle(medium, rounds, error):
-                os.write(self.notify_w, b"x")
+            while rounds:           # the rounds that waited meanwhile: fsync again, at once
+                error = None
+                try:
+                    medium.sync()
+                except OSError as e:
+                    log.error("fsync failed: %s", e)
+                    error = e
+                rounds = self._finish(medium, rounds, error)

@@ -267,6 +267,30 @@ def test_rotation_names_never_go_backwards(tmp_path, clock):
     assert archived_files(str(tmp_path), "q") == [f"q.{T + 5000}", f"q.{T + 5001}"]
 
 
+@pytest.mark.parametrize("policy, fsynced", [("always", True), ("never", False), (100, False)])
+def test_a_fresh_file_is_in_the_directory_on_disk_before_records_go_into_it(tmp_path, clock, monkeypatch,
+                                                                           policy, fsynced):
+    """Under "always" a reply promises that a power cut keeps its record, and the group commit's
+    fdatasync of the file (storage/syncer.py) does not cover its name: the new `q` a rotation makes,
+    and a new queue's first file, have their directory fsynced when they are made, while empty."""
+    seen = []
+
+    def fsync_dir(path):
+        seen.append((path, sorted(os.listdir(path)), os.path.getsize(tmp_path / "q")))
+    monkeypatch.setattr(J, "fsync_dir", fsync_dir)
+    write(tmp_path / "q")
+    j = open_journal(tmp_path, clock, sync_policy=policy)
+    assert seen == []                                                   # it was there already
+    now = clock.now_ms()
+    j.record_add(QItem(now, 0, b"x" * 20))
+    j.before_add(View([QItem(now, 0, b"x" * 20)]), QueueConfig(max_memory_size=10), now)
+    assert j.rotations == 1
+    assert seen == ([(str(tmp_path), ["q", f"q.{now}"], 0)] if fsynced else [])
+    seen.clear()
+    open_journal(tmp_path, clock, name="new", sync_policy=policy).close()
+    assert [p for p, _, _ in seen] == ([str(tmp_path)] if fsynced else [])
+
+
 # ---------------------------------------------------------------- writer, durability, failures (§6.6)
 
 def test_records_are_buffered_until_flush(tmp_path, clock):

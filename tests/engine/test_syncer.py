@@ -3,9 +3,13 @@ import errno
 import os
 import select
 import threading
+import time
 
 import pytest
 
+from lanner.queues.item import QItem
+from lanner.storage.uring import open_uring
+from lanner.storage.journal.journal import Journal
 from lanner.storage.syncer import Syncer
 
 
@@ -101,3 +105,368 @@ def test_one_medium_is_never_fsynced_twice_at_once(syncer):
         wait_notified(syncer)
         done += syncer.done_prefix()
     assert done == rounds and a.syncs == 2               # the 2nd and 3rd share one fsync
+
+
+def test_the_thread_whose_fsync_returned_fsyncs_the_rounds_that_waited_at_once():
+    """The records of the rounds that waited are written: the thread that just fsynced the medium
+    fsyncs it again itself, before other work queued meanwhile (here: b's, on the only thread)."""
+    r, w = os.pipe()
+    s = Syncer(w, threads=1)
+    s.notify_r = r
+    a, b = Medium("a"), Medium("b")
+    order = []
+    for m in (a, b):
+        m.sync = (lambda real, name: lambda: (order.append(name), real())[1])(m.sync, m.name)
+    try:
+        rounds = [s.start([a], [1]), s.start([b], [2]), s.start([a], [3])]
+        assert a.started.wait(10)
+        b.go.set()
+        a.go.set()
+        assert wait_for(lambda: all(x.remaining == 0 for x in rounds))
+        assert order == ["a", "a", "b"]
+    finally:
+        s.close()
+        os.close(r)
+        os.close(w)
+
+
+def test_rounds_that_finish_before_the_owner_looks_wake_it_once(syncer):
+    a, b = Medium("a"), Medium("b")
+    first, second = syncer.start([a], [1]), syncer.start([b], [2])
+    a.go.set()
+    b.go.set()
+    assert wait_for(lambda: second.remaining == 0 and first.remaining == 0)
+    assert select.select([syncer.notify_r], [], [], 10)[0]
+    assert os.read(syncer.notify_r, 64) == b"x"                # one byte for both
+    assert syncer.done_prefix() == [first, second]
+    c = Medium("c")
+    c.go.set()
+    third = syncer.start([c], [3])                          # the owner looked: the next one wakes it
+    wait_notified(syncer)
+    assert syncer.done_prefix() == [third]
+
+
+def wait_for(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+# -- the io_uring engine (storage/uring.py), through a fake kernel the test completes ----------------
+
+class FakeUring:
+    """Takes fsyncs like storage/uring.Uring and completes them when the test says, through the
+    same eventfd signal the kernel uses."""
+
+    def __init__(self, slots=128, refuse=None):
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK)
+        self.slots = slots
+        self.refuse = refuse            # errno io_uring_enter fails the next submission with
+        self.inflight = 0
+        self.submitted = []             # (token, fd, datasync, after), in order
+        self.completed = []
+        self.pending = []               # completed, not yet reaped
+
+    def open(self):
+        return True
+
+    def submit(self, jobs):
+        if self.refuse is not None:
+            e, self.refuse = self.refuse, None
+            return 0, OSError(e, os.strerror(e))
+        n = min(len(jobs), self.slots - self.inflight)
+        self.submitted += jobs[:n]
+        self.inflight += n
+        return n, None
+
+    def complete(self, fd, err=0):
+        """The oldest fsync of `fd` under way returns `err`."""
+        done = {t for t, _ in self.completed}
+        token = next(t for t, f, *_ in self.submitted if f == fd and t not in done)
+        self.completed.append((token, err))
+        self.pending.append((token, err))
+        os.eventfd_write(self.fd, 1)
+
+    def ready(self):
+        return bool(self.pending)
+
+    def reap(self, wait=False):
+        try:
+            os.eventfd_read(self.fd)
+        except BlockingIOError:
+            pass
+        if wait and not self.pending:                   # (close: the kernel finishes them all)
+            done = {t for t, _ in self.completed}
+            self.pending = [(t, 0) for t, *_ in self.submitted if t not in done]
+            self.completed += self.pending
+        out, self.pending = self.pending, []
+        self.inflight -= len(out)
+        return out
+
+    def close(self):
+        os.close(self.fd)
+
+    def fsyncs(self, fd):
+        return [j for j in self.submitted if j[1] == fd]
+
+
+class KernelMedium:
+    """A medium with `written` bytes of which `synced` are durable; `fd` only names it."""
+
+    def __init__(self, fd):
+        self.fd = fd
+        self.written = 1
+        self.synced = 0
+
+    def sync_target(self):
+        return None if self.synced >= self.written else (self.fd, self.written, True)
+
+    def sync_done(self, token, error):
+        if error is not None:
+            return error
+        self.synced = max(self.synced, token)
+        return None
+
+
+@pytest.fixture
+def uring_syncer():
+    r, w = os.pipe()
+    fake = FakeUring()
+    s = Syncer(w, uring=fake)
+    s.notify_r = r
+    yield s, fake
+    s.close()
+    os.close(r)
+    os.close(w)
+
+
+def test_uring_rounds_finish_in_the_order_they_started(uring_syncer):
+    s, k = uring_syncer
+    a, b = KernelMedium(10), KernelMedium(11)
+    first, second = s.start([a], [1]), s.start([b, b], [2])
+    assert [j[1:] for j in k.submitted] == [(10, True, False), (11, True, False)]   # both now, fdatasync
+    k.complete(11)
+    assert select.select([s.fd], [], [], 0)[0]                          # the loop's wake-up
+    s.poll()
+    assert second.remaining == 0 and s.done_prefix() == []
+    k.complete(10)
+    s.poll()
+    assert s.done_prefix() == [first, second] and a.synced == b.synced == 1
+    assert not select.select([s.notify_r], [], [], 0)[0]                # the owner reaped: no byte
+
+
+def test_uring_one_busy_medium_gets_its_next_fsync_drained_behind_the_one_under_way(uring_syncer):
+    """With one medium busy, the next round's fsync is submitted at once, to start when the one
+    under way returns (the kernel's drain: never two at once, no trip through the loop between
+    them); rounds after it wait and share the next follow-on, submitted when the first is reaped."""
+    s, k = uring_syncer
+    a = KernelMedium(10)
+    first = s.start([a], [1])
+    a.written = 2
+    second = s.start([a], [2])
+    a.written = 3
+    third = s.start([a], [3])
+    a.written = 4
+    fourth = s.start([a], [4])
+    assert [j[3] for j in k.fsyncs(10)] == [False, True]               # first, then second's, drained
+    k.complete(10)
+    s.poll()
+    assert s.done_prefix() == [first] and a.synced == 1
+    assert [j[3] for j in k.fsyncs(10)] == [False, True, True]         # third and fourth share one
+    k.complete(10)
+    s.poll()
+    assert s.done_prefix() == [second] and a.synced == 2
+    k.complete(10)
+    s.poll()
+    assert s.done_prefix() == [third, fourth] and a.synced == 4 and len(k.fsyncs(10)) == 3
+    assert not select.select([s.notify_r], [], [], 0)[0]
+
+
+def test_uring_a_follow_on_is_drained_only_while_its_medium_is_the_only_one_busy(uring_syncer):
+    s, k = uring_syncer
+    a, b = KernelMedium(10), KernelMedium(11)
+    first = s.start([a, b], [1])
+    a.written = 2
+    second = s.start([a], [2])                      # two fsyncs under way: it waits for the reap
+    assert len(k.fsyncs(10)) == 1
+    k.complete(10)
+    k.complete(11)
+    s.poll()
+    assert s.done_prefix() == [first] and [j[3] for j in k.fsyncs(10)] == [False, False]
+    k.complete(10)
+    s.poll()
+    assert s.done_prefix() == [second]
+
+
+def test_uring_a_failed_fsync_fails_its_follow_on_and_the_rounds_that_waited(uring_syncer):
+    """Linux reports a write-back error once: when the fsync under way fails, the drained one
+    behind it may succeed for bytes that are gone, so its rounds fail with the first's error."""
+    s, k = uring_syncer
+    a = KernelMedium(10)
+    first = s.start([a], [1])
+    a.written = 2
+    second = s.start([a], [2])                      # the drained follow-on
+    a.written = 3
+    third = s.start([a], [3])                       # waits
+    k.complete(10, errno.EIO)
+    s.poll()
+    assert s.done_prefix() == [first, second, third]
+    assert all([e.errno for _, e in r.failed] == [errno.EIO] for r in (first, second, third))
+    fourth = s.start([a], [4])                      # not cleared: fails at once
+    assert fourth.remaining == 0 and fourth.failed
+    os.read(s.notify_r, 64)
+    assert s.done_prefix() == [fourth]
+    s.clear(a)                                      # (the owner rolled it back)
+    a.written, a.synced = 1, 0
+    fifth = s.start([a], [5])                       # the follow-on still runs: drained behind it
+    assert [j[3] for j in k.fsyncs(10)] == [False, True, True]
+    k.complete(10)                                  # the old follow-on: its success vouches for nothing
+    s.poll()
+    assert s.done_prefix() == [] and fifth.remaining == 1
+    k.complete(10)
+    s.poll()
+    assert s.done_prefix() == [fifth] and not fifth.failed
+
+
+def test_uring_a_failed_fsync_fails_every_round_of_its_medium_until_cleared(uring_syncer):
+    s, k = uring_syncer
+    a, b = KernelMedium(10), KernelMedium(11)
+    b.written = 2
+    first = s.start([a], [1])
+    second = s.start([b], [2])
+    a.written = 2
+    third = s.start([a, b], [3])                    # waits for a (two busy: no follow-on) and b
+    k.complete(11)
+    k.complete(10, errno.EIO)
+    s.poll()
+    assert s.done_prefix() == [first, second, third]
+    assert [(m.fd, e.errno) for m, e in first.failed] == [(10, errno.EIO)]
+    assert [(m.fd, e.errno) for m, e in third.failed] == [(10, errno.EIO)]   # no fsync vouched for it
+    fourth = s.start([a], [4])                      # not cleared: fails, no fsync
+    assert len(k.fsyncs(10)) == 1 and fourth.remaining == 0 and fourth.failed
+    assert select.select([s.notify_r], [], [], 0)[0]                    # finished on the owner's call: woken
+    os.read(s.notify_r, 64)
+    assert s.done_prefix() == [fourth]
+    s.clear(a)
+    fifth = s.start([a], [5])
+    assert len(k.fsyncs(10)) == 2
+    k.complete(10)
+    s.poll()
+    assert s.done_prefix() == [fifth] and not fifth.failed
+
+
+def test_uring_nothing_to_fsync_finishes_the_round_at_once(uring_syncer):
+    s, k = uring_syncer
+    a = KernelMedium(10)
+    a.synced = 1                                                        # (rotation fsynced it)
+    r = s.start([a], [1])
+    assert k.submitted == [] and r.remaining == 0
+    assert select.select([s.notify_r], [], [], 0)[0]
+    assert s.done_prefix() == [r]
+
+
+def test_uring_fsyncs_beyond_the_contexts_slots_wait_for_one_to_return(uring_syncer):
+    s, k = uring_syncer
+    k.slots = 2
+    media = [KernelMedium(fd) for fd in (10, 11, 12)]
+    r = s.start(media, [1])
+    assert [j[1] for j in k.submitted] == [10, 11]
+    k.complete(10)
+    s.poll()
+    assert [j[1] for j in k.submitted] == [10, 11, 12]
+    k.complete(11)
+    k.complete(12)
+    s.poll()
+    assert s.done_prefix() == [r] and not r.failed
+
+
+def test_uring_a_submission_the_kernel_refuses_fails_its_round(uring_syncer):
+    s, k = uring_syncer
+    k.refuse = errno.EINVAL
+    a, b = KernelMedium(10), KernelMedium(11)
+    r = s.start([a, b], [1])
+    assert [j[1] for j in k.submitted] == [11]                          # the next one still went
+    k.complete(11)
+    s.poll()
+    assert s.done_prefix() == [r] and [(m.fd, e.errno) for m, e in r.failed] == [(10, errno.EINVAL)]
+
+
+def test_io_uring_fdatasyncs_a_journal_and_fails_a_pipe(tmp_path):
+    """The real thing (Linux x86-64): a journal's written bytes become durable through an
+    fdatasync the loop reaps; an fd that cannot be fsynced fails its round with the kernel's
+    error."""
+    r, w = os.pipe()
+    s = Syncer(w, uring=open_uring())
+    j = Journal(str(tmp_path), "q", Clock(), sync_policy="always")
+    j.replay(Config())
+
+    def finished():
+        done = []
+        while not done:
+            assert select.select([s.fd], [], [], 10)[0]
+            s.poll()
+            done = s.done_prefix()
+        return done
+    try:
+        j.record_add(QItem(0, 0, b"x" * 100))
+        j.flush()
+        assert j.durable_mark < j.written_mark
+        first = s.start([j], [1])
+        assert finished() == [first] and not first.failed and j.durable_mark == j.written_mark
+        bad = s.start([KernelMedium(r)], [2])
+        assert finished() == [bad] and [e.errno for _, e in bad.failed] == [errno.EINVAL]
+    finally:
+        s.close()
+        j.close()
+        os.close(r)
+        os.close(w)
+
+
+class Clock:
+    def now_ms(self):
+        return 1_700_000_000_000
+
+    def monotonic(self):
+        return 0.0
+
+
+class Config:
+    max_memory_size = 1 << 20
+
+
+def test_uring_rounds_the_fsync_before_covered_finish_when_it_is_reaped_without_a_wake_up(uring_syncer):
+    """Records written before the fsync for the rounds that waited was submitted are durable when
+    it returns: a round that waited behind it finishes at that reap, and the owner, who is
+    reaping, gets no byte on the pipe.  (Two media busy: no drained follow-on.)"""
+    s, k = uring_syncer
+    a, b = KernelMedium(10), KernelMedium(11)
+    first = s.start([a, b], [1])
+    a.written = 2
+    second = s.start([a], [2])
+    k.complete(10)
+    a.written = 3                                   # a batch flushed before the owner reaped
+    s.poll()                                        # second's fsync goes now, covering 3
+    third = s.start([a], [3])                       # waits for it
+    k.complete(11)
+    k.complete(10)
+    s.poll()
+    assert s.done_prefix() == [first, second, third] and a.synced == 3 and len(k.fsyncs(10)) == 2
+    assert not select.select([s.notify_r], [], [], 0)[0]
+
+
+def test_uring_a_follow_on_that_succeeds_after_a_failure_leaves_the_medium_undurable(uring_syncer):
+    """The failed fsync took the write-back error; the follow-on drained behind it then succeeds
+    although the bytes may be gone: the medium must not count them durable (the owner's rollback
+    cuts back to what is)."""
+    s, k = uring_syncer
+    a = KernelMedium(10)
+    first = s.start([a], [1])
+    a.written = 2
+    second = s.start([a], [2])
+    k.complete(10, errno.EIO)
+    k.complete(10)                                  # both reaped at once
+    s.poll()
+    assert s.done_prefix() == [first, second] and second.failed and a.synced == 0

@@ -13,7 +13,9 @@ import pytest
 from lanner.config import Config, QueueConfig, ServerConfig
 from lanner.ipc.messages import (F_OPEN, OP_DISCONNECT, OP_GET, OP_SET, OP_TGET, R_DATA, R_ITEM, R_OK,
                                  R_SERVER_ERROR, RF_CLOSE, pack_req, unpack_resp)
+from lanner.server import worker as W
 from lanner.server.worker import Worker
+from lanner.storage.uring import open_uring
 from lanner.storage.journal import journal as J
 
 
@@ -26,12 +28,15 @@ class Status:
 
 
 @pytest.fixture
-def worker(tmp_path, clock):
+def worker(tmp_path, clock, monkeypatch):
     made = []
 
-    def make(**default):
+    def make(uring=W.open_uring, **default):
+        """`uring`: what makes the syncer's io_uring (storage/uring.py); None for its fsync threads,
+        which call the journal's `_fsync` that tests inject."""
         cfg = Config(server=ServerConfig(queue_path=str(tmp_path / "queues")), default=QueueConfig(**default))
         a, b = socket.socketpair()
+        monkeypatch.setattr(W, "open_uring", uring or (lambda: None))
         w = Worker(0, 1, cfg, Status(), [None], [None], -1, a, None, clock=clock, nfronts=1)
         w.boot()
         w.published = []
@@ -93,7 +98,7 @@ def test_a_failed_write_fails_exactly_the_requests_it_undid(worker, monkeypatch)
 
 
 def test_a_failed_fsync_under_always_cuts_back_and_fails_the_batch(worker, monkeypatch, tmp_path):
-    w = worker(sync_journal="always")
+    w = worker(sync_journal="always", uring=None)
     w.handle(0, req(1, OP_SET, "q", payload=b"a"))
     w.finish_batch()
     w.wait_for_sync()
@@ -180,7 +185,7 @@ def test_a_failed_fsync_in_the_thread_fails_its_queue_in_every_round_and_spares_
     """Rounds overlap (storage/syncer.py): while q's fsync is under way a second round starts for
     `other` and q.  q's fsync fails: both of q's sets are undone and answered SERVER_ERROR (a later
     fsync of q must not vouch for bytes the failed one lost); `other`'s set is kept."""
-    w = worker(sync_journal="always")
+    w = worker(sync_journal="always", uring=None)
     q_path = str(tmp_path / "queues" / "q")
     gate, calls = threading.Event(), []
     real = os.fsync
@@ -213,3 +218,109 @@ def test_a_failed_fsync_in_the_thread_fails_its_queue_in_every_round_and_spares_
     w.finish_batch()
     w.wait_for_sync()
     assert replies(w) == {4: [(R_OK, 0, b"")]} and len(calls) == 2
+
+
+class FailingUring:
+    """io_uring (storage/uring.py), except that the first fdatasync of `path` fails with EIO when
+    the test says (`fail`), and one drained behind it (IOSQE_IO_DRAIN) waits for that and then
+    succeeds; the others go to the kernel."""
+
+    def __init__(self, path):
+        self.real = open_uring()
+        self.fd = self.real.fd
+        self.path = path
+        self.held = None                # (token, errno) submitted, not yet completed
+        self.behind = []                # drained behind it: (token, 0)
+        self.done = []
+        self.calls = 0                  # fsyncs of `path`
+
+    def open(self):
+        return self.real.open()
+
+    @property
+    def inflight(self):
+        return self.real.inflight + (self.held is not None) + len(self.behind) + len(self.done)
+
+    def submit(self, jobs):
+        rest = []
+        for token, fd, datasync, after in jobs:
+            if os.path.samefile(f"/proc/self/fd/{fd}", self.path):
+                assert self.held is None or after, "two fsyncs of one file at once"
+                assert datasync
+                self.calls += 1
+                if self.calls == 1:
+                    self.held = (token, errno.EIO)
+                    continue
+                if self.held is not None:
+                    self.behind.append((token, 0))
+                    continue
+            rest.append((token, fd, datasync, after))
+        done, error = self.real.submit(rest)
+        assert done == len(rest) and error is None
+        return len(jobs), None
+
+    def fail(self):
+        self.done += [self.held] + self.behind
+        self.held, self.behind = None, []
+        os.eventfd_write(self.fd, 1)
+
+    def ready(self):
+        return bool(self.done) or self.real.ready()
+
+    def reap(self, wait=False):
+        out, self.done = self.done, []
+        return out + self.real.reap(wait and not out)
+
+    def close(self):
+        self.real.close()
+
+
+def test_a_failed_io_uring_fsync_fails_its_queue_in_every_round_and_spares_others(worker, tmp_path):
+    """The io_uring engine (the default): as above, the failed fdatasync of q fails both of q's
+    sets, the second although the fdatasync drained behind the first, for round 2, succeeds;
+    `other` keeps its set."""
+    q_path = str(tmp_path / "queues" / "q")
+    made = []
+    w = worker(sync_journal="always", uring=lambda: made.append(FailingUring(q_path)) or made[0])
+    k = made[0]
+    w.handle(0, req(1, OP_SET, "q", payload=b"a"))
+    w.finish_batch()                                          # round 1: q, held
+    w.handle(0, req(2, OP_SET, "q", payload=b"b"))
+    w.handle(0, req(3, OP_SET, "other", payload=b"c"))
+    w.finish_batch()                                          # round 2 starts meanwhile
+    assert len(w.syncer) == 2 and w.published == [] and k.calls == 2 and len(k.behind) == 1
+    k.fail()                                                  # (q's second fsync, behind, succeeds)
+    w.wait_for_sync()
+    got = replies(w)
+    why = b"fsync failed: Input/output error (queue 'q')"
+    assert got[1] == [(R_SERVER_ERROR, RF_CLOSE, why)]
+    assert got[2] == [(R_SERVER_ERROR, RF_CLOSE, why)]
+    assert got[3] == [(R_OK, 0, b"")]
+    assert queue_datas(w, "q") == [] and queue_datas(w, "other") == [b"c"]   # its success vouched
+    assert os.path.getsize(q_path) == 0                                      # for nothing
+    w.handle(0, req(4, OP_SET, "q", payload=b"d"))            # rolled back: q is fsynced again
+    w.finish_batch()
+    w.wait_for_sync()
+    assert replies(w) == {4: [(R_OK, 0, b"")]} and k.calls == 3
+    w.syncer.close()
+
+
+def test_rounds_finished_together_after_a_failed_fsync_all_reply_errors(worker, tmp_path):
+    """q's fdatasync fails and the round behind it finishes in the same reap: the rollback for the
+    first undoes the second's set too, and its reply must say so although that round has already
+    left the syncer (it used to be published as STORED for an item no longer there)."""
+    q_path = str(tmp_path / "queues" / "q")
+    made = []
+    w = worker(sync_journal="always", uring=lambda: made.append(FailingUring(q_path)) or made[0])
+    k = made[0]
+    w.handle(0, req(1, OP_SET, "q", payload=b"a"))
+    w.finish_batch()                                          # round 1: q, held
+    w.handle(0, req(2, OP_SET, "q", payload=b"b"))
+    w.finish_batch()                                          # round 2: q, drained behind it
+    assert len(w.syncer) == 2 and len(k.behind) == 1
+    k.fail()                                                  # both come back in one reap
+    w.wait_for_sync()
+    why = b"fsync failed: Input/output error (queue 'q')"
+    assert replies(w) == {1: [(R_SERVER_ERROR, RF_CLOSE, why)], 2: [(R_SERVER_ERROR, RF_CLOSE, why)]}
+    assert queue_datas(w, "q") == [] and os.path.getsize(q_path) == 0
+    w.syncer.close()

@@ -13,6 +13,7 @@ import pytest
 
 from lanner.config import Config, QueueConfig, ServerConfig
 from lanner.perf.hotloop import NullTransport, Rig
+from lanner.server import worker as W
 from lanner.storage.journal import journal as J
 
 
@@ -147,6 +148,7 @@ def test_a_failed_journal_write_makes_the_inline_reply_an_error(rig, monkeypatch
 
 
 def test_under_sync_always_no_reply_before_the_fsync(rig, monkeypatch):
+    monkeypatch.setattr(W, "open_uring", lambda: None)   # the fsync threads, which call J._fsync
     r = rig(sync_journal="always")
     [c] = r.conns
     gate = threading.Event()

@@ -468,9 +468,27 @@ class PartitionLog:
             os.fsync(fd)
         finally:
             os.close(fd)
+        self.sync_done((gen, upto), None)
+
+    def sync_target(self) -> tuple[int, tuple[int, int], bool] | None:
+        """What an fsync now makes durable (storage/syncer.py, on the owner's thread): (fd, token
+        for `sync_done`, True: fdatasync is enough: a segment only grows, or is cut back by
+        rollback, and every new segment's directory entry is fsynced when it is created), or
+        None if every flushed byte is durable."""
+        fd = self._fd
+        if fd is None or self._flushed <= self._synced:
+            return None
+        return fd, (self._cut_gen, self._flushed), True
+
+    def sync_done(self, token: tuple[int, int], error: OSError | None) -> OSError | None:
+        """The fsync of `token` returned: count its bytes durable, or return `error` to report."""
+        if error is not None:
+            return error
+        gen, upto = token
         with self._fd_lock:
             if gen == self._cut_gen and upto > self._synced:   # not if rollback cut those bytes meanwhile
                 self._synced = upto
+        return None
 
     # -- the medium (seam.py, undo.py, storage/sync.py) ----------------------------------------
     @property

@@ -33,8 +33,8 @@ from typing import Callable
 
 from lanner.queues.item import QItem
 from lanner.storage.journal.codec import ADD_OPS, pack_addx, pack_xaddx, pack_xid, Cursor, JournalCorrupt
-from lanner.storage.journal.files import (JournalError, archived_files, check_name, erase_files, journal_files,
-                                          parse_archive)
+from lanner.storage.journal.files import (JournalError, archived_files, check_name, erase_files, fsync_dir,
+                                          journal_files, parse_archive)
 from lanner.storage.journal.compaction import JournalCompaction
 from lanner.storage.journal.replay import replay_files
 from lanner.storage.seam import ReplayState
@@ -207,11 +207,13 @@ class Journal(JournalCompaction):
         new = not archives and not os.path.exists(self._path)
         if not os.path.exists(self._path):
             os.close(os.open(self._path, _WFLAGS, 0o644))
+            if self.sync_policy == "always":
+                fsync_dir(self._dir)         # (see _open_writer)
         files = archives + [self.name]
         sizes = [os.path.getsize(os.path.join(self._dir, f)) for f in files]
         st, self._rb = replay_files(self._dir, self.name, files, sizes, self._clock.now_ms(),
                                     config.max_memory_size, self.progress)
-        self._open_writer()
+        self._open_writer(fresh=False)
         self._archived_size = sum(sizes[:-1])
         if new:
             log.info("queue %r: new queue, journal %s created", self.name, self._path)
@@ -228,10 +230,20 @@ class Journal(JournalCompaction):
     def _sys_fsync(self, fd: int) -> None:
         _fsync(fd)
 
-    def _open_writer(self) -> None:
-        """Open `<queue>` for appending; marks continue from where the old file ended."""
+    def _open_writer(self, fresh: bool = True) -> None:
+        """Open `<queue>` for appending; marks continue from where the old file ended.  A `fresh`
+        file (made or renamed in by rotation or rewrite) has its directory entry fsynced first
+        under sync "always": the replies to its records promise they survive a power cut, and an
+        fdatasync of the file (syncer.py) does not cover its name."""
         end = self._base + self._disk_size
         self._fd = os.open(self._path, _WFLAGS, 0o644)
+        if fresh and self.sync_policy == "always":
+            try:
+                fsync_dir(self._dir)
+            except OSError:
+                os.close(self._fd)
+                self._fd = -1
+                raise
         self._gen += 1
         self._disk_size = self._synced_size = os.fstat(self._fd).st_size
         self._base = end - self._disk_size
@@ -421,17 +433,40 @@ class Journal(JournalCompaction):
         """flush + fsync.  Off the owner's thread: fsync of flushed data only."""
         if threading.get_ident() == self._owner:
             self.flush()
-        fd, gen, target = self._fd, self._gen, self._disk_size
-        if self._synced_size >= target or fd < 0:
+        target = self.sync_target()
+        if target is None:
             return
         try:
-            _fsync(fd)
+            _fsync(target[0])
         except OSError as e:
+            error = self.sync_done(target[1], e)
+            if error is not None:
+                raise error from e
+            return
+        self.sync_done(target[1], None)
+
+    def sync_target(self) -> tuple[int, tuple[int, int], bool] | None:
+        """What an fsync now makes durable (storage/syncer.py): (fd, token for `sync_done`, True:
+        fdatasync is enough), or None if every written byte is durable.  The file only grows
+        (or is cut back by `rollback`), so fdatasync, which commits the size with the data,
+        covers it; the directory entry of a new file is fsynced when it is created."""
+        fd, target = self._fd, self._disk_size
+        if self._synced_size >= target or fd < 0:
+            return None
+        return fd, (self._gen, target), True
+
+    def sync_done(self, token: tuple[int, int], error: OSError | None) -> OSError | None:
+        """The fsync of `sync_target`'s `token` returned (`error`): count its bytes durable, or
+        return the error to report (None if the file was switched meanwhile: rotation fsynced
+        the old one before it let it go)."""
+        gen, target = token
+        if error is not None:
             if gen != self._gen:
-                return             # the file was switched meanwhile; rotation synced the old one
-            raise JournalError(self._path, f"fsync failed: {e.strerror}", e.errno) from e
+                return None
+            return JournalError(self._path, f"fsync failed: {error.strerror}", error.errno)
         if gen == self._gen and target > self._synced_size:
             self._synced_size = target
+        return None
 
     def close(self) -> None:
         if self._closed:

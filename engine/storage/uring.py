@@ -1,0 +1,198 @@
+"""fsync and fdatasync through io_uring, for the group commit (syncer.py).
+
+Why not threads: an fsync thread needs the GIL after every fsync (and for the queue it takes
+work from and the byte that wakes the owner), and the owner's loop needs it between every
+callback, so under "always" the two convoy: py-spy of a worker at 10 connections put the loop in
+its journal `write` and in `SimpleQueue.put` a third of its time, waiting to get the GIL back
+(issue 8, P5).  An fsync submitted here runs in one of the kernel's io_uring workers, threads of
+this process with no Python in them (so their CPU counts as the server's, and they run on any
+core: Linux AIO's fsync, tried first, runs in a kworker bound to the submitting core, which then
+preempts the loop for the ~50 µs of CPU each fsync costs).  Its completion lands in the
+completion ring, read here without a syscall (`ready`, `reap`), and signals an eventfd that the
+owner's loop watches.  Everything here runs on the owner's thread.  The kernel holds the file
+open from submission to completion, so the owner may close or rotate it meanwhile.
+
+The rings are shared memory read and written with plain loads and stores, which x86-64 orders
+as io_uring needs (a store of the tail after the entries it publishes, loads of the entries after
+the load of the tail); other machines would need barriers Python cannot make, so `open_uring`
+returns None there, as it does where io_uring is missing or disabled (EPERM, ENOSYS): the syncer
+then uses threads.  os has no io_uring calls: the three syscalls go through ctypes.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import mmap
+import os
+import platform
+import struct
+import weakref
+
+log = logging.getLogger(__name__)
+
+#: fsyncs under way at once (more wait for a free slot); the completion ring has twice as many.
+EVENTS = 64
+
+_SETUP, _ENTER, _REGISTER = 425, 426, 427       # x86-64 (and every architecture since 5.1)
+_REGISTER_EVENTFD = 4
+_ENTER_GETEVENTS = 1
+_FEAT_SINGLE_MMAP = 1
+_OFF_SQ_RING, _OFF_CQ_RING, _OFF_SQES = 0, 0x8000000, 0x10000000
+_OP_FSYNC, _FSYNC_DATASYNC = 3, 1
+_IO_DRAIN = 2                                   # IOSQE_IO_DRAIN
+_SQE = struct.Struct("=BBHiQQIIQ24x")           # opcode flags ioprio fd off addr len fsync_flags user_data
+_CQE = struct.Struct("=QiI")                    # user_data res flags
+_U32 = struct.Struct("=I")
+
+
+class _Params(ctypes.Structure):
+    _fields_ = [("sq_entries", ctypes.c_uint32), ("cq_entries", ctypes.c_uint32), ("flags", ctypes.c_uint32),
+                ("sq_thread_cpu", ctypes.c_uint32), ("sq_thread_idle", ctypes.c_uint32),
+                ("features", ctypes.c_uint32), ("wq_fd", ctypes.c_uint32), ("resv", ctypes.c_uint32 * 3),
+                # head tail ring_mask ring_entries flags dropped|overflow array|cqes resv1 user_addr(u64)
+                ("sq_off", ctypes.c_uint32 * 10), ("cq_off", ctypes.c_uint32 * 10)]
+
+
+class Uring:
+    """One io_uring, made at the first `open`, and the eventfd its completions signal (`fd`,
+    non-blocking, made at once so that the owner's loop can watch it from the start)."""
+
+    def __init__(self, syscall) -> None:
+        self._syscall = syscall
+        self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._ring_fd = -1
+        self.inflight = 0
+
+    def open(self) -> bool:
+        """Make the ring (once); False, logged, if the kernel refuses: the caller uses threads."""
+        if self._ring_fd >= 0:
+            return True
+        p = _Params()
+        ring_fd = self._syscall(_SETUP, ctypes.c_uint(EVENTS), ctypes.byref(p))
+        if ring_fd < 0:
+            log.warning("no io_uring for fsync (io_uring_setup: %s): fsync threads instead",
+                        os.strerror(ctypes.get_errno()))
+            return False
+        try:
+            self._map(ring_fd, p)
+            efd = ctypes.c_int(self.fd)
+            if self._syscall(_REGISTER, ring_fd, _REGISTER_EVENTFD, ctypes.byref(efd), 1) < 0:
+                raise OSError(ctypes.get_errno(), "io_uring_register")
+        except OSError as e:
+            os.close(ring_fd)
+            log.warning("no io_uring for fsync (%s): fsync threads instead", e)
+            return False
+        self._ring_fd = ring_fd
+        # the ring counts against the process's locked memory until closed: also when an owner is
+        # dropped without `close` (tests)
+        self._closer = weakref.finalize(self, os.close, ring_fd)
+        return True
+
+    def _map(self, ring_fd: int, p: _Params) -> None:
+        sq_off, cq_off = list(p.sq_off), list(p.cq_off)
+        sq_size = sq_off[6] + p.sq_entries * 4
+        cq_size = cq_off[5] + p.cq_entries * 16
+        flags, prot = mmap.MAP_SHARED | mmap.MAP_POPULATE, mmap.PROT_READ | mmap.PROT_WRITE
+        if p.features & _FEAT_SINGLE_MMAP:
+            sq = cq = mmap.mmap(ring_fd, max(sq_size, cq_size), flags, prot, offset=_OFF_SQ_RING)
+        else:
+            sq = mmap.mmap(ring_fd, sq_size, flags, prot, offset=_OFF_SQ_RING)
+            cq = mmap.mmap(ring_fd, cq_size, flags, prot, offset=_OFF_CQ_RING)
+        self._sq, self._cq = sq, cq
+        self._sqes = mmap.mmap(ring_fd, p.sq_entries * _SQE.size, flags, prot, offset=_OFF_SQES)
+        self._sq_entries = p.sq_entries
+        self._sq_tail, self._sq_array = sq_off[1], sq_off[6]
+        self._sq_mask = _U32.unpack_from(sq, sq_off[2])[0]
+        self._cq_head, self._cq_tail, self._cqes = cq_off[0], cq_off[1], cq_off[5]
+        self._cq_mask = _U32.unpack_from(cq, cq_off[2])[0]
+
+    def submit(self, jobs: list[tuple[int, int, bool, bool]]) -> tuple[int, OSError | None]:
+        """fsync each (token, fd, datasync, after) of `jobs`: fdatasync if `datasync`; if `after`,
+        only once every fsync submitted before it has completed (IOSQE_IO_DRAIN: the kernel starts
+        it the moment the one under way returns).  Returns how many, from the first, the kernel
+        took, and the error that stopped the rest."""
+        n = min(len(jobs), EVENTS - self.inflight)     # the rest wait for a free slot
+        sq, sqes, mask = self._sq, self._sqes, self._sq_mask
+        done = 0
+        error = None
+        while done < n:
+            batch = min(n - done, self._sq_entries)
+            tail = _U32.unpack_from(sq, self._sq_tail)[0]
+            for k in range(batch):
+                token, fd, datasync, after = jobs[done + k]
+                i = (tail + k) & mask
+                _SQE.pack_into(sqes, i * _SQE.size, _OP_FSYNC, _IO_DRAIN if after else 0, 0, fd, 0, 0, 0,
+                               _FSYNC_DATASYNC if datasync else 0, token)
+                _U32.pack_into(sq, self._sq_array + i * 4, i)
+            _U32.pack_into(sq, self._sq_tail, (tail + batch) & 0xFFFFFFFF)
+            got = self._syscall(_ENTER, self._ring_fd, ctypes.c_uint(batch), 0, 0, None, 0)
+            if got < 0:
+                e = ctypes.get_errno()
+                # the kernel took none of them: take them back (it reads the tail only in enter)
+                _U32.pack_into(sq, self._sq_tail, tail)
+                if e == errno.EINTR:
+                    continue
+                error = OSError(e, f"io_uring_enter: {os.strerror(e)}")
+                break
+            done += got
+            if got < batch:             # (cannot happen without SQPOLL: enter takes all it is given)
+                _U32.pack_into(sq, self._sq_tail, (tail + got) & 0xFFFFFFFF)
+        self.inflight += done
+        return done, error
+
+    def ready(self) -> bool:
+        """A completion waits to be reaped (no syscall)."""
+        cq = self._cq
+        return _U32.unpack_from(cq, self._cq_head)[0] != _U32.unpack_from(cq, self._cq_tail)[0]
+
+    def reap(self, wait: bool = False) -> list[tuple[int, int]]:
+        """(token, errno or 0) of each fsync done; with `wait`, block for at least one if any is
+        under way (shutdown)."""
+        try:
+            os.eventfd_read(self.fd)
+        except BlockingIOError:
+            pass
+        if not self.inflight:
+            return []
+        if wait and not self.ready():
+            while self._syscall(_ENTER, self._ring_fd, 0, 1, _ENTER_GETEVENTS, None, 0) < 0:
+                if ctypes.get_errno() != errno.EINTR:
+                    raise OSError(ctypes.get_errno(), "io_uring_enter (wait) failed")
+        cq, base, mask = self._cq, self._cqes, self._cq_mask
+        head = _U32.unpack_from(cq, self._cq_head)[0]
+        tail = _U32.unpack_from(cq, self._cq_tail)[0]
+        out = []
+        while head != tail:
+            token, res, _ = _CQE.unpack_from(cq, base + (head & mask) * _CQE.size)
+            out.append((token, -res if res < 0 else 0))
+            head = (head + 1) & 0xFFFFFFFF
+        _U32.pack_into(cq, self._cq_head, head)
+        self.inflight -= len(out)
+        return out
+
+    def close(self) -> None:
+        """Wait for the fsyncs under way, then free the ring."""
+        while self.inflight:
+            self.reap(wait=True)
+        if self._ring_fd >= 0:
+            self._sqes.close()
+            self._sq.close()
+            self._cq.close()
+            self._closer()
+            self._ring_fd = -1
+        os.close(self.fd)
+        self.fd = -1
+
+
+def open_uring() -> Uring | None:
+    """io_uring for fsyncs, or None where this module cannot use it (the ring itself is made at
+    the first fsync, `Uring.open`)."""
+    if platform.machine() != "x86_64" or not hasattr(os, "eventfd"):
+        return None
+    try:
+        syscall = ctypes.CDLL(None, use_errno=True).syscall
+    except (OSError, AttributeError):
+        return None
+    syscall.restype = ctypes.c_long
+    return Uring(syscall)
