@@ -446,3 +446,26 @@ def test_start_read_behind_flushes_first(tmp_path, clock):
     assert [i.data for i in j.fill_read_behind(100, T)] == [b"b"]
     assert not j.in_read_behind and j.flushed_size == 44
     assert j.fill_read_behind(100, T) == []
+
+
+def test_a_failed_fsync_still_counts_after_a_rollback_cut_the_file_back(tmp_path, clock):
+    """A group-commit fsync under way when a failed write rolls the journal back: its EIO must
+    still reach the round (it used to be dropped as if the file had been switched, and the
+    round's replies left as durable).  A file let go (rotation, close) still drops it: it was
+    fsynced before it went."""
+    j = open_journal(tmp_path, clock, sync_policy="always")
+    try:
+        j.record_add(QItem(T, 0, b"first"))
+        j.flush()
+        fd, token, _ = j.sync_target()           # the round's fsync starts
+        mark = j.record_add(QItem(T, 0, b"second"))
+        j.flush()
+        j.rollback(mark)                         # a later batch's failure cuts "second" off
+        err = j.sync_done(token, OSError(errno.EIO, "Input/output error"))
+        assert isinstance(err, JournalError) and err.errno == errno.EIO and "q" in str(err)
+        j.record_add(QItem(T, 0, b"third"))
+        j.flush()
+        fd, token, _ = j.sync_target()
+    finally:
+        j.close()                                # its file let go (fsynced first), as rotation does
+    assert j.sync_done(token, OSError(errno.EIO, "Input/output error")) is None

@@ -98,7 +98,8 @@ class Journal(JournalCompaction):
         self.progress: Callable[[int, int], None] | None = None
         self._owner = threading.get_ident()
         self._fd = -1
-        self._gen = 0                    # bumped whenever _fd changes
+        self._gen = 0                    # bumped whenever _fd changes or the file is cut back
+        self._opened = 0                 # bumped whenever _fd changes
         self._pending = bytearray()
         self._base = 0                   # mark of byte 0 of the current file (module invariant 1)
         self._disk_size = 0              # bytes of the current file the OS has
@@ -245,6 +246,7 @@ class Journal(JournalCompaction):
                 self._fd = -1
                 raise
         self._gen += 1
+        self._opened += 1
         self._disk_size = self._synced_size = os.fstat(self._fd).st_size
         self._base = end - self._disk_size
         self._torn = False
@@ -445,7 +447,7 @@ class Journal(JournalCompaction):
             return
         self.sync_done(target[1], None)
 
-    def sync_target(self) -> tuple[int, tuple[int, int], bool] | None:
+    def sync_target(self) -> tuple[int, tuple[int, int, int], bool] | None:
         """What an fsync now makes durable (storage/syncer.py): (fd, token for `sync_done`, True:
         fdatasync is enough), or None if every written byte is durable.  The file only grows
         (or is cut back by `rollback`), so fdatasync, which commits the size with the data,
@@ -453,15 +455,17 @@ class Journal(JournalCompaction):
         fd, target = self._fd, self._disk_size
         if self._synced_size >= target or fd < 0:
             return None
-        return fd, (self._gen, target), True
+        return fd, (self._gen, self._opened, target), True
 
-    def sync_done(self, token: tuple[int, int], error: OSError | None) -> OSError | None:
+    def sync_done(self, token: tuple[int, int, int], error: OSError | None) -> OSError | None:
         """The fsync of `sync_target`'s `token` returned (`error`): count its bytes durable, or
         return the error to report (None if the file was switched meanwhile: rotation fsynced
-        the old one before it let it go)."""
-        gen, target = token
+        the old one before it let it go).  A rollback in between cuts the file back but keeps
+        it: the error still counts, or replies whose bytes the failed fsync lost would leave as
+        durable."""
+        gen, opened, target = token
         if error is not None:
-            if gen != self._gen:
+            if opened != self._opened:
                 return None
             return JournalError(self._path, f"fsync failed: {error.strerror}", error.errno)
         if gen == self._gen and target > self._synced_size:
@@ -489,6 +493,7 @@ class Journal(JournalCompaction):
                 os.close(self._fd)
                 self._fd = -1
                 self._gen += 1
+                self._opened += 1
             if self._rb is not None:
                 self._rb.close()
                 self._rb = None
