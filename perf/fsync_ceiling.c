@@ -8,8 +8,8 @@
  *                      concurrent fdatasyncs into one journal commit): the -Q 10 analogue.
  * Prints acknowledged items/s (and, shared, fdatasyncs/s and items per fdatasync).
  *
- *   gcc -O2 -pthread -o /tmp/fsync_ceiling perf/fsync_ceiling.c
- *   /tmp/fsync_ceiling 10 3 shared /path/on/the/disk/to/test   # clients, seconds, mode, directory
+ *   gcc -O2 -pthread -o fsync_ceiling perf/fsync_ceiling.c
+ *   ./fsync_ceiling 10 3 shared DIR   # clients, seconds, mode, directory
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -20,7 +20,7 @@
 #include <time.h>
 
 #define RECORD 1024
-static const char *dir = "/tmp";
+static const char *dir = ".";      /* the current directory, unless given */
 static int shared_fd;
 static long written, synced, items, fsyncs, own_counts[256];
 static volatile int stop;

@@ -17,7 +17,6 @@ from lanner.storage import writer as W
 from lanner.storage.journal.codec import encode_add
 from lanner.storage.journal.files import JournalError
 from lanner.storage.journal.journal import BIG_RECORD, Journal
-from lanner.storage.writer import Writer
 
 T = 1_700_000_000_000
 BIG1 = QItem(T, 0, b"a" * BIG_RECORD)
@@ -41,16 +40,6 @@ def writes(monkeypatch):
         return os.write(fd, view)
     monkeypatch.setattr(W, "_write", write)
     return gate, seen, fail
-
-
-@pytest.fixture
-def writer():
-    r, w = os.pipe()
-    wr = Writer(w)
-    yield wr
-    wr.close()
-    os.close(r)
-    os.close(w)
 
 
 def opened(path, clock, writer=None) -> Journal:

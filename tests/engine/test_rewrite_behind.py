@@ -10,28 +10,15 @@ import os
 import shutil
 import threading
 
-import pytest
-
 from lanner.config import QueueConfig
 from lanner.queues.item import QItem
 from lanner.storage.journal import compaction as C, journal as J
 from lanner.storage.journal.files import archived_files
 from lanner.storage.journal.journal import Journal
-from lanner.storage.writer import Writer
 from tests.engine.test_journal import View
 
 T = 1_700_000_000_000
 CFG = QueueConfig(default_journal_size=1024)     # small, so a rewrite comes due at once
-
-
-@pytest.fixture
-def writer():
-    r, w = os.pipe()
-    wr = Writer(w)
-    yield wr
-    wr.close()
-    os.close(r)
-    os.close(w)
 
 
 def journal(path, clock, writer) -> Journal:
