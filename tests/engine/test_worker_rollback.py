@@ -275,14 +275,20 @@ class FailingUring:
         self.real.close()
 
 
+def failing_uring_worker(worker, tmp_path):
+    """A worker under sync "always" whose io_uring fails q's fdatasyncs on `fail()`: (worker,
+    that uring, q's journal path)."""
+    q_path = str(tmp_path / "queues" / "q")
+    made = []
+    w = worker(sync_journal="always", uring=lambda: made.append(FailingUring(q_path)) or made[0])
+    return w, made[0], q_path
+
+
 def test_a_failed_io_uring_fsync_fails_its_queue_in_every_round_and_spares_others(worker, tmp_path):
     """The io_uring engine (the default): as above, the failed fdatasync of q fails both of q's
     sets, the second although the fdatasync drained behind the first, for round 2, succeeds;
     `other` keeps its set."""
-    q_path = str(tmp_path / "queues" / "q")
-    made = []
-    w = worker(sync_journal="always", uring=lambda: made.append(FailingUring(q_path)) or made[0])
-    k = made[0]
+    w, k, q_path = failing_uring_worker(worker, tmp_path)
     w.handle(0, req(1, OP_SET, "q", payload=b"a"))
     w.finish_batch()                                          # round 1: q, held
     w.handle(0, req(2, OP_SET, "q", payload=b"b"))
@@ -309,10 +315,7 @@ def test_rounds_finished_together_after_a_failed_fsync_all_reply_errors(worker, 
     """q's fdatasync fails and the round behind it finishes in the same reap: the rollback for the
     first undoes the second's set too, and its reply must say so although that round has already
     left the syncer (it used to be published as STORED for an item no longer there)."""
-    q_path = str(tmp_path / "queues" / "q")
-    made = []
-    w = worker(sync_journal="always", uring=lambda: made.append(FailingUring(q_path)) or made[0])
-    k = made[0]
+    w, k, q_path = failing_uring_worker(worker, tmp_path)
     w.handle(0, req(1, OP_SET, "q", payload=b"a"))
     w.finish_batch()                                          # round 1: q, held
     w.handle(0, req(2, OP_SET, "q", payload=b"b"))

@@ -326,7 +326,7 @@ class JournalCompaction:
         """Kestrel's layout after a rewrite, one file, when nothing was written since: the pack,
         now the only archive, replaces the empty current file (a rename that a crash may undo
         without harm: the same records replay either way)."""
-        if self._disk_size or self._pending or self._inflight is not None or self._rb is not None:
+        if self._disk_size or self._pending or self._chain or self._rb is not None:
             return
         packed = os.path.join(self._dir, f"{self.name}.{ts}")
         try:

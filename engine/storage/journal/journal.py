@@ -106,9 +106,8 @@ class Journal(JournalCompaction):
         self._synced_size = 0
         self._torn = False               # a failed write may have left bytes past _disk_size
         self.writer = None               # a storage.writer.Writer: big flushes go to its thread
-        self._inflight = None            # the newest WriteJob under way, if any
         self._inflight_n = 0             # bytes of the jobs under way: after _disk_size, before _pending
-        self._chain: list = []           # the jobs under way, oldest first (big items: _add_behind)
+        self._chain: list = []           # the WriteJobs under way, oldest first (big items: _add_behind)
         self._rb: Cursor | None = None
         self._closed = False
         self._erased = False
@@ -152,7 +151,7 @@ class Journal(JournalCompaction):
     def rollback(self, mark: int) -> None:
         """Drop every record from `mark` on: buffered ones, and ones written but not fsynced
         (the file is cut back).  Owner's thread, with no fsync of this journal under way."""
-        if self._inflight is not None:
+        if self._chain:
             try:
                 self.settle_write()
             except JournalError:
@@ -187,7 +186,7 @@ class Journal(JournalCompaction):
     @property
     def dirty(self) -> bool:
         """Buffered records, or (unless the policy is "never") unsynced ones."""
-        return bool(self._pending) or self._inflight is not None or \
+        return bool(self._pending) or self._chain or \
             (self.sync_policy != "never" and self._synced_size < self._disk_size)
 
     def files(self) -> list[str]:
@@ -283,7 +282,6 @@ class Journal(JournalCompaction):
         buf += pack_addx(2, len(data) + 16, item.add_time, item.expiry)
         job = self.writer.submit(self._fd, buf, data, self._inflight)
         self._chain.append(job)
-        self._inflight = job
         self._inflight_n += job.size
         return True
 
@@ -324,7 +322,7 @@ class Journal(JournalCompaction):
     def _autoflush(self) -> None:
         """A big buffer: behind the writer's thread when there is one (inline only when a
         write is already under way and the buffer behind it grew past WRITE_BEHIND_MAX)."""
-        if self.writer is not None and (self._inflight is None or len(self._pending) < WRITE_BEHIND_MAX):
+        if self.writer is not None and (not self._chain or len(self._pending) < WRITE_BEHIND_MAX):
             self.write_behind()
         else:
             self._flush_quietly()
@@ -332,7 +330,7 @@ class Journal(JournalCompaction):
     def write_behind(self) -> bool:
         """Hand the buffer to the writer's thread, unless a write is under way already (then
         it waits for the next call).  True if a write was started."""
-        if self._inflight is not None or not self._pending or self.writer is None or self._fd < 0:
+        if self._chain or not self._pending or self.writer is None or self._fd < 0:
             return False
         if self._torn:
             try:
@@ -342,9 +340,14 @@ class Journal(JournalCompaction):
         buf, self._pending = self._pending, bytearray()
         job = self.writer.submit(self._fd, buf)
         self._chain.append(job)
-        self._inflight = job
         self._inflight_n = job.size
         return True
+
+    @property
+    def _inflight(self):
+        """The newest WriteJob under way, if any (the thread writes a chain in order)."""
+        chain = self._chain
+        return chain[-1] if chain else None
 
     @property
     def write_done(self) -> bool:
@@ -363,7 +366,6 @@ class Journal(JournalCompaction):
             return
         job.wait()                   # the newest: every earlier one is done too
         jobs, self._chain = self._chain, []
-        self._inflight = None
         self._inflight_n = 0
         for i, job in enumerate(jobs):
             if job.error is None:
@@ -399,7 +401,7 @@ class Journal(JournalCompaction):
     def flush(self) -> None:
         """One write of everything pending.  On failure the file is cut back to
         its last good size and the records stay pending (module invariant 1)."""
-        if self._inflight is not None:
+        if self._chain:
             self.settle_write()
         p = self._pending
         if not p:
@@ -479,7 +481,7 @@ class Journal(JournalCompaction):
         try:
             if self._rewrite_job is not None:
                 self._adopt_rewrite(block=True)      # its thread closes the archived fd, writes the pack
-            if self._inflight is not None:
+            if self._chain:
                 self.settle_write()
             if self._fd >= 0:
                 self.flush()
@@ -500,7 +502,7 @@ class Journal(JournalCompaction):
 
     def erase(self) -> None:
         """Close and delete every file of the queue."""
-        if self._inflight is not None:
+        if self._chain:
             try:
                 self.settle_write()
             except JournalError:
@@ -538,7 +540,7 @@ class Journal(JournalCompaction):
         while got < max_bytes:
             if rb.name == self.name:
                 if rb.pos >= self._disk_size:
-                    if self._pending or self._inflight is not None:
+                    if self._pending or self._chain:
                         if self._flush_quietly():
                             continue
                         break                 # the owner's flush fails too and rolls back
