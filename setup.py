@@ -56,22 +56,47 @@ def pxd_include_dir() -> str:
     return out
 
 
+_warned = False
+
+
+def warn(why: str) -> None:
+    """The one warning of a build that falls back to pure Python, whatever failed and how often."""
+    global _warned
+    if not _warned:
+        _warned = True
+        print("WARNING: " + WARNING % why, file=sys.stderr)
+
+
 def extensions() -> list:
     try:
-        from Cython.Build import cythonize
+        from Cython.Build import cythonize  # noqa: F401 (only whether it is there)
     except ImportError as e:
-        print("WARNING: " + WARNING % ("Cython is missing: %s" % e), file=sys.stderr)
+        warn("Cython is missing: %s" % e)
         return []
-    exts = [Extension(m, [source_of(m)]) for m in hot_modules()]
-    return cythonize(exts, build_dir=os.path.join("build", "cython"), quiet=True,
-                     include_path=[pxd_include_dir()],
-                     compiler_directives={
-                         "language_level": 3,
-                         # type hints document, they do not convert: a `bytes` hint must still
-                         # take the memoryview a ring hands over, as the .py does
-                         "annotation_typing": False,
-                         "binding": True,           # methods and functions introspect as in Python
-                     })
+    return cythonized([Extension(m, [source_of(m)]) for m in hot_modules()], [pxd_include_dir()])
+
+
+def cythonized(exts: list, include_path: list[str]) -> list:
+    """The C extensions of `exts` that Cython translates; one that it rejects (a Cython compile
+    error, which is not the C compiler's: build_ext never sees it) stays pure Python, with the
+    one warning, like a module gcc fails on."""
+    # imported here: extensions() checked it is there, and setup.py must load without it
+    from Cython.Build import cythonize
+    out = []
+    for ext in exts:
+        try:
+            out += cythonize([ext], build_dir=os.path.join("build", "cython"), quiet=True,
+                             include_path=include_path,
+                             compiler_directives={
+                                 "language_level": 3,
+                                 # type hints document, they do not convert: a `bytes` hint must
+                                 # still take the memoryview a ring hands over, as the .py does
+                                 "annotation_typing": False,
+                                 "binding": True,   # methods and functions introspect as in Python
+                             })
+        except Exception as e:      # Cython's CompileError: this module stays pure Python
+            warn("Cython rejected %s: %s: %s" % (ext.name, type(e).__name__, e))
+    return out
 
 
 class OptionalBuildExt(build_ext):
@@ -90,9 +115,7 @@ class OptionalBuildExt(build_ext):
             self.announce_failure(e)
 
     def announce_failure(self, e: Exception) -> None:
-        if not getattr(self, "_warned", False):
-            self._warned = True
-            print("WARNING: " + WARNING % ("%s: %s" % (type(e).__name__, e)), file=sys.stderr)
+        warn("%s: %s" % (type(e).__name__, e))
 
 
 if __name__ == "__main__":          # as setuptools runs it; tests import the helpers above

@@ -50,10 +50,18 @@ import logging
 from typing import Callable, Iterator
 
 from lanner.protocols.memcache_commands import (
-    GetKey, Get, Set, SetHead, SetPiece, SetRefused, Delete, Flush, FlushAll, FlushExpired, FlushAllExpired, Stats,
+    GetKey, Get, Set, plain_get, new_set, SetHead, SetPiece, SetRefused, Delete, Flush, FlushAll,
+    FlushExpired, FlushAllExpired, Stats,
     DumpStats, DumpConfig, Monitor, Confirm, Status, Version, Reload, Shutdown, Quit, ProtocolError, Command)
 from lanner.protocols.memcache_replies import client_error
 from lanner.protocols.stream import TOO_LONG, StreamParser
+
+# COMPILED: as in stream.py (its branches name stream.pxd's C helpers)
+try:
+    import cython
+    COMPILED = cython.compiled
+except ImportError:             # pure Python without Cython installed
+    COMPILED = False
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +262,7 @@ _SIMPLE = {
 _STORAGE = frozenset((b"set", b"add", b"replace", b"append", b"prepend", b"cas"))
 _MAY_STOP = frozenset((ProtocolError, Quit, Shutdown))
 
-_LINE, _DATA, _SKIP, _STOPPED, _BODY = 0, 1, 2, 3, 4
+_LINE, _DATA, _SKIP, _STOPPED, _BODY = 0, 1, 2, 3, 4     # C ints in the compiled build
 
 #: A streamed body is yielded in pieces of at least this many bytes (the last may be shorter).
 STREAM_PIECE = 64 << 10
@@ -342,7 +350,7 @@ class MemcacheParser(StreamParser):
                 if len(buf) < need:
                     return None
                 cmd = self._set
-                cmd.data = bytes(buf[:need - 2])
+                cmd.data = _c_head(buf, need - 2) if COMPILED else bytes(buf[:need - 2])
                 del buf[:need]
                 self._set = None
                 self._state = _LINE
@@ -398,6 +406,12 @@ class MemcacheParser(StreamParser):
 
     def _line(self, line: bytes):
         """Parse one request line; return a command, or None after arming a data block."""
+        if line.startswith(b"get "):
+            # the hot path: `get <key>` with one plain key, which split(" ") below would make
+            # exactly ["get", key]: straight to its command, without the split
+            key = line[4:]
+            if key and 32 not in key and 47 not in key:      # no b" ", no b"/" (an int: memchr)
+                return plain_get(key.decode("latin-1"))
         toks = line.split(b" ")
         while toks and not toks[-1]:
             toks.pop()
@@ -410,10 +424,6 @@ class MemcacheParser(StreamParser):
         # to their parsing, past the table, the lower-casing and the stop check
         if word == b"set":
             return self._storage(word, toks)
-        if word == b"get" and len(toks) == 2:
-            raw = toks[1].decode("latin-1")
-            if raw and "/" not in raw:
-                return Get([GetKey(raw, raw)])
         word = word.lower()
         handler = _SIMPLE.get(word)
         if handler is not None:
@@ -442,7 +452,8 @@ class MemcacheParser(StreamParser):
         flags = parse_int(toks[2])
         if flags is None:
             return self._skip(size + 2, ProtocolError(client_error("bad flags: " + _show(toks[2])), False))
-        queue = toks[1].decode("latin-1")
+        name = toks[1]
+        queue = name.decode("latin-1")
         noreply = _noreply(toks, 4)
         limit = self.item_limit(queue) if self.item_limit is not None else None
         if limit is not None and size > limit:
@@ -452,7 +463,7 @@ class MemcacheParser(StreamParser):
             self._state = _BODY
             self._need = size
             return SetHead(queue, flags, exptime, size, noreply)
-        self._set = Set(queue, flags, exptime, b"", noreply)
+        self._set = new_set(queue, flags, exptime, noreply)
         self._need = size + 2
         self._state = _DATA
         return None

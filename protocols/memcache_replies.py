@@ -28,10 +28,13 @@ def value_block(key_raw: str, data: bytes) -> bytes:
     return b"VALUE %s 0 %d\r\n%s\r\n" % (key_raw.encode("latin-1"), len(data), data)
 
 
+_SINGLE = b"VALUE %s 0 %d\r\n%s\r\nEND\r\n"
+
+
 def single_value(key_raw: str, data: bytes) -> bytes:
     """`value_block` + END in one copy of `data` (a get of one key): `value_block(...) + END`
     copied an 8 MiB item twice on the loop (issue 8)."""
-    return b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (key_raw.encode("latin-1"), len(data), data)
+    return _SINGLE % (key_raw.encode("latin-1"), len(data), data)
 
 
 #: A value at least this big is sent from its own bytes (`Spliced`), not copied into the reply.
@@ -56,9 +59,10 @@ class Spliced:
 def get_reply(key_raw: str, data) -> bytes | Spliced:
     """`single_value`; for a big value that is `bytes` (never a view of a buffer that is reused)
     the value itself goes in the reply, between its line and END."""
-    if len(data) < SPLICE_MIN or type(data) is not bytes:
-        return single_value(key_raw, data)
-    return Spliced((b"VALUE %s 0 %d\r\n" % (key_raw.encode("latin-1"), len(data)), data, b"\r\nEND\r\n"))
+    n = len(data)
+    if n < SPLICE_MIN or type(data) is not bytes:
+        return _SINGLE % (key_raw.encode("latin-1"), n, data)      # single_value, one call less
+    return Spliced((b"VALUE %s 0 %d\r\n" % (key_raw.encode("latin-1"), n), data, b"\r\nEND\r\n"))
 
 
 def _reason_bytes(reason: str) -> bytes:

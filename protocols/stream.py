@@ -6,6 +6,14 @@ requests".  Those fields are declared here, once, so that where the parsers are 
 (setup.py) stream.pxd can give them C types; a subclass must not declare them again."""
 from __future__ import annotations
 
+# COMPILED: True in the compiled build (setup.py), where the C helpers of stream.pxd replace
+# the Python expressions beside them (they exist only there, so only a COMPILED branch names
+# them); False in pure Python.  A C constant there (stream.pxd), tested at no cost.
+try:
+    import cython
+    COMPILED = cython.compiled
+except ImportError:             # pure Python without Cython installed
+    COMPILED = False
 
 #: What `_take_line` answers for a line longer than the parser's max_line.
 TOO_LONG = object()
@@ -39,7 +47,10 @@ class StreamParser:
         buffered beyond the bound.  `_scan` remembers how far `_buf` holds no LF, so feeding a
         long line byte by byte stays linear."""
         buf = self._buf
-        i = buf.find(b"\n", self._scan)
+        if COMPILED:
+            i = _c_find(buf, self._scan, 10)        # memchr: no method call, no argument parsing
+        else:
+            i = buf.find(b"\n", self._scan)
         if i < 0:
             if len(buf) > self.max_line + 1:  # + 1: room for the CR of CRLF
                 return TOO_LONG
@@ -49,6 +60,6 @@ class StreamParser:
         end = i - 1 if i and buf[i - 1] == 13 else i
         if end > self.max_line:
             return TOO_LONG
-        line = bytes(buf[:end])
+        line = _c_head(buf, end) if COMPILED else bytes(buf[:end])      # one copy, not two
         del buf[:i + 1]
         return line

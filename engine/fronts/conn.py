@@ -218,7 +218,8 @@ class Conn(InlineReplies, SpillWriter, asyncio.Protocol, abc.ABC):
             self.process()
         if self.out or self.closing:
             self.flush_out()
-        self.update_reading()
+        if self.reading_paused or self.stopped or self.paused_writing or self.parser.buffered > INPUT_LIMIT:
+            self.update_reading()      # else reading is on and stays on: the common case, no call
 
     def process(self) -> None:
         """Take commands while `room` allows; a handler that took the fused path returns True:
@@ -268,7 +269,7 @@ class Conn(InlineReplies, SpillWriter, asyncio.Protocol, abc.ABC):
         want = not self.stopped and not self.paused_writing and \
             (self.parser.buffered <= INPUT_LIMIT or self.room() > 0)
         if want != self.reading_paused:
-            return                     # reading already is as it should be (the common case)
+            return                     # reading already is as it should be
         t = self.transport
         if t is None or t.is_closing():
             return

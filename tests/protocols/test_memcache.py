@@ -52,6 +52,34 @@ def test_allowed_single_options(opts):
     assert isinstance(parse_get_key("q/" + opts), GetKey)
 
 
+@pytest.mark.parametrize("line, want", [
+    (b"get q", Get([GetKey("q", "q")])),
+    (b"get q ", Get([GetKey("q", "q")])),                # trailing empty tokens vanish
+    (b"get q  ", Get([GetKey("q", "q")])),
+    (b"get  q", ProtocolError(mr.client_error("empty queue name"), True)),    # first key empty
+    (b"get a  b", Get([GetKey("a", "a"), GetKey("b", "b")])),     # later empty keys are skipped
+    (b"get a b", Get([GetKey("a", "a"), GetKey("b", "b")])),
+    (b"get q/open", Get([GetKey("q/open", "q", open=True)])),
+    (b"get q\t", Get([GetKey("q\t", "q\t")])),         # TAB is no separator
+    (b"get \xe9", Get([GetKey("\xe9", "\xe9")])),
+    (b"get ", ProtocolError(mr.client_error("get needs a queue name"), False)),
+    (b"get /", ProtocolError(mr.client_error("missing queue name"), False)),
+    (b"GET q", Get([GetKey("q", "q")])),
+])
+def test_a_get_line_parses_as_split_on_spaces_says(line, want):
+    """The plain `get <key>` line skips the split (memcache.py `_line`); every line it must not
+    take still goes the general way."""
+    got = parse_all(line + b"\r\n")
+    assert got == [want] and type(got[0]) is type(want)
+
+
+def test_a_set_and_a_get_after_it_in_one_buffer_each_parse_whole():
+    """The C helpers cut the buffer's head (stream.pxd): the body, then the next line."""
+    body = bytes(range(256)) * 4 + b"\n\r"
+    got = parse_all(b"set q 0 0 %d\r\n%s\r\nget q\r\nget r\n" % (len(body), body))
+    assert got == [Set("q", 0, 0, body), Get([GetKey("q", "q")]), Get([GetKey("r", "r")])]
+
+
 # ----------------------------------------------------------------------------- data blocks
 
 def test_set_data_is_a_bytes_copy_not_a_view_of_the_buffer():
