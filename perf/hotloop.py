@@ -35,6 +35,7 @@ from lanner.fronts.counters import FRONT_COUNTERS
 from lanner.fronts.memcache import MemcacheConn
 from lanner.ipc.mesh import Mesh, Peers
 from lanner.ipc.shm import CounterBlock
+from lanner.server.heaptrim import child_gc
 from lanner.server.local import attach_front
 from lanner.server.status import ServerStatus
 from lanner.server.worker import Worker
@@ -236,6 +237,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.depth < 1 or (a.depth > 1 and a.depth % 2):
         p.error("--depth must be 1 or an even number (set, get pairs)")
+    child_gc()          # the collector as a server child has it (not in run(): tests call that)
     if a.callgrind:
         same = ["-c", str(a.concurrency), "-i", str(a.item_size), "-r", str(a.depth)]
         small = max(a.requests // 5, a.concurrency * a.depth)
