@@ -61,8 +61,8 @@ class GroupCommit:
         if self.writing or self.write_held:
             self.hold_unwritten()
         syncer = self.syncer
-        if syncer.ready():          # an fsync returned during this turn: its replies go first, and
-            self.take_synced()      # this batch's round need not wait behind it
+        if syncer.rounds and syncer.ready():    # an fsync returned during this turn: its replies
+            self.take_synced()      # go first, and this batch's round need not wait behind it
         replies = self.replies
         needs_sync = self.sync_queue
         if not replies and not needs_sync:
