@@ -6,7 +6,9 @@ builds one real worker (journal storage in a temporary folder) with its own fron
 (server/local.py), opens CONNS memcache connections on fake transports, and then, turn after
 turn, gives every connection DEPTH requests (`set` and `get` alternating on one queue, like
 `mixed`), runs one iteration of the worker's uvloop loop (the turn's journal write, the
-replies) and checks every reply.  Everything a request costs in the server process is in the
+replies) and checks every reply.  `-r 1` is a closed-loop client's shape (`mixed -c 1`): one
+request per turn, a set in one turn and a get in the next, so the figure carries a whole
+turn's fixed cost per request.  Everything a request costs in the server process is in the
 figure (parser, connection, routing, queue, journal `os.write`) except the socket syscalls
 and epoll.  It prints CPU µs per request (process time, the best of the rounds) and which
 lanner modules are compiled (setup.py).
@@ -33,6 +35,7 @@ from lanner.fronts.counters import FRONT_COUNTERS
 from lanner.fronts.memcache import MemcacheConn
 from lanner.ipc.mesh import Mesh, Peers
 from lanner.ipc.shm import CounterBlock
+from lanner.server.heaptrim import child_gc
 from lanner.server.local import attach_front
 from lanner.server.status import ServerStatus
 from lanner.server.worker import Worker
@@ -161,14 +164,27 @@ def run(requests: int, conns: int, size: int, depth: int) -> float:
             want = (b"STORED\r\n" + b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (QUEUE.encode(), size, data))
             per_turn = conns * depth
             turns = max(1, requests // per_turn)
-            # depth requests per connection per turn: sets and gets alternate, every get finds
-            # the item the set before it stored
-            chunk = pair * (depth // 2)
             conns = rig.conns
+            if depth == 1:
+                # one request per turn: a set, then in the next turn the get that finds it
+                turns += turns % 2
+                chunks = (set_req, get_req)
+                sent = 0
 
-            def feed():
-                for c in conns:
-                    c.data_received(chunk)
+                def feed():
+                    nonlocal sent
+                    chunk = chunks[sent & 1]
+                    sent += 1
+                    for c in conns:
+                        c.data_received(chunk)
+            else:
+                # depth requests per connection per turn: sets and gets alternate, every get
+                # finds the item the set before it stored
+                chunk = pair * (depth // 2)
+
+                def feed():
+                    for c in conns:
+                        c.data_received(chunk)
             rig.turn()
             t0 = time.process_time()
             rig.run_turns(turns, feed)
@@ -213,13 +229,15 @@ def main(argv=None) -> int:
     p.add_argument("-n", "--requests", type=int, default=200_000)
     p.add_argument("-c", "--concurrency", type=int, default=10)
     p.add_argument("-i", "--item-size", type=int, default=1024)
-    p.add_argument("-r", "--depth", type=int, default=2, help="requests per connection per turn (even)")
+    p.add_argument("-r", "--depth", type=int, default=2,
+                   help="requests per connection per turn: 1 (a set or a get per turn) or even")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--callgrind", action="store_true",
                    help="count instructions per request under valgrind instead of timing")
     a = p.parse_args(argv)
-    if a.depth < 2 or a.depth % 2:
-        p.error("--depth must be an even number >= 2 (set, get pairs)")
+    if a.depth < 1 or (a.depth > 1 and a.depth % 2):
+        p.error("--depth must be 1 or an even number (set, get pairs)")
+    child_gc()          # the collector as a server child has it (not in run(): tests call that)
     if a.callgrind:
         same = ["-c", str(a.concurrency), "-i", str(a.item_size), "-r", str(a.depth)]
         small = max(a.requests // 5, a.concurrency * a.depth)

@@ -202,9 +202,12 @@ class Front:
                 ring.release()
 
     def flush_writes(self) -> None:
+        """Pump every connection with replies to write (a fresh set takes those that must wait
+        again while this one is walked)."""
         if self.write_pending:
             pending, self.write_pending = self.write_pending, set()
-            _pump_each(pending)
+            for c in pending:
+                c.pump()
 
     # -- control ---------------------------------------------------------------------------------
     def on_control(self) -> None:

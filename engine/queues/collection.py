@@ -479,22 +479,27 @@ class QueueCollection:
                 q.storage.sync_policy = new.sync_journal
             q.reload(new)
 
-    def dirty_storages(self) -> list:
+    def dirty_storages(self):
         """The byte streams (each storage's `medium`: a journal, a command-log partition
-        that many queues share) holding buffered or unsynced records, each once.  Only
-        queues touched since the last call are visited; those still dirty (unsynced) stay
-        on the list."""
+        that many queues share) of the queues that recorded something since the last call and
+        hold buffered or unsynced records, each once.  Only those queues are visited; with
+        none, nothing is allocated.  A caller that leaves records buffered (a write under way)
+        keeps the storage to come back to itself."""
         touched = self._touched
         if not touched:
-            return []
+            return ()
+        if len(touched) == 1:                  # the common turn: one queue
+            q = touched.popitem()[0]
+            if q.closed or not q.storage.dirty:
+                return ()
+            return (q.medium or q.storage,)
         seen = {}
-        still = [q for q in touched if not q.closed and q.storage.dirty]
-        for q in still:
-            m = q.medium or q.storage
-            seen[id(m)] = m
+        for q in touched:
+            if not q.closed and q.storage.dirty:
+                m = q.medium or q.storage
+                seen[id(m)] = m
         touched.clear()
-        touched.update(dict.fromkeys(still))
-        return list(seen.values())
+        return seen.values()
 
     def flush_storages(self) -> None:
         """Hand buffered records to the OS and fsync per the sync policy (storage/sync.py):

@@ -44,20 +44,50 @@ class GroupCommit:
 
     def finish_batch(self) -> None:
         """Flush journals, then publish replies or hold them for a group fsync.  A storage
-        that cannot write is rolled back, and the replies of what it undid become errors."""
+        that cannot write is rolled back, and the replies of what it undid become errors.
+        A turn whose requests wrote nothing allocates nothing here."""
         coll = self.coll
         coll.undo.ctx = None
-        writing = self.writing
-        if writing:
-            self.settle_writes()
         dirty = coll.dirty_storages()
+        if self.writing:
+            self.settle_writes()
+        if self.settled:            # write-behinds done: the records that came in behind them
+            dirty = self.take_settled(dirty)
+        if dirty:
+            self.write_out(dirty)
+        undo = coll.undo
+        if undo.entries:
+            undo.trim()
+        if self.writing or self.write_held:
+            self.hold_unwritten()
+        syncer = self.syncer
+        if syncer.rounds and syncer.ready():    # an fsync returned during this turn: its replies
+            self.take_synced()      # go first, and this batch's round need not wait behind it
+        replies = self.replies
         needs_sync = self.sync_queue
-        now = self.clock.now_ms()
-        scheduled = len(coll.sync_schedule)
+        if not replies and not needs_sync:
+            return
+        self.replies = []
+        if needs_sync or self.held:
+            self.held.extend(replies)
+            if len(syncer) < MAX_ROUNDS:
+                self.start_sync()
+        elif syncer.rounds:
+            syncer.rounds[-1].replies.extend(replies)
+        else:
+            self.publish(replies)
+
+    def write_out(self, dirty) -> None:
+        """One write per dirty storage (or a write-behind for a big buffer); under sync
+        "always" the storage joins the next fsync round, under a period its fsync is scheduled."""
+        coll = self.coll
+        writing = self.writing
+        schedule = coll.sync_schedule
+        now = None
         for st in dirty:
             try:
                 if not getattr(st, "write_done", True):    # its next bytes wait for the write under way
-                    writing.add(st)
+                    writing.add(st)                       # (taken with the batch it ends: settled)
                     continue
                 if getattr(st, "writer", False) is None:     # a journal: its big buffers go behind too
                     st.writer = self.writer
@@ -71,39 +101,36 @@ class GroupCommit:
                 log.error("worker %d: %s", self.index, e)      # the file is named here, not to clients
                 self.undo_replies(coll.rollback(st), describe_os_error(e, getattr(st, "name", None)))
                 continue
-            if coll.sync_schedule.written(st, now):      # sync "always": replies wait for it
-                needs_sync.append(st)
-        if len(coll.sync_schedule) > scheduled:         # a periodic fsync came due later
+            if st.sync_policy != "never":
+                if now is None:
+                    now = self.clock.now_ms()
+                    scheduled = len(schedule)
+                if schedule.written(st, now):      # sync "always": replies wait for it
+                    self.sync_queue.append(st)
+        if now is not None and len(schedule) > scheduled:     # a periodic fsync came due later
             self.deadlines_changed = True
-        coll.undo.trim()
-        if writing or self.write_held:
-            self.hold_unwritten()
-        syncer = self.syncer
-        if syncer.ready():          # an fsync returned during this turn: its replies go first, and
-            self.take_synced()      # this batch's round need not wait behind it
-        replies = self.replies
-        if not replies and not needs_sync:
-            return
-        self.replies = []
-        if needs_sync or self.held:
-            self.held.extend(replies)
-            if len(syncer) < MAX_ROUNDS:
-                self.start_sync()
-        elif syncer.rounds:
-            syncer.rounds[-1].replies.extend(replies)
-        else:
-            self.publish(replies)
 
     def settle_writes(self, block: bool = False) -> None:
         """Take the results of the finished write-behinds (all of them, waiting, if `block`);
-        a failed one is rolled back like a failed flush."""
+        a failed one is rolled back like a failed flush.  Each goes to `settled`: records may
+        have come in behind its write, and the next batch's end writes them."""
         for st in [m for m in self.writing if block or m.write_done]:
             self.writing.discard(st)
+            self.settled.append(st)
             try:
                 st.settle_write()
             except OSError as e:
                 log.error("worker %d: %s", self.index, e)
                 self.undo_replies(self.coll.rollback(st), describe_os_error(e, getattr(st, "name", None)))
+
+    def take_settled(self, dirty) -> list:
+        """`dirty` and the settled storages that hold records to write, each once."""
+        settled, self.settled = self.settled, []
+        out = list(dirty)
+        for st in settled:
+            if st.dirty and st not in out:
+                out.append(st)
+        return out
 
     def hold_unwritten(self) -> None:
         """Replies whose requests have records in a write under way wait in `write_held`; the
@@ -171,18 +198,24 @@ class GroupCommit:
         self.coll.undo.trim()
 
     def publish(self, replies) -> None:
-        touched = set()
+        """Hand replies to the worker's own clients, or send them: one ring publish per peer."""
+        touched = None
         local = self.local_src
+        deliver = self.front.deliver if local >= 0 else None
         for dst, head, payload in replies:
             if dst == local:
-                self.front.deliver(head, payload)
+                deliver(head, payload)
                 continue
             if dst in self.down_peers:
                 continue
             send(self.outbound[dst], head, payload)
-            touched.add(dst)
-        for dst in touched:
-            self.outbound[dst].publish()
+            if touched is None:
+                touched = {dst}
+            else:
+                touched.add(dst)
+        if touched is not None:
+            for dst in touched:
+                self.outbound[dst].publish()
 
     def undo_replies(self, undone, reason: str, done: list[list] | None = None) -> None:
         """Changes were rolled back because their records were lost (queues/undo.py): make
@@ -210,9 +243,10 @@ class GroupCommit:
                     sess.discard(u.queue, u.xid)
         for p, gone in thrift.items():
             self.tget_undo(p, gone)
-        if coll.stranded and not self.next_strand_ms:
-            self.next_strand_ms = self.clock.now_ms() + STRAND_RETRY_MS
-            self.deadlines_changed = True
+        if coll.stranded:
+            if not self.next_strand_ms:
+                self.next_strand_ms = self.clock.now_ms() + STRAND_RETRY_MS
+            self.note_deadline(self.next_strand_ms)
         if not failed:
             return
         for dst, conn in {key[:2] for key in failed}:

@@ -15,9 +15,18 @@ and the last trim is `interval` seconds old.  Not glibc (no mallinfo2): nothing 
 from __future__ import annotations
 
 import ctypes
+import gc
 
 THRESHOLD = 4 << 20          # bytes free in malloc's arenas before a trim is worth it
 INTERVAL = 5.0               # seconds between two trims at the most
+
+
+def child_gc() -> None:
+    """A server child's collector (supervisor.child_main; perf/hotloop.py mirrors it): what was
+    allocated before it lives as long as the process, so the collector leaves it alone, and
+    young garbage (per-request objects) builds up more before a collection."""
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
 
 
 class _MallInfo2(ctypes.Structure):

@@ -33,6 +33,8 @@ from lanner.ipc.wake import clear_sleep_all, drain_eventfd, prepare_sleep_all
 
 log = logging.getLogger("lanner.server.worker")
 
+NO_DEADLINE = float("inf")      # `timer_ms` while no timer is armed
+
 
 class ShardLoop:
     """The loop half of `Worker` (worker.py): what runs when, not what a request does."""
@@ -145,44 +147,54 @@ class ShardLoop:
     def end_turn(self) -> None:
         """Once per loop iteration that did something: finish the batch (journal writes,
         replies or a group commit), write the local clients' replies, hand idle connections
-        to the worker they use, re-arm the timer if a deadline came."""
+        to the worker they use, re-arm the timer if an earlier deadline came."""
         self.turn_scheduled = False
         if self.coll.woken:
             self.retry_woken()
         self.finish_batch()
         front = self.front
         if front is not None:
-            front.flush_writes()
+            if front.write_pending:
+                front.flush_writes()
             if front.candidates:
                 front.try_handoffs()
-        if self.deadlines_changed or self.timer is None:
+        if self.deadlines_changed:
             self.arm_timer()
 
+    def note_deadline(self, ms: int) -> None:
+        """Something is due at epoch `ms`: the turn's end re-arms the timer only if that comes
+        before the deadline it is armed for (a blocking get's deadline usually does not)."""
+        if ms < self.timer_ms:
+            self.deadlines_changed = True
+
     def arm_timer(self) -> None:
-        """Arm the loop timer at the earliest deadline.  Requests that add a deadline (a
-        waiter's, an auto-abort, a periodic sync) set `deadlines_changed`; the rest (the
-        storage's cmdlog syncs and pack checks) are looked at whenever the timer fires, at
-        least every 100 ms while a cleaner runs, so no turn pays for a scan of them."""
+        """Arm the loop timer at the earliest deadline.  Whatever adds a deadline says so
+        (`note_deadline`, or `deadlines_changed` for the periodic syncs a batch schedules), and
+        the timer's firing re-arms it, so a turn that added none pays nothing; what no turn
+        announces (the storage's scheduled cmdlog jobs and pack checks) is looked at then and
+        on every heartbeat."""
         self.deadlines_changed = False
-        t = self.next_timeout()
-        if t is None:
-            return
-        when = self.loop.time() + t
+        ms = self.next_deadline_ms()
+        if ms is None or ms >= self.timer_ms:
+            return                          # none, or the armed timer comes first (it re-arms)
         if self.timer is not None:
-            if self.timer_when <= when:
-                return
             self.timer.cancel()
-        self.timer_when = when
-        self.timer = self.loop.call_at(when, self.on_timer)
+        self.timer_ms = ms
+        self.timer = self.loop.call_at(
+            self.loop.time() + max(0.0, (ms - self.clock.now_ms()) / 1000.0), self.on_timer)
 
     def on_timer(self) -> None:
         self.timer = None
+        self.timer_ms = NO_DEADLINE
+        self.deadlines_changed = True       # the deadlines it ran for moved on: look again
         self.run_timers()
         self.schedule_turn()
 
     def on_beat_timer(self) -> None:
-        """The heart beats while the loop turns, busy or idle (heartbeat.py)."""
+        """The heart beats while the loop turns, busy or idle (heartbeat.py); the timer is
+        re-armed too, for the deadlines no turn announces (arm_timer)."""
         self.beat(self.clock.monotonic())
+        self.arm_timer()
         if not self.stopping:
             self.loop.call_later(self.beat_interval, self.on_beat_timer)
 

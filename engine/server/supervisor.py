@@ -63,6 +63,7 @@ from lanner.server.children import (ADMIN, RESTART_WINDOW, ZK, Child, backoff, n
                                     pdeathsig)
 from lanner.server.cleaner import cleaner_main
 from lanner.server.exits import EXIT_BOOT_ERROR, EXIT_CHILD_CRASHED, EXIT_OK, EXIT_START_REFUSED
+from lanner.server.heaptrim import child_gc
 from lanner.server.heartbeat import Heartbeats
 from lanner.server.status import ServerStatus
 from lanner.server.worker import worker_main
@@ -239,10 +240,7 @@ class Supervisor:
 
     def child_main(self, kind: str, index: int, sock: socket.socket) -> int:
         name_process(self.children[(kind, index)].process_name)
-        # Everything allocated so far lives as long as the process: keep the collector off it,
-        # and let young garbage (per-request objects) build up more before a collection.
-        gc.freeze()
-        gc.set_threshold(50_000, 20, 20)
+        child_gc()
         mine = self.listener_slot(kind, index)
         for socks in self.listeners.values():
             for i, s in socks.items():

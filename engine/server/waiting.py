@@ -155,7 +155,7 @@ class Waiting:
         self.coll.wait(w)
         self.pending_by_conn[(p.src, p.conn)].add(p)
         if p.deadline_ms is not None:
-            self.deadlines_changed = True
+            self.note_deadline(p.deadline_ms)
 
     def unpark(self, p: Pending) -> None:
         """`p` is answered: forget it (its connection's set, its waiter)."""
@@ -238,7 +238,7 @@ class Waiting:
             due = self.clock.now_ms() + p.auto_abort
             for _, tid in p.items:
                 heapq.heappush(self.taborts, (due, tid))
-            self.deadlines_changed = True
+            self.note_deadline(due)
         if reply:
             self.reply(p.src, p.conn, p.req, R_DATA, 0, 0, msgpack.packb(p.items))
 

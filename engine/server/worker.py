@@ -62,7 +62,7 @@ from lanner.server.heartbeat import MAX_BEAT_INTERVAL
 from lanner.server.local import attach_front
 from lanner.server.commit import GroupCommit
 from lanner.server.peers import PeerOps
-from lanner.server.shardloop import ShardLoop
+from lanner.server.shardloop import NO_DEADLINE, ShardLoop
 from lanner.server import statsjob
 from lanner.server.waiting import Pending, Waiting
 
@@ -91,7 +91,7 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         self.stop_scheduled = False
         self.stepping = False        # inside step(): an event ends the loop run (tests)
         self.timer = None
-        self.timer_when = 0.0
+        self.timer_ms = NO_DEADLINE       # epoch ms the armed timer is for
         self.deadlines_changed = True     # a deadline may be earlier than the armed timer
         self.config = config
         self.status = status
@@ -127,6 +127,7 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         self.syncer = Syncer(self.sync_done_w, uring=open_uring())    # fsync rounds (commit.py)
         self.writer = Writer(self.sync_done_w)      # write-behind of big journal writes (commit.py)
         self.writing: set = set()                   # journals with a write-behind under way
+        self.settled: list = []                     # journals whose write-behind was just taken
         self.write_held: list = []                  # replies whose records it is writing
         self.stopping = False
         self.mot = config.server.max_open_transactions
@@ -214,24 +215,18 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
             self.retry_woken()
         return busy
 
-    def next_timeout(self) -> float | None:
-        deadlines = []
-        d = self.coll.timers.next_deadline()
-        if d is not None:
-            deadlines.append(d)
-        if self.next_expire_ms is not None:
-            deadlines.append(self.next_expire_ms)
-        d = self.coll.sync_schedule.next_deadline()
-        if d is not None:
-            deadlines.append(d)
-        if self.coll.stranded:
-            deadlines.append(self.next_strand_ms)
-        if self.taborts:
-            deadlines.append(self.taborts[0][0])
-        deadlines.extend(self.storage_factory.next_deadlines())
-        if not deadlines:
-            return None
-        return max(0.0, (min(deadlines) - self.clock.now_ms()) / 1000.0)
+    def next_deadline_ms(self) -> int | None:
+        """The earliest epoch ms anything is due: waiters, the expiration timer, periodic
+        syncs, stranded aborts, thrift auto-aborts, the storage's own deadlines."""
+        coll = self.coll
+        best = coll.timers.next_deadline()
+        for d in (self.next_expire_ms, coll.sync_schedule.next_deadline(),
+                  self.next_strand_ms if coll.stranded else None,
+                  self.taborts[0][0] if self.taborts else None,
+                  *self.storage_factory.next_deadlines()):
+            if d is not None and (best is None or d < best):
+                best = d
+        return best
 
     # -- replies, batching, group commit ---------------------------------------------------------
     def reply(self, dst: int, conn: int, req: int, status: int, flags: int = 0, value: int = 0,

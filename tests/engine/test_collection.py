@@ -647,9 +647,15 @@ def test_no_autoflush_leaves_batching_to_the_owner(make, factory):
     c.add("a", b"x")
     c.add("b", b"x")
     assert factory.made["a"].flushes == 0
-    assert c.dirty_storages() == [factory.made["a"], factory.made["b"]]
+    assert list(c.dirty_storages()) == [factory.made["a"], factory.made["b"]]
+    assert list(c.dirty_storages()) == []          # each batch's end is told what it wrote once
     factory.made["a"].flush()
-    assert c.dirty_storages() == [factory.made["b"]]
+    c.add("a", b"y")
+    c.peek("b")                                    # visited, still dirty: listed again
+    assert list(c.dirty_storages()) == [factory.made["a"], factory.made["b"]]
+    factory.made["a"].flush()
+    c.peek("a")                                    # visited, nothing to write
+    assert list(c.dirty_storages()) == []
 
 
 def test_dirty_storages_lists_a_shared_storage_once(make):
@@ -657,7 +663,7 @@ def test_dirty_storages_lists_a_shared_storage_once(make):
     c = make(storage_factory=lambda name, qc: shared, autoflush=False)
     c.add("a", b"x")
     c.add("b", b"y")
-    assert c.dirty_storages() == [shared]
+    assert list(c.dirty_storages()) == [shared]
 
 
 def test_close_evicts_waiters_and_closes_storages(make, factory):
