@@ -56,7 +56,8 @@ class GroupCommit:
         scheduled = len(coll.sync_schedule)
         for st in dirty:
             try:
-                if not getattr(st, "write_done", True):    # its next bytes wait for the write under way
+                if not getattr(st, "write_done", True):    # its next bytes go behind the write under way
+                    st.write_behind()
                     writing.add(st)
                     continue
                 if getattr(st, "writer", False) is None:     # a journal: its big buffers go behind too
@@ -95,23 +96,27 @@ class GroupCommit:
             self.publish(replies)
 
     def settle_writes(self, block: bool = False) -> None:
-        """Take the results of the finished write-behinds (all of them, waiting, if `block`);
-        a failed one is rolled back like a failed flush."""
-        for st in [m for m in self.writing if block or m.write_done]:
-            self.writing.discard(st)
+        """Take the results of the write-behinds done so far (all of them, waiting, if `block`):
+        a journal's marks move past each finished write of its chain; a failed one is rolled
+        back like a failed flush."""
+        for st in list(self.writing):
             try:
-                st.settle_write()
+                st.settle_write(block)
             except OSError as e:
+                self.writing.discard(st)
                 log.error("worker %d: %s", self.index, e)
                 self.undo_replies(self.coll.rollback(st), describe_os_error(e, getattr(st, "name", None)))
+                continue
+            if st.write_done:
+                self.writing.discard(st)
 
     def hold_unwritten(self) -> None:
-        """Replies whose requests have records in a write under way wait in `write_held`; the
-        ones whose writes are done join this batch's replies."""
+        """Replies whose requests have records not yet written (a write under way, or chained
+        behind one) wait in `write_held`; the others join this batch's replies."""
         keys = set()
         writing = self.writing
         for e in self.coll.undo.entries:
-            if e[0] in writing and e[6] is not None:
+            if e[0] in writing and e[6] is not None and e[1] >= e[0].written_mark:
                 ctx = e[6]
                 keys.add((ctx.src, ctx.conn, ctx.req) if type(ctx) is Pending else ctx)
         waiting = self.write_held + self.replies

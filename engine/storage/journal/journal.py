@@ -328,19 +328,23 @@ class Journal(JournalCompaction):
             self._flush_quietly()
 
     def write_behind(self) -> bool:
-        """Hand the buffer to the writer's thread, unless a write is under way already (then
-        it waits for the next call).  True if a write was started."""
-        if self._chain or not self._pending or self.writer is None or self._fd < 0:
+        """Hand the buffer to the writer's thread, chained behind the writes under way, if any
+        (the thread writes them in order), up to WRITE_BEHIND_MAX under way.  True if a write
+        was started.  Chained, a small record behind a big item's write goes out right after it
+        rather than with the next big item, or only once the flood pauses (issue 8, same-queue
+        fairness: its reply waited 0.2-1.3 s)."""
+        if not self._pending or self.writer is None or self._fd < 0 or \
+                self._inflight_n >= WRITE_BEHIND_MAX:
             return False
-        if self._torn:
+        if self._torn:                # (only after a failed write: none is under way)
             try:
                 self._untear()
             except JournalError:
                 return False          # the owner's flush fails too and rolls back
         buf, self._pending = self._pending, bytearray()
-        job = self.writer.submit(self._fd, buf)
+        job = self.writer.submit(self._fd, buf, None, self._inflight)
         self._chain.append(job)
-        self._inflight_n = job.size
+        self._inflight_n += job.size
         return True
 
     @property
@@ -356,38 +360,48 @@ class Journal(JournalCompaction):
         job = self._inflight
         return job is None or job.done.is_set()
 
-    def settle_write(self) -> None:
-        """Take the results of the writes under way (waiting for them if need be): their bytes
-        are the OS's now, or (one failed) the file is cut back to the end of the last good one,
-        the records of the failed one and of those after it go back to the front of the buffer,
-        and JournalError is raised as from `flush`."""
-        job = self._inflight
-        if job is None:
+    def settle_write(self, block: bool = True) -> None:
+        """Take the results of the writes under way (waiting for them all if `block`; else only
+        those done, oldest first, so `written_mark` moves past each write as it finishes and a
+        reply behind it need not wait for the big writes chained after it): their bytes are the
+        OS's now, or (one failed) the file is cut back to the end of the last good one, the
+        records of the failed one and of those after it go back to the front of the buffer, and
+        JournalError is raised as from `flush`."""
+        jobs = self._chain
+        if not jobs:
             return
-        job.wait()                   # the newest: every earlier one is done too
-        jobs, self._chain = self._chain, []
+        if block:
+            jobs[-1].wait()              # the newest: every earlier one is done too
+        n = 0
+        for job in jobs:
+            if not job.done.is_set():
+                break
+            if job.error is not None:
+                jobs[-1].wait()          # those after it are skipped (WriteJob.after): at once
+                break
+            n += 1
+        for job in jobs[:n]:
+            self._disk_size += job.size
+            self._inflight_n -= job.size
+        del jobs[:n]
+        if not jobs or not jobs[0].done.is_set():
+            return
+        job = jobs[0]
+        size, e = job.size, job.error
+        back = bytearray()
+        for j in jobs:
+            back += j.buf
+            if j.tail is not None:
+                back += j.tail
+        self._chain = []
         self._inflight_n = 0
-        for i, job in enumerate(jobs):
-            if job.error is None:
-                self._disk_size += job.size
-                continue
-            n = job.size
-            back = bytearray()
-            for j in jobs[i:]:
-                back += j.buf
-                if j.tail is not None:
-                    back += j.tail
-            e = job.error
-            break
-        else:
-            return
         self._pending[:0] = back
         self._torn = True
         try:
             self._untear()
         except JournalError:
             pass
-        raise JournalError(self._path, f"write of {n} bytes failed: {e.strerror or e}", e.errno) from e
+        raise JournalError(self._path, f"write of {size} bytes failed: {e.strerror or e}", e.errno) from e
 
     def _flush_quietly(self) -> bool:
         """A flush the journal starts on its own: on failure the records stay buffered for
