@@ -86,8 +86,9 @@ class GroupCommit:
         now = None
         for st in dirty:
             try:
-                if not getattr(st, "write_done", True):    # its next bytes wait for the write under way
-                    writing.add(st)                       # (taken with the batch it ends: settled)
+                if not getattr(st, "write_done", True):    # its next bytes go behind the write under way
+                    st.write_behind()
+                    writing.add(st)
                     continue
                 if getattr(st, "writer", False) is None:     # a journal: its big buffers go behind too
                     st.writer = self.writer
@@ -111,17 +112,22 @@ class GroupCommit:
             self.deadlines_changed = True
 
     def settle_writes(self, block: bool = False) -> None:
-        """Take the results of the finished write-behinds (all of them, waiting, if `block`);
-        a failed one is rolled back like a failed flush.  Each goes to `settled`: records may
-        have come in behind its write, and the next batch's end writes them."""
-        for st in [m for m in self.writing if block or m.write_done]:
-            self.writing.discard(st)
-            self.settled.append(st)
+        """Take the results of the write-behinds done so far (all of them, waiting, if `block`):
+        a journal's marks move past each finished write of its chain; a failed one is rolled
+        back like a failed flush.  A storage whose chain is done goes to `settled`: under a
+        sync policy its bytes still need their fsync round, which the next batch's end starts."""
+        for st in list(self.writing):
             try:
-                st.settle_write()
+                st.settle_write(block)
             except OSError as e:
+                self.writing.discard(st)
+                self.settled.append(st)
                 log.error("worker %d: %s", self.index, e)
                 self.undo_replies(self.coll.rollback(st), describe_os_error(e, getattr(st, "name", None)))
+                continue
+            if st.write_done:
+                self.writing.discard(st)
+                self.settled.append(st)
 
     def take_settled(self, dirty) -> list:
         """`dirty` and the settled storages that hold records to write, each once."""
@@ -133,12 +139,12 @@ class GroupCommit:
         return out
 
     def hold_unwritten(self) -> None:
-        """Replies whose requests have records in a write under way wait in `write_held`; the
-        ones whose writes are done join this batch's replies."""
+        """Replies whose requests have records not yet written (a write under way, or chained
+        behind one) wait in `write_held`; the others join this batch's replies."""
         keys = set()
         writing = self.writing
         for e in self.coll.undo.entries:
-            if e[0] in writing and e[6] is not None:
+            if e[0] in writing and e[6] is not None and e[1] >= e[0].written_mark:
                 ctx = e[6]
                 keys.add((ctx.src, ctx.conn, ctx.req) if type(ctx) is Pending else ctx)
         waiting = self.write_held + self.replies

@@ -19,12 +19,15 @@ pauses every writer of the process, the loop's small journal writes too, and the
 rename of the file at rotation or unlink of a packed file waits for all of it.  Waiting here
 makes the flood, and only the flood, go at the disk's pace; waiting before the job is done made
 every reply behind a big record (a small set on the flood's own queue) wait for the disk too
-(issue 8: p50 140 ms, now about 1 ms).  Python's os module has no sync_file_range, so it is
+(issue 8: p50 140 ms, now about 1 ms).  A small write queued meanwhile (the records of small
+items chained behind a big one, `Journal.write_behind`) goes before that wait: its replies wait
+for it, and it adds too little to the dirty pages to matter.  Python's os module has no sync_file_range, so it is
 called through ctypes (which releases the GIL); without it (not Linux) the thread only writes.
 
 `run` takes other slow file work that the owner must see finished before it goes on with what
 depends on it (a journal rewrite's write, fsyncs and renames, compaction.py): the owner keeps the
-returned `CallJob` and adopts its outcome once `done` is set.
+returned `CallJob` and adopts its outcome once `done` is set; `call` takes work nobody waits for
+(unlinks).  Both run on a second thread, so no journal write waits behind them.
 """
 from __future__ import annotations
 
@@ -33,12 +36,15 @@ import errno
 import logging
 import os
 import threading
-from queue import SimpleQueue
+from queue import Empty, SimpleQueue
 
 log = logging.getLogger(__name__)
 
 # The thread's write, looked up at call time so tests can inject failures (ENOSPC, EIO).
 _write = os.write
+
+#: A write of fewer bytes (and no big item) may go before the write-out wait of the one before.
+SMALL_WRITE = 256 << 10
 
 # sync_file_range(2) flags: wait for write-out under way, start it, wait for it.
 _WRITE_OUT = 1 | 2 | 4
@@ -94,6 +100,7 @@ class Writer:
         self._jobs: SimpleQueue = SimpleQueue()
         self._thread: threading.Thread | None = None
         self._name = name
+        self._files: Writer | None = None      # `call` and `run` jobs: a thread of their own
 
     def submit(self, fd: int, buf: bytearray, tail: bytes | None = None,
                after: WriteJob | None = None) -> WriteJob:
@@ -103,17 +110,29 @@ class Writer:
         return job
 
     def call(self, fn, *args) -> None:
-        """Run `fn(*args)` on the thread after the jobs before it (an unlink); an OSError is logged."""
-        self._start()
-        self._jobs.put((fn, args))
+        """Run `fn(*args)` on the file-work thread after the `call`s and `run`s before it (an
+        unlink); an OSError is logged."""
+        files = self._file_thread()
+        files._start()
+        files._jobs.put((fn, args))
 
     def run(self, fn, *args) -> CallJob:
-        """Run `fn(*args)` on the thread after the jobs before it; the owner waits for or polls
-        the returned job (`done`, `error`)."""
+        """Run `fn(*args)` on the file-work thread after the `call`s and `run`s before it; the
+        owner waits for or polls the returned job (`done`, `error`)."""
         job = CallJob(fn, args)
-        self._start()
-        self._jobs.put(job)
+        files = self._file_thread()
+        files._start()
+        files._jobs.put(job)
         return job
+
+    def _file_thread(self) -> Writer:
+        """File work (unlinks of packed archives, a rewrite's fsyncs) has a thread of its own:
+        those take 0.1-0.5 s under a flood, and on the write thread every journal write behind
+        them waited as long (issue 8, same-queue fairness).  None of it depends on a write
+        still queued: the owner starts it with none under way for the file it touches."""
+        if self._files is None:
+            self._files = Writer(self.notify_w, self._name + "-files")
+        return self._files
 
     def _start(self) -> None:
         if self._thread is None:
@@ -121,7 +140,9 @@ class Writer:
             self._thread.start()
 
     def close(self) -> None:
-        """Stop the thread after the jobs already submitted (shutdown, tests)."""
+        """Stop the threads after the jobs already submitted (shutdown, tests)."""
+        if self._files is not None:
+            self._files.close()
         if self._thread is not None:
             self._jobs.put(None)
             self._thread.join()
@@ -129,8 +150,21 @@ class Writer:
 
     def _run(self) -> None:
         jobs = self._jobs
+        out = -1              # a dup of the fd of the last big write, whose write-out is due
         while True:
-            job = jobs.get()
+            if out >= 0:
+                try:
+                    job = jobs.get_nowait()
+                except Empty:
+                    job = _WRITE_OUT_DUE
+                if not _small(job):               # a small write goes first: its reply waits
+                    _sync_file_range(out, 0, 0, _WRITE_OUT)    # (a hint: its failure changes nothing)
+                    os.close(out)
+                    out = -1
+                if job is _WRITE_OUT_DUE:
+                    continue
+            else:
+                job = jobs.get()
             if job is None:
                 return
             if type(job) is tuple:
@@ -157,14 +191,19 @@ class Writer:
                     write_all(job.fd, job.tail, 0, _write)
             except OSError as e:
                 job.error = e
-            out = -1
-            if job.error is None and _sync_file_range is not None:
+            if out < 0 and job.error is None and _sync_file_range is not None and not _small(job):
                 out = os.dup(job.fd)        # the owner may close its fd once told
             job.done.set()
             os.write(self.notify_w, b"w")
-            if out >= 0:                    # a hint: its failure changes nothing
-                _sync_file_range(out, 0, 0, _WRITE_OUT)
-                os.close(out)
+
+
+_WRITE_OUT_DUE = object()       # (`_run`: nothing queued, the write-out wait is next)
+
+
+def _small(job) -> bool:
+    """A write that need not wait for the write-out of the big one before it: a few records
+    of small items (a reply waits for them), too few bytes to feed the dirty-page throttling."""
+    return type(job) is WriteJob and job.tail is None and job.size < SMALL_WRITE
 
 
 def write_all(fd: int, buf: bytearray | bytes, done: int, write) -> None:

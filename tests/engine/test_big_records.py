@@ -14,7 +14,7 @@ import pytest
 from lanner.config import QueueConfig
 from lanner.queues.item import QItem
 from lanner.storage import writer as W
-from lanner.storage.journal.codec import encode_add
+from lanner.storage.journal.codec import encode_add, encode_continue
 from lanner.storage.journal.files import JournalError
 from lanner.storage.journal.journal import BIG_RECORD, Journal
 
@@ -154,3 +154,16 @@ def test_a_write_is_done_before_its_write_out_which_runs_on_a_duplicate_fd(tmp_p
     gate.set()
     writer.run(lambda: None).wait()
     assert (tmp_path / "d" / "q").read_bytes() == encode_add(BIG1)
+
+
+def test_a_big_continue_is_written_from_the_item_own_bytes(tmp_path, clock, writer, writes):
+    """CONTINUE (confirm + add of a big item) takes the ADDX's path: the item's `bytes` go to the
+    thread as they are (they were copied into the buffer), and the file holds the same record."""
+    gate, seen, _ = writes
+    gate.set()
+    j = opened(tmp_path / "j", clock, writer)
+    j.record_continue(5, BIG2)
+    j.settle_write()
+    assert any(b is BIG2.data for b in seen)
+    j.close()
+    assert (tmp_path / "j" / "q").read_bytes() == encode_continue(5, BIG2)

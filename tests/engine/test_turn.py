@@ -130,9 +130,9 @@ def test_a_journal_is_fsynced_for_the_batches_that_wrote_it_not_for_every_turn(w
 
 def test_a_write_behind_leaves_the_records_behind_it_to_the_batch_that_takes_it(worker, monkeypatch,
                                                                                   tmp_path):
-    """A journal whose write is under way (the writer thread) is not written again until that
-    write is taken; the records that came in behind it are written by the batch's end that
-    takes it, before any of their replies leave, though no request touched the queue then."""
+    """Records that come in while a journal's write is under way (the writer thread) go out
+    chained behind it, and their replies leave once that chain is taken, by a batch's end in
+    which no request touched the queue, none before."""
     w = worker()
     gate = threading.Event()
     real = WR._write
@@ -147,7 +147,7 @@ def test_a_write_behind_leaves_the_records_behind_it_to_the_batch_that_takes_it(
     w.finish_batch()                                  # written behind, held at the gate
     assert w.writing and statuses(w) == []
     w.handle(0, req(3, OP_SET, "q", b"small", n=3))
-    w.finish_batch()                                  # buffered behind the write under way
+    w.finish_batch()                                  # chained behind the write under way
     assert statuses(w) == []
     gate.set()
     w.settle_writes(block=True)

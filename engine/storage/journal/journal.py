@@ -254,16 +254,17 @@ class Journal(JournalCompaction):
     def record_add(self, item: QItem) -> int:
         p = self._pending
         mark = self._base + self._disk_size + self._inflight_n + len(p)
-        if len(item.data) >= BIG_RECORD and self._add_behind(item):
+        head = pack_addx(2, len(item.data) + 16, item.add_time, item.expiry)
+        if len(item.data) >= BIG_RECORD and self._add_behind(item, head):
             return mark
-        p += pack_addx(2, len(item.data) + 16, item.add_time, item.expiry)
+        p += head
         p += item.data
         if len(p) > AUTOFLUSH:
             self._autoflush()
         return mark
 
-    def _add_behind(self, item: QItem) -> bool:
-        """A big item's ADDX goes to the writer's thread at once: the buffer and the record's
+    def _add_behind(self, item: QItem, head: bytes) -> bool:
+        """A big item's ADDX (or CONTINUE: `head`) goes to the writer's thread at once: the buffer and the record's
         head, then the item's own bytes (copying 8 MiB into the buffer was a sixth of the loop
         under a flood, issue 8).  Behind a write under way it is chained (the thread skips it
         if that one failed); `settle_write` takes them all.  Only with a writer and bytes that
@@ -279,7 +280,7 @@ class Journal(JournalCompaction):
             except JournalError:
                 return False          # the owner's flush fails too and rolls back
         buf, self._pending = self._pending, bytearray()
-        buf += pack_addx(2, len(data) + 16, item.add_time, item.expiry)
+        buf += head                   # (the ADDX's or CONTINUE's)
         job = self.writer.submit(self._fd, buf, data, self._inflight)
         self._chain.append(job)
         self._inflight_n += job.size
@@ -313,7 +314,10 @@ class Journal(JournalCompaction):
         """CONTINUE: confirm `xid` and append `item` (Kestrel's library `continue`)."""
         p = self._pending
         mark = self._base + self._disk_size + self._inflight_n + len(p)
-        p += pack_xaddx(8, xid, len(item.data) + 16, item.add_time, item.expiry)
+        head = pack_xaddx(8, xid, len(item.data) + 16, item.add_time, item.expiry)
+        if len(item.data) >= BIG_RECORD and self._add_behind(item, head):
+            return mark               # (as for an ADDX: the item's own bytes, not a copy)
+        p += head
         p += item.data
         if len(p) > AUTOFLUSH:
             self._autoflush()
@@ -328,19 +332,22 @@ class Journal(JournalCompaction):
             self._flush_quietly()
 
     def write_behind(self) -> bool:
-        """Hand the buffer to the writer's thread, unless a write is under way already (then
-        it waits for the next call).  True if a write was started."""
-        if self._chain or not self._pending or self.writer is None or self._fd < 0:
+        """Hand the buffer to the writer's thread, chained behind the writes under way (written in
+        order), up to WRITE_BEHIND_MAX under way; True if a write was started.  A small record
+        behind a big write goes right after it, not with the next big item or once the flood
+        pauses (issue 8, same-queue fairness: its reply waited 0.2-1.3 s)."""
+        if not self._pending or self.writer is None or self._fd < 0 or \
+                self._inflight_n >= WRITE_BEHIND_MAX:
             return False
-        if self._torn:
+        if self._torn:                # (only after a failed write: none is under way)
             try:
                 self._untear()
             except JournalError:
                 return False          # the owner's flush fails too and rolls back
         buf, self._pending = self._pending, bytearray()
-        job = self.writer.submit(self._fd, buf)
+        job = self.writer.submit(self._fd, buf, None, self._inflight)
         self._chain.append(job)
-        self._inflight_n = job.size
+        self._inflight_n += job.size
         return True
 
     @property
@@ -356,38 +363,41 @@ class Journal(JournalCompaction):
         job = self._inflight
         return job is None or job.done.is_set()
 
-    def settle_write(self) -> None:
-        """Take the results of the writes under way (waiting for them if need be): their bytes
-        are the OS's now, or (one failed) the file is cut back to the end of the last good one,
-        the records of the failed one and of those after it go back to the front of the buffer,
-        and JournalError is raised as from `flush`."""
-        job = self._inflight
-        if job is None:
+    def settle_write(self, block: bool = True) -> None:
+        """Take the results of the writes done (all of them, waiting, if `block`; else `written_mark`
+        moves past each as it finishes, so a reply need not wait for big writes chained after its
+        record): their bytes are the OS's now, or (one failed) the file is cut back to the end of
+        the last good one, the records of it and of those after it go back to the front of the
+        buffer, and JournalError is raised as from `flush`."""
+        jobs = self._chain
+        if not jobs:
             return
-        job.wait()                   # the newest: every earlier one is done too
-        jobs, self._chain = self._chain, []
-        self._inflight_n = 0
-        for i, job in enumerate(jobs):
-            if job.error is None:
-                self._disk_size += job.size
-                continue
-            n = job.size
-            back = bytearray()
-            for j in jobs[i:]:
-                back += j.buf
-                if j.tail is not None:
-                    back += j.tail
-            e = job.error
-            break
-        else:
+        if block:
+            jobs[-1].wait()              # the newest: every earlier one is done too
+        n = 0
+        for job in jobs:
+            if not job.done.is_set():
+                break
+            if job.error is not None:
+                jobs[-1].wait()          # those after it are skipped (WriteJob.after): at once
+                break
+            n += 1
+        for job in jobs[:n]:
+            self._disk_size += job.size
+            self._inflight_n -= job.size
+        del jobs[:n]
+        if not jobs or not jobs[0].done.is_set():
             return
+        size, e = jobs[0].size, jobs[0].error
+        back = bytearray().join(x for j in jobs for x in (j.buf, j.tail or b""))
+        self._chain, self._inflight_n = [], 0
         self._pending[:0] = back
         self._torn = True
         try:
             self._untear()
         except JournalError:
             pass
-        raise JournalError(self._path, f"write of {n} bytes failed: {e.strerror or e}", e.errno) from e
+        raise JournalError(self._path, f"write of {size} bytes failed: {e.strerror or e}", e.errno) from e
 
     def _flush_quietly(self) -> bool:
         """A flush the journal starts on its own: on failure the records stay buffered for
