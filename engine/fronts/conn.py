@@ -183,6 +183,9 @@ class Conn(InlineReplies, SpillWriter, asyncio.Protocol, abc.ABC):
 
     def data_received(self, data: bytes):
         f = self.front
+        epoch = f.epoch
+        if epoch.word[0] != epoch.seen:      # a reload was answered somewhere: follow it first
+            f.catch_up_config()
         if self.count_bytes:
             f.my.incr(C_READ, len(data))
         self.last_activity = f.loop.time()

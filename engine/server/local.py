@@ -68,7 +68,8 @@ class LocalFront(Front):
     def __init__(self, worker, slot, config, status, counters, req_rings, resp_rings, wake_fd,
                  control_sock, listeners, started_at, clock, channels=None):
         super().__init__(slot, config, status, counters, req_rings, resp_rings, wake_fd, control_sock,
-                         listeners, started_at, clock, None)      # the loop: open_loop sets it
+                         listeners, started_at, clock, None,      # the loop: open_loop sets it
+                         worker.epoch)                           # one view per process
         self.worker = worker
         self.local = worker.index
         self.first_slot = slot - worker.index      # front slot of worker 0's own front
@@ -77,6 +78,10 @@ class LocalFront(Front):
         self.candidates: set[int] = set()          # conn ids that earned a move
         self.handoff_seq = 0
         self.inline_requests = 0    # requests its connections ran by the fused path (Conn.run_inline)
+
+    def catch_up_config(self) -> None:
+        """The whole worker follows a reload answered elsewhere: its queues and this front."""
+        self.worker.reload()
 
     def send(self, worker: int, conn_id: int, req: int, op: int, flags: int, queue: str | bytes,
              a: int = 0, b: int = 0, payload: bytes = b"") -> bool:
