@@ -8,6 +8,7 @@ import logging
 import msgpack
 
 from lanner.config import ConfigError, config_items, reload_config
+from lanner.fronts.counters import C_CURR
 from lanner.ipc import control
 from lanner.server import statsjob
 
@@ -108,7 +109,9 @@ class PeerOps:
         if out is not None:
             out.drop_backlog()
         if not self.peers.is_front(peer) and self.inbox is not None:
-            self.inbox.drop_from(peer - self.nfronts)    # sockets it sent and never claimed
+            ended = self.inbox.drop_from(peer - self.nfronts)    # sockets it sent, never claimed
+            if ended:
+                self.front.my.decr(C_CURR, ended)
         if self.peers.is_front(peer):
             self.closed_conns = {k for k in self.closed_conns if k[0] != peer}
             for key in [k for k in self.sessions if k[0] == peer]:

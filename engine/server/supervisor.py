@@ -52,6 +52,7 @@ import time
 
 from lanner.clock import SYSTEM_CLOCK
 from lanner.config import ConfigError, reload_config
+from lanner.fronts.counters import forget_dead
 from lanner.fronts.front import FRONT_COUNTERS, front_main
 from lanner.ipc import control, handoff
 from lanner.ipc.mesh import CLEANER, FRONT, WORKER, Mesh, Peers
@@ -256,7 +257,7 @@ class Supervisor:
             if self.peers.embedded:
                 slot = self.peers.of_embedded(index)
                 req, resp = self.mesh.front_rings(slot)
-                self.counters.slot(slot).set(0, 0)    # curr_connections of a dead worker's clients
+                forget_dead(self.counters.slot(slot))    # a dead worker's clients are gone
                 mine = {k: socks[slot] for k, socks in self.listeners.items() if slot in socks}
                 front = (slot, req, resp, self.mesh.front_wake[slot].fd, mine, self.counters,
                          self.started_at, self.handoff)
@@ -266,7 +267,7 @@ class Supervisor:
                                epoch=self.epoch.for_child())
         if kind == FRONT:
             req, resp = self.mesh.front_rings(index)
-            self.counters.slot(index).set(0, 0)    # curr_connections of a dead front
+            forget_dead(self.counters.slot(index))    # a dead front's clients are gone
             mine = {k: socks[index] for k, socks in self.listeners.items() if index in socks}
             return front_main(index, self.config, self.status_view(), self.counters, req, resp,
                               self.mesh.front_wake[index].fd, sock, mine, self.started_at,
@@ -451,7 +452,6 @@ class Supervisor:
         try:
             self.config = reload_config(self.config)
         except ConfigError as e:
-            self.epoch.loaded(at)
             log.error("reload failed: %s", e)
             return
         if exclude is None:
