@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable
 
 from lanner.storage.journal.codec import pack_addx, pack_xid, Cursor, encode_add
@@ -80,6 +81,16 @@ class JournalCompaction:
     _leave_read_behind: Callable[[], None]
     _sys_write: Callable[[int, object], int]     # os.write / os.fsync, through the writer's
     _sys_fsync: Callable[[int], None]            # test hooks
+    sync_gate = None            # the Syncer of its group-commit fsyncs, once it has one (syncer.py)
+
+    def _fsync_current(self) -> None:
+        """fsync the current file on the loop (rotation, rewrite), never while the syncer has an
+        fsync of it under way: one fsync of a file at a time (syncer.py, `exclusive`)."""
+        gate = self.sync_gate
+        if gate is None:
+            self._sys_fsync(self._fd)
+        else:
+            gate.exclusive(self, partial(self._sys_fsync, self._fd))
 
     def _init_compaction(self) -> None:
         self.rewrites = 0
@@ -200,7 +211,7 @@ class JournalCompaction:
             self.flush()
             if self.sync_policy != "never" and self._synced_size < self._disk_size:
                 # An archive is never rolled back (see `rollback`): make it durable first.
-                self._sys_fsync(self._fd)
+                self._fsync_current()
                 self._synced_size = self._disk_size
             rotated = self._unique_name(".")
         except OSError as e:
@@ -244,8 +255,10 @@ class JournalCompaction:
         try:
             self.flush()
             if self.sync_policy == "always" and self._synced_size < self._disk_size:
-                self._sys_fsync(self._fd)
+                self._fsync_current()
                 self._synced_size = self._disk_size
+            elif self.sync_gate is not None:    # the archived file's fsync (_rewrite_files) must
+                self.sync_gate.wait_idle(self)  # not overlap a periodic one under way
             tmp = self._unique_name("~~")
         except OSError as e:
             log.error("queue %r: rewrite skipped: %s", self.name, e)
