@@ -59,6 +59,9 @@ log = logging.getLogger(__name__)
 
 #: fsync threads per owner (thread engine): enough to fsync every file of a busy round at once.
 THREADS = 8
+#: Seconds a rewrite's writer thread waits for a medium's fsync under way (`after_idle`): the
+#: owner's loop reaps it within one fsync, unless the loop is stuck or shutting down.
+IDLE_WAIT = 5.0
 
 
 class Round:
@@ -139,6 +142,18 @@ class Syncer:
             self._tasks.put((medium, waiting))
         if error is not None:
             raise error
+
+    def after_idle(self, medium, fsync):
+        """`fsync(fd)` for another thread (a rewrite's writer) to run on a file `medium` has just
+        let go of: it first waits for the fsyncs of `medium` under way, which may be of that file
+        (the owner's loop reaps them meanwhile), at most IDLE_WAIT seconds (then it logs)."""
+        def run(fd: int) -> None:
+            with self._idle:
+                if not self._idle.wait_for(lambda: medium not in self._busy, IDLE_WAIT):
+                    log.warning("fsync: %s still busy after %.0f s; fsyncing its old file anyway",
+                                getattr(medium, "name", medium), IDLE_WAIT)
+            fsync(fd)
+        return run
 
     def wait_idle(self, medium) -> None:
         """Block until no fsync of `medium` is under way (the owner's thread)."""

@@ -605,3 +605,32 @@ def test_a_cmdlog_segment_rotation_waits_for_the_fsync_under_way(uring_syncer, t
     assert s.done_prefix() == [first]
     monkeypatch.undo()
     plog.close()
+
+
+def test_a_periodic_rewrite_fsyncs_the_old_file_on_the_writer_after_the_fsync_under_way(
+        syncer, tmp_path, writer):
+    """Under a periodic policy the archived file's fsync runs on the writer's thread (the loop
+    never waits for it: issue 8's fairness); there it waits for the periodic fsync under way."""
+    j = Journal(str(tmp_path), "q", Clock(), sync_policy=1000)
+    j.replay(Config())
+    j.writer = writer
+    j.record_add(QItem(0, 0, b"x" * 100))
+    j.flush()
+    running, release = threading.Event(), threading.Event()
+
+    def slow_sync():             # the thread engine calls medium.sync()
+        running.set()
+        assert release.wait(10)
+    j.sync = slow_sync
+    syncer.later([j])
+    assert running.wait(10)
+    old = j._fd
+    order = []
+    j._sys_fsync = lambda f: order.append((f == old, release.is_set()))
+    assert j._rewrite(_View()) is True              # at once: nothing waited on this thread
+    # the writer fsyncs the old file (main) or waits for the periodic fsync (the condition's waiter)
+    assert wait_for(lambda: order or getattr(getattr(syncer, "_idle", None), "_waiters", None))
+    release.set()
+    j._adopt_rewrite(block=True)
+    assert order[0] == (True, True)                 # main: (True, False), both at once
+    j.close()

@@ -257,8 +257,6 @@ class JournalCompaction:
             if self.sync_policy == "always" and self._synced_size < self._disk_size:
                 self._fsync_current()
                 self._synced_size = self._disk_size
-            elif self.sync_gate is not None:    # the archived file's fsync (_rewrite_files) must
-                self.sync_gate.wait_idle(self)  # not overlap a periodic one under way
             tmp = self._unique_name("~~")
         except OSError as e:
             log.error("queue %r: rewrite skipped: %s", self.name, e)
@@ -297,8 +295,14 @@ class JournalCompaction:
             return False
         self._leave_read_behind()
         self._archived_size += old_size
+        # the archived file's fsync waits for a periodic one of it under way (syncer.py)
+        fsync_old, gate = self._sys_fsync, self.sync_gate
+        if gate is not None and self.writer is not None:
+            fsync_old = gate.after_idle(self, fsync_old)      # on the writer's thread
+        elif gate is not None:
+            gate.wait_idle(self)                              # on this one, below
         args = (old, self.sync_policy not in ("never", "always"), tmp_path, dump, rotated_path + ".pack",
-                self._dir, self._sys_write, self._sys_fsync)
+                self._dir, self._sys_write, self._sys_fsync, fsync_old)
         if self.writer is None:
             job = CallJob(_rewrite_files, args)
             try:
@@ -430,14 +434,14 @@ class JournalCompaction:
 
 
 def _rewrite_files(old_fd: int, sync_old: bool, tmp_path: str, dump: bytearray, pack_path: str,
-                   dir_path: str, write, fsync) -> None:
+                   dir_path: str, write, fsync, fsync_old) -> None:
     """The slow half of a rewrite (`JournalCompaction._rewrite`), in crash-safe order: the dump
     is written and fsynced, then renamed to a `.pack` and the directory fsynced.  `old_fd` is the
-    archived file: closed here, after an fsync under a periodic sync policy (its records are due
-    to be durable soon, and the pack may fail)."""
+    archived file: closed here, after an fsync (`fsync_old`) under a periodic sync policy (its
+    records are due to be durable soon, and the pack may fail)."""
     try:
         if sync_old:
-            fsync(old_fd)
+            fsync_old(old_fd)
     except OSError as e:
         log.error("%s: fsync failed: %s", pack_path, e)
     finally:
