@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import msgpack
 
-from lanner.fronts.counters import C_CURR, C_READ, C_TOTAL, C_WRITTEN
+from lanner.fronts.counters import C_CURR, C_HERE, C_READ, C_TOTAL, C_WRITTEN
 from lanner.fronts.inline import InlineReplies
 from lanner.fronts.spill import REPLY_BUDGET, WRITE_CHUNK, WRITE_LOW, SpillWriter  # noqa: F401 (WRITE_LOW: tests)
 from lanner.ops.latency import BY_TYPE, family_of
@@ -106,6 +106,9 @@ class Conn(InlineReplies, SpillWriter, asyncio.Protocol, abc.ABC):
     count_bytes = True           # bytes_read / bytes_written (thrift is not counted, §9.5)
     handlers: dict | None = None  # command class -> handler(conn, cmd), else `handle` is called
     counts_connection = True     # curr/total_connections cover memcache, text and thrift
+    adopted = False              # moved here from another worker: counted where it was accepted
+    moving = False               # handed to another worker (no longer in this slot's open_here)
+    moved = False                # ... which took it: its close here ends nothing (counters.py)
     conn_flags = 0               # thrift: F_THRIFT on every request (ipc/messages.py)
 
     def __init__(self, front: Front, parser):
@@ -161,9 +164,10 @@ class Conn(InlineReplies, SpillWriter, asyncio.Protocol, abc.ABC):
         transport.set_write_buffer_limits(high=0, low=0)     # pause_writing: a slice is unsent
         f = self.front
         f.conns[self.id] = self
-        if self.counts_connection:
+        if self.counts_connection and not self.adopted:
             f.my.incr(C_CURR)
             f.my.incr(C_TOTAL)
+            f.my.incr(C_HERE)
         sessions = f.counters.total(C_CURR)
         srv = f.config.server
         if srv.connection_limit_refuse_writes is not None and sessions > srv.connection_limit_refuse_writes:
@@ -183,6 +187,8 @@ class Conn(InlineReplies, SpillWriter, asyncio.Protocol, abc.ABC):
 
     def data_received(self, data: bytes):
         f = self.front
+        if f.epoch.word[0] != f.epoch.seen:      # a reload was answered somewhere: follow it first
+            f.catch_up_config()
         if self.count_bytes:
             f.my.incr(C_READ, len(data))
         self.last_activity = f.loop.time()
@@ -197,8 +203,10 @@ class Conn(InlineReplies, SpillWriter, asyncio.Protocol, abc.ABC):
         f.ring_waiters.discard(self)
         self.fast.clear()
         self.early.clear()
-        if self.counts_connection:
+        if self.counts_connection and not self.moved:
             f.my.decr(C_CURR)
+            if not self.moving:
+                f.my.decr(C_HERE)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("front %d: connection %d closed (%s)", f.index, self.id, exc or "clean")
         self.send_disconnects()

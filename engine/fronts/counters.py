@@ -10,12 +10,25 @@ import psutil
 from lanner import __version__
 from lanner.ops import latency
 
-# the first nine, then the latency histogram columns (ops/latency.py); routed_requests: requests
+# the first ten, then the latency histogram columns (ops/latency.py); routed_requests: requests
 # a worker's own front sent over a ring to another worker, handoffs: connections a worker
-# adopted from another worker's front (server/local.py)
+# adopted from another worker's front (server/local.py); open_here: see below
 FRONT_COUNTERS = ("curr_connections", "total_connections", "bytes_read", "bytes_written",
-                  "cmd_get", "cmd_set", "cmd_peek", "routed_requests", "handoffs") + latency.COUNTERS
-C_CURR, C_TOTAL, C_READ, C_WRITTEN, C_GET, C_SET, C_PEEK, C_ROUTED, C_HANDOFFS = range(9)
+                  "cmd_get", "cmd_set", "cmd_peek", "routed_requests", "handoffs",
+                  "open_here") + latency.COUNTERS
+C_CURR, C_TOTAL, C_READ, C_WRITTEN, C_GET, C_SET, C_PEEK, C_ROUTED, C_HANDOFFS, C_HERE = range(10)
+
+# A connection that moves to another worker (server/local.py) leaves its +1 in curr_connections
+# where it was accepted, and the slot where it closes takes the -1: only the sum means anything,
+# and a move never changes it, so no reader sees a moving connection twice or not at all.
+# `open_here` counts the connections that die with this process (accepted or adopted here and
+# not handed away): what its replacement takes off curr_connections (forget_dead).
+
+
+def forget_dead(slot) -> None:
+    """The process of this CounterSlot died, and its clients' connections with it."""
+    slot.decr(C_CURR, slot.get(C_HERE))
+    slot.set(C_HERE, 0)
 
 GLOBAL_STAT_ORDER = ("uptime", "time", "version", "curr_items", "total_items", "bytes",
                      "reserved_memory_ratio", "curr_connections", "total_connections", "cmd_get",

@@ -27,6 +27,7 @@ from lanner.fronts.text import TextConn
 from lanner.fronts.thrift import ThriftConn
 from lanner.ipc import control
 from lanner.ipc.messages import RESP_SIZE, Reassembler, pack_req, send, unpack_resp
+from lanner.ipc.shm import ConfigEpoch
 from lanner.ipc.wake import drain_eventfd, prepare_sleep_all
 from lanner.ops import latency
 from lanner.queues.placement import worker_of
@@ -63,9 +64,10 @@ class Front:
     """One front process's state: its rings, its connections, the config it serves."""
 
     def __init__(self, index, config, status, counters, req_rings, resp_rings, wake_fd, control_sock,
-                 listeners, started_at: float, clock, loop):
+                 listeners, started_at: float, clock, loop, epoch: ConfigEpoch | None = None):
         self.index = index
         self.config = config
+        self.epoch = epoch if epoch is not None else ConfigEpoch()    # generation of `config`
         self.status = status
         self.counters = counters           # CounterBlock
         self.my = counters.slot(index)
@@ -220,7 +222,8 @@ class Front:
                 self.down_workers.discard(msg["peer"])
                 self.on_wake()
             elif cmd == "reload":
-                self.reload_local()
+                if self.epoch.behind():      # else a client's batch made it catch up already
+                    self.catch_up_config()
             elif cmd == "stop":
                 self.begin_stop()
         if self.ctl_reader.eof and not self.stopping:
@@ -242,13 +245,21 @@ class Front:
     def reload_local(self) -> str | None:
         """Re-read the config file; on failure keep the old config and return why (the key and
         the reason, never the file's path: the reason may go to a client)."""
+        at = self.epoch.start()
         try:
             config = reload_config(self.config)
         except ConfigError as e:
+            self.epoch.loaded(at)
             log.error("front %d: reload failed: %s", self.index, e)
             return e.brief
         self.use_config(config)
+        self.epoch.loaded(at)
         return None
+
+    def catch_up_config(self) -> None:
+        """Another process validated a reloaded file and may have answered "Reloaded config.":
+        load it before parsing another request (Conn.data_received asks)."""
+        self.reload_local()
 
     def use_config(self, config) -> None:
         """Serve `config` from now on: what was cached from the old one goes."""
@@ -258,10 +269,13 @@ class Front:
 
     def request_reload(self) -> str | None:
         """`reload` from a client: this front reloads now; if that worked, the caller sends every
-        worker a reload through its ring (so the client's next command sees the new settings)
-        and the supervisor tells the other fronts.  Returns why it failed, or None."""
+        worker a reload through its ring (so the client's next command sees the new settings);
+        the other fronts follow the bumped epoch before their next batch, and the supervisor's
+        relay only reaches the idle ones.  Returns why it failed, or None."""
+        at = self.epoch.start()
         err = self.reload_local()
         if err is None:
+            self.epoch.publish(at)       # before any reply: every front follows from now on
             control.send(self.control, {"cmd": "reload_all", "front": self.index})
         return err
 
@@ -310,14 +324,14 @@ def _pump_each(conns: set) -> None:
 
 
 def front_main(index, config, status, counters, req_rings, resp_rings, wake_fd, control_sock,
-               listeners, started_at, clock, heart=None) -> int:
+               listeners, started_at, clock, heart=None, epoch=None) -> int:
     """Entry point in the forked child."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     loop = uvloop.new_event_loop()
     asyncio.set_event_loop(loop)
     front = Front(index, config, status, counters, req_rings, resp_rings, wake_fd, control_sock,
-                  listeners, started_at, clock, loop)
+                  listeners, started_at, clock, loop, epoch)
     loop.add_signal_handler(signal.SIGTERM, front.begin_stop)
     for r in resp_rings:
         r.prepare_sleep()

@@ -93,11 +93,14 @@ class Inbox:
             fd = self.stash.pop((sender, seq), None)
         return fd
 
-    def drop_from(self, sender: int) -> None:
-        """`sender` died: its handoffs whose records never came are void."""
+    def drop_from(self, sender: int) -> int:
+        """`sender` died: its handoffs whose records never came are void.  Returns how many
+        connections that ends (the sender had let go of their count: fronts/counters.py)."""
         self.read()
-        for key in [k for k in self.stash if k[0] == sender]:
+        keys = [k for k in self.stash if k[0] == sender]
+        for key in keys:
             os.close(self.stash.pop(key))
+        return len(keys)
 
     def drop_all(self) -> None:
         self.read()

@@ -37,6 +37,12 @@ sharing one inherited descriptor, still exclude each other, and the kernel drops
 the lock of a process that dies holding it (a `kill -9` mid-take loses at most
 the block being taken, never hands it out twice).  Taking a block costs two
 syscalls; callers amortise them over the block.
+
+`ConfigEpoch`: one process's view of the server-wide config generation, a
+SharedCounter bumped by whoever validated a reloaded file, before anyone is told
+"Reloaded config.".  Every process serving clients compares it with the generation it
+loaded before parsing what a client sent, so a reply to `reload` binds every front at
+once, whatever the supervisor's relay to the other fronts is doing.
 """
 from __future__ import annotations
 
@@ -265,3 +271,38 @@ class IdBlocks:
         n = self._next
         self._next = n + 1
         return n
+
+
+class ConfigEpoch:
+    """This process's view of the config generation (module doc): `seen` is the generation
+    of the file it last read.  Reading the file AFTER taking `start()` is what makes `seen`
+    safe: a bump after the read leaves this process behind, never wrongly up to date."""
+
+    __slots__ = ("counter", "word", "seen")
+
+    def __init__(self, counter: SharedCounter | None = None, seen: int | None = None) -> None:
+        self.counter = counter if counter is not None else SharedCounter.create("lanner-config-epoch")
+        self.word = self.counter._word     # read on every batch a front parses: one index
+        self.seen = self.counter.value if seen is None else seen
+
+    def for_child(self) -> ConfigEpoch:
+        """The view of a child forked with this process's config: at its generation."""
+        return ConfigEpoch(self.counter, self.seen)
+
+    def behind(self) -> bool:
+        return self.word[0] != self.seen
+
+    def start(self) -> int:
+        """The generation a file read from now on is at least as new as."""
+        return self.word[0]
+
+    def loaded(self, at: int) -> None:
+        """The file was read (or failed to read: retrying each batch would not help) at `at`."""
+        self.seen = at
+
+    def publish(self, at: int) -> None:
+        """A file read at `at` was valid and is in force here: every process must follow it.
+        If another bump came in between, this process reads the file once more to be sure."""
+        new = self.counter.take(1)
+        if new == at + 1:
+            self.seen = new

@@ -65,7 +65,7 @@ from lanner.queues.item import QItem
 from lanner.queues.names import validate_queue_name
 from lanner.queues.queue import PersistentQueue
 from lanner.queues.sessions import Session
-from lanner.queues.undo import Undone, UndoLog
+from lanner.queues.undo import MOVE, Undone, UndoLog, counted_adds
 from lanner.storage.factory import StorageFactory, StorageMismatch
 from lanner.storage.sync import SyncSchedule, sync_all
 from lanner.storage.journal.files import queue_names_in
@@ -242,19 +242,22 @@ class QueueCollection:
     def add_forwarded(self, name: str, data: bytes, now_ms: int) -> bool:
         """An expire_to_queue move into `name`: no client expiry (the target's
         max_age applies), add time now, no fanout, no global total_items."""
-        ok = self.queue(name).add(data, None, now_ms)
+        ok = self._move(name, data, now_ms)
         if self.autoflush:
             self.flush_storages()
         return ok
 
+    def _move(self, name: str, data: bytes, now_ms: int) -> bool:
+        undo = self.undo
+        ctx, undo.ctx = undo.ctx, MOVE
+        try:
+            return self.queue(name).add(data, None, now_ms)
+        finally:
+            undo.ctx = ctx
+
     def _expire_into(self, target: str, data: bytes, now_ms: int) -> None:
         if self._owns is None or self._owns(target):
-            undo = self.undo
-            ctx, undo.ctx = undo.ctx, None      # a move is nobody's request
-            try:
-                self.queue(target).add(data, None, now_ms)
-            finally:
-                undo.ctx = ctx
+            self._move(target, data, now_ms)
         elif self._expire_forward is not None:
             self._expire_forward(target, data, now_ms)
         else:
@@ -540,6 +543,7 @@ class QueueCollection:
         mark = medium.durable_mark if unsynced else medium.written_mark
         undone = self.undo.rollback(medium, mark)
         medium.rollback(mark)
+        self.total_items -= counted_adds(undone)     # the queues' own figures: Queue.revert
         if undone:
             log.warning("rolled back %d changes whose records could not be %s: %s", len(undone),
                         "made durable" if unsynced else "written",

@@ -40,6 +40,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 ADD, REMOVE, OPEN, UNREMOVE, CONFIRM = range(5)
+#: The ctx of an expire_to_queue move: nobody's request, and an add the global total_items
+#: never counted; the collection's rollback tells it apart from a fanout copy's None by it.
+MOVE = object()
 KIND_NAMES = ("add", "remove", "open", "abort", "confirm")
 
 
@@ -99,3 +102,15 @@ class UndoLog:
     def forget(self, medium) -> None:
         """`medium` is gone (its queue was deleted): nothing of it can be rolled back any more."""
         self.entries = [e for e in self.entries if e[0] is not medium]
+
+
+def counted_adds(undone: list[Undone]) -> int:
+    """How many of `undone` are adds the collection's total_items counted: every add but a
+    MOVE's (a master's and each fanout copy).  A MOVE's ctx becomes None on the way: nobody's."""
+    n = 0
+    for u in undone:
+        if u.ctx is MOVE:
+            u.ctx = None
+        elif u.kind == ADD:
+            n += 1
+    return n

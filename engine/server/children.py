@@ -8,7 +8,7 @@ import socket
 from dataclasses import dataclass, field
 
 from lanner.ipc import control
-from lanner.ipc.mesh import CLEANER
+from lanner.ipc.mesh import CLEANER, WORKER
 
 ZK = "zk"                    # the ZooKeeper server-set child (ops/serverset.py): no rings, no heartbeat
 ADMIN = "admin"              # the role of the front that alone serves the admin port (no queue clients)
@@ -50,6 +50,22 @@ class Child:
 def backoff(restarts: int) -> float:
     """Delay before forking a child that died `restarts` times within RESTART_WINDOW."""
     return min(BACKOFF_FIRST * (2 ** (restarts - 1)), BACKOFF_MAX)
+
+
+def relay_reload(children: dict, exclude: tuple | None) -> None:
+    """Tell the children to re-read the config the supervisor just read: after SIGHUP every one
+    but the cleaner; after a client's `reload` only the fronts other than `exclude`, which asked
+    (its rings reloaded every worker).  A front that already caught up (shm.ConfigEpoch)
+    skips it; one that is idle would otherwise keep the old settings until its next request."""
+    for key, c in children.items():
+        if key == exclude or c.kind == CLEANER or not c.pid:
+            continue
+        if exclude is not None and c.kind == WORKER:
+            continue
+        try:
+            control.send(c.sock, {"cmd": "reload"})
+        except OSError:
+            pass
 
 
 def pdeathsig() -> None:

@@ -42,7 +42,7 @@ import logging
 import os
 import socket
 
-from lanner.fronts.counters import C_HANDOFFS, C_ROUTED, C_TOTAL
+from lanner.fronts.counters import C_CURR, C_HANDOFFS, C_HERE, C_ROUTED
 from lanner.fronts.front import Front
 from lanner.fronts.memcache import MemcacheConn
 from lanner.fronts.text import TextConn
@@ -68,7 +68,8 @@ class LocalFront(Front):
     def __init__(self, worker, slot, config, status, counters, req_rings, resp_rings, wake_fd,
                  control_sock, listeners, started_at, clock, channels=None):
         super().__init__(slot, config, status, counters, req_rings, resp_rings, wake_fd, control_sock,
-                         listeners, started_at, clock, None)      # the loop: open_loop sets it
+                         listeners, started_at, clock, None,      # the loop: open_loop sets it
+                         worker.epoch)                           # one view per process
         self.worker = worker
         self.local = worker.index
         self.first_slot = slot - worker.index      # front slot of worker 0's own front
@@ -77,6 +78,10 @@ class LocalFront(Front):
         self.candidates: set[int] = set()          # conn ids that earned a move
         self.handoff_seq = 0
         self.inline_requests = 0    # requests its connections ran by the fused path (Conn.run_inline)
+
+    def catch_up_config(self) -> None:
+        """The whole worker follows a reload answered elsewhere: its queues and this front."""
+        self.worker.reload()
 
     def send(self, worker: int, conn_id: int, req: int, op: int, flags: int, queue: str | bytes,
              a: int = 0, b: int = 0, payload: bytes = b"") -> bool:
@@ -148,6 +153,10 @@ class LocalFront(Front):
         # Stop reading (not through `reading_paused`, which flow control would undo): what the
         # client sends from now on waits in the kernel for the adopter.
         c.transport.pause_reading()
+        # Should this process die now, the socket lives on in the adopter (or the adopter closes
+        # it and takes the count off: Inbox.drop_from), not with us (counters.py, open_here).
+        c.moving = True
+        self.my.decr(C_HERE)
         slot = c.new_slot(lambda s: self.handed_off(c, s), blocking=True)
         c.request(slot, w, OP_HANDOFF, MOVABLE.index(type(c)), b"", seq, 0, unparsed)
         c.seal(slot)
@@ -163,8 +172,11 @@ class LocalFront(Front):
             if c.touched & (1 << self.local):
                 self.worker.disconnect(self.index, c.id)     # an empty session, if any
             c.touched = 0
+            c.moved = True                 # counted where it was accepted, closed where it ends
             slot.close = True
         elif p.status == R_ERROR:          # declined: the connection stays here
+            c.moving = False
+            self.my.incr(C_HERE)
             c.transport.resume_reading()
         else:                              # the adopter died or failed: the connection ends
             slot.close = True
@@ -184,12 +196,13 @@ class LocalFront(Front):
             w.reply(src, conn, req, R_ERROR)
             return
         c = MOVABLE[kind](self)
+        c.adopted = True           # curr/total_connections counted it where it was accepted
+        self.my.incr(C_HERE)       # it dies with this process from now on
         c.touched = 1 << self.local
         w.move_session((src, conn), (self.index, c.id))
         if unparsed:
             c.parser.feed(bytes(unparsed))
         self.my.incr(C_HANDOFFS)
-        self.my.decr(C_TOTAL)      # connection_made counts it again; it is not a new connection
         sock = socket.socket(fileno=fd)
         self.loop.create_task(self.adopted(c, sock))
         w.reply(src, conn, req, R_OK)
@@ -200,6 +213,8 @@ class LocalFront(Front):
         except OSError as e:
             log.warning("front %d: cannot adopt a connection: %s", self.index, e)
             sock.close()
+            self.my.decr(C_CURR)       # it ends here: its sender has let go (R_OK)
+            self.my.decr(C_HERE)
             self.worker.disconnect(self.index, c.id)
             return
         c.pump()           # commands its unparsed input already completes

@@ -8,6 +8,7 @@ import logging
 import msgpack
 
 from lanner.config import ConfigError, config_items, reload_config
+from lanner.fronts.counters import C_CURR
 from lanner.ipc import control
 from lanner.server import statsjob
 
@@ -17,7 +18,7 @@ log = logging.getLogger(__name__)
 class PeerOps:
     """Worker methods; the attributes they use are set in Worker.__init__.
 
-    Filled by Worker: coll, config, peers, sessions, down_peers, control, send_parked.
+    Filled by Worker: coll, config, epoch, peers, sessions, down_peers, control, send_parked.
     """
 
     # -- stats, config ---------------------------------------------------------------------------
@@ -46,14 +47,17 @@ class PeerOps:
 
     def reload(self) -> str | None:
         """Re-read the config; on failure keep the old one and return why (no file path)."""
+        at = self.epoch.start()
         try:
             self.config = reload_config(self.config)
         except ConfigError as e:
+            self.epoch.loaded(at)
             log.error("worker %d: reload failed: %s", self.index, e)
             return e.brief
         self.coll.reload(self.config)
         if self.front is not None:
             self.front.use_config(self.config)
+        self.epoch.loaded(at)
         log.info("worker %d: configuration reloaded", self.index)
         return None
 
@@ -74,7 +78,8 @@ class PeerOps:
             if self.front is not None and not self.peers.is_front(msg["peer"]):
                 self.front.down_workers.discard(msg["peer"] - self.nfronts)
         elif cmd == "reload":
-            self.reload()
+            if self.epoch.behind():      # else its front caught up already (LocalFront)
+                self.reload()
         elif cmd == "stop":
             self.request_stop()
 
@@ -104,7 +109,9 @@ class PeerOps:
         if out is not None:
             out.drop_backlog()
         if not self.peers.is_front(peer) and self.inbox is not None:
-            self.inbox.drop_from(peer - self.nfronts)    # sockets it sent and never claimed
+            ended = self.inbox.drop_from(peer - self.nfronts)    # sockets it sent, never claimed
+            if ended:
+                self.front.my.decr(C_CURR, ended)
         if self.peers.is_front(peer):
             self.closed_conns = {k for k in self.closed_conns if k[0] != peer}
             for key in [k for k in self.sessions if k[0] == peer]:

@@ -52,15 +52,15 @@ import time
 
 from lanner.clock import SYSTEM_CLOCK
 from lanner.config import ConfigError, reload_config
+from lanner.fronts.counters import forget_dead
 from lanner.fronts.front import FRONT_COUNTERS, front_main
 from lanner.ipc import control, handoff
 from lanner.ipc.mesh import CLEANER, FRONT, WORKER, Mesh, Peers
-
-from lanner.ipc.shm import CounterBlock, IdBlocks, SharedCounter
+from lanner.ipc.shm import ConfigEpoch, CounterBlock, IdBlocks, SharedCounter
 from lanner.ops import logfile, notify
 from lanner.server import dirlock
 from lanner.server.children import (ADMIN, RESTART_WINDOW, ZK, Child, backoff, name_process,
-                                    pdeathsig)
+                                    pdeathsig, relay_reload)
 from lanner.server.cleaner import cleaner_main
 from lanner.server.exits import EXIT_BOOT_ERROR, EXIT_CHILD_CRASHED, EXIT_OK, EXIT_START_REFUSED
 from lanner.server.heaptrim import child_gc
@@ -129,6 +129,7 @@ class Supervisor:
         self.counters = CounterBlock.create(self.peers.slots, FRONT_COUNTERS)
         self.heartbeats = Heartbeats(self.peers.heartbeat_slots, srv.heartbeat_timeout)
         self.thrift_ids = SharedCounter.create("lanner-thrift-ids")
+        self.epoch = ConfigEpoch()       # the config generation a reply to `reload` binds (shm.py)
         self.mesh = Mesh(self.peers)
         self.cleaner_socks = [socket.socketpair() for _ in range(self.nworkers)]
         # serving workers hand connections to each other (ipc/handoff.py)
@@ -254,20 +255,21 @@ class Supervisor:
             if self.peers.embedded:
                 slot = self.peers.of_embedded(index)
                 req, resp = self.mesh.front_rings(slot)
-                self.counters.slot(slot).set(0, 0)    # curr_connections of a dead worker's clients
+                forget_dead(self.counters.slot(slot))    # a dead worker's clients are gone
                 mine = {k: socks[slot] for k, socks in self.listeners.items() if slot in socks}
                 front = (slot, req, resp, self.mesh.front_wake[slot].fd, mine, self.counters,
                          self.started_at, self.handoff)
             return worker_main(index, self.peers, self.config, self.status_view(), inbound, outbound,
                                self.mesh.worker_wake[index].fd, sock, self.cleaner_socks[index][0],
-                               heart=heart, ids=IdBlocks(self.thrift_ids), front=front)
+                               heart=heart, ids=IdBlocks(self.thrift_ids), front=front,
+                               epoch=self.epoch.for_child())
         if kind == FRONT:
             req, resp = self.mesh.front_rings(index)
-            self.counters.slot(index).set(0, 0)    # curr_connections of a dead front
+            forget_dead(self.counters.slot(index))    # a dead front's clients are gone
             mine = {k: socks[index] for k, socks in self.listeners.items() if index in socks}
             return front_main(index, self.config, self.status_view(), self.counters, req, resp,
                               self.mesh.front_wake[index].fd, sock, mine, self.started_at,
-                              self.clock, heart=heart)
+                              self.clock, heart=heart, epoch=self.epoch.for_child())
         if kind == ZK:
             # imported here: kazoo, which it needs, is an optional dependency
             from lanner.ops.serverset import serverset_main
@@ -443,20 +445,18 @@ class Supervisor:
         log.info("log file reopened")
 
     def reload(self, exclude=None) -> None:
+        """SIGHUP (exclude None), or a client's `reload` the front `exclude` has published."""
+        at = self.epoch.start()
         try:
             self.config = reload_config(self.config)
         except ConfigError as e:
             log.error("reload failed: %s", e)
             return
-        for key, c in self.children.items():
-            if key == exclude or c.kind == CLEANER or not c.pid:
-                continue
-            if exclude is not None and c.kind == WORKER:
-                continue        # the requesting front reloaded every worker through its rings
-            try:
-                control.send(c.sock, {"cmd": "reload"})
-            except OSError:
-                pass
+        if exclude is None:
+            self.epoch.publish(at)
+        else:
+            self.epoch.loaded(at)
+        relay_reload(self.children, exclude)
         log.info("configuration reloaded")
 
     def handle_chld(self) -> None:

@@ -42,7 +42,7 @@ from lanner.clock import SYSTEM_CLOCK
 from lanner.ipc import control
 from lanner.ipc.bodies import Bodies
 from lanner.ipc.mesh import Peers
-from lanner.ipc.shm import IdBlocks, SharedCounter
+from lanner.ipc.shm import ConfigEpoch, IdBlocks, SharedCounter
 from lanner.queues.collection import CloseError, QueueCollection
 from lanner.ipc.messages import (F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_STREAM, F_THRIFT,
                        OP_ALIAS_PUT, OP_CONFIRM, OP_DELETE, OP_DISCONNECT, OP_DUMP_CONFIG, OP_FLUSH,
@@ -75,7 +75,8 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
 
     def __init__(self, index: int, nworkers: int, config, status, inbound, outbound, wake_fd: int,
                  control_sock, cleaner_sock=None, clock=SYSTEM_CLOCK, nfronts: int = 1,
-                 heart=None, ids: IdBlocks | None = None, peers: Peers | None = None):
+                 heart=None, ids: IdBlocks | None = None, peers: Peers | None = None,
+                 epoch: ConfigEpoch | None = None):
         """inbound[src] / outbound[dst]: rings indexed by peer number (mesh.Peers; None for
         this worker's own slot).  `heart`: its heartbeat slot; `ids`: its supply of thrift
         read ids from the server-wide counter (a private counter when None)."""
@@ -94,6 +95,7 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         self.timer_ms = NO_DEADLINE       # epoch ms the armed timer is for
         self.deadlines_changed = True     # a deadline may be earlier than the armed timer
         self.config = config
+        self.epoch = epoch if epoch is not None else ConfigEpoch()    # generation of `config`
         self.status = status
         self.inbound = inbound
         self.outbound = outbound
@@ -489,12 +491,12 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
 
 
 def worker_main(index, peers, config, status, inbound, outbound, wake_fd, control_sock,
-                cleaner_sock, heart=None, ids=None, front=None) -> int:
+                cleaner_sock, heart=None, ids=None, front=None, epoch=None) -> int:
     """Entry point in the forked child.  `front`: (slot, request rings, response rings, wake fd,
     listeners, counters, started_at, handoff channels) when this worker serves clients too."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     w = Worker(index, peers.workers, config, status, inbound, outbound, wake_fd, control_sock,
-               cleaner_sock, nfronts=peers.slots, heart=heart, ids=ids, peers=peers)
+               cleaner_sock, nfronts=peers.slots, heart=heart, ids=ids, peers=peers, epoch=epoch)
     signal.signal(signal.SIGTERM, lambda *_: setattr(w, "stopping", True) or _poke(wake_fd))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)   # reload arrives as a control message
     try:

@@ -40,6 +40,12 @@ round that needs that medium fails with the same error, without an fsync, until 
 rolled the medium back (`clear`).
 
 Periodic fsyncs (`later`) go the same way; their failures are logged (storage/sync.py).
+
+The owner's own inline fsyncs of a medium's file (a journal's rotation and rewrite, a command-log
+segment's rotation) obey the same rule through `exclusive`: they wait for the fsync under way, run
+with the medium held busy, and a failure poisons the medium like a round's (every round that needs
+it fails until the owner rolls it back), or the next round's fsync could succeed over lost bytes.
+A medium learns its syncer (`sync_gate`) the first time a round or a periodic fsync asks for it.
 """
 from __future__ import annotations
 
@@ -53,6 +59,9 @@ log = logging.getLogger(__name__)
 
 #: fsync threads per owner (thread engine): enough to fsync every file of a busy round at once.
 THREADS = 8
+#: Seconds a rewrite's writer thread waits for a medium's fsync under way (`after_idle`): the
+#: owner's loop reaps it within one fsync, unless the loop is stuck or shutting down.
+IDLE_WAIT = 5.0
 
 
 class Round:
@@ -76,6 +85,7 @@ class Syncer:
         self.fd = uring.fd if uring is not None else -1
         self.rounds: deque[Round] = deque()
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)    # a medium's fsyncs are over (thread engine)
         self._busy: dict = {}           # medium -> rounds waiting for its fsync under way
         self._failed: dict = {}         # medium -> the OSError of its failed fsync, until `clear`
         self._notified = False          # a byte on notify_w the owner has not taken yet
@@ -109,6 +119,57 @@ class Syncer:
         for m in media:
             self._ask(m, None)
         self._submit()
+
+    def exclusive(self, medium, fsync) -> None:
+        """Run `fsync()`, the owner's own fsync of `medium`'s file, with no other fsync of it under
+        way (module doc): after the one under way returned, the medium busy meanwhile.  Raises its
+        error, or the error of the one before (the bytes may be gone either way); the medium then
+        fails every round that needs it until `clear`."""
+        self.wait_idle(medium)
+        with self._lock:
+            error = self._failed.get(medium)
+            if error is None:
+                self._busy[medium] = []
+        if error is not None:
+            raise error
+        try:
+            fsync()
+        except OSError as e:
+            error = e
+        waiting = self._finish(medium, [], error, notify=False)
+        if waiting:                     # (none can come: only the owner asks, and it is here)
+            self._spawn()
+            self._tasks.put((medium, waiting))
+        if error is not None:
+            raise error
+
+    def after_idle(self, medium, fsync):
+        """`fsync(fd)` for another thread (a rewrite's writer) to run on a file `medium` has just
+        let go of: it first waits for the fsyncs of `medium` under way, which may be of that file
+        (the owner's loop reaps them meanwhile), at most IDLE_WAIT seconds (then it logs)."""
+        def run(fd: int) -> None:
+            with self._idle:
+                if not self._idle.wait_for(lambda: medium not in self._busy, IDLE_WAIT):
+                    log.warning("fsync: %s still busy after %.0f s; fsyncing its old file anyway",
+                                getattr(medium, "name", medium), IDLE_WAIT)
+            fsync(fd)
+        return run
+
+    def wait_idle(self, medium) -> None:
+        """Block until no fsync of `medium` is under way (the owner's thread)."""
+        if medium not in self._busy:    # only the owner makes a medium busy
+            return
+        while medium in self._busy:
+            if self.uring is None:      # thread engine: the fsync threads finish the medium
+                with self._idle:
+                    while medium in self._busy:
+                        self._idle.wait()
+            elif self._inflight or self._jobs:
+                self.poll(wait=True)
+            else:
+                log.error("fsync: medium busy with no fsync under way")     # (cannot happen)
+                break
+        self._notify()      # the owner's loop may not look before another fsync returns: a byte
 
     def clear(self, medium) -> None:
         """The owner rolled `medium` back after its failed fsync: it may be fsynced again."""
@@ -182,6 +243,7 @@ class Syncer:
     # -- both engines ------------------------------------------------------------------------------
     def _ask(self, medium, r: Round | None) -> None:
         """fsync `medium` for round `r` (None: periodic): now, or after the one under way."""
+        medium.sync_gate = self         # its owner's inline fsyncs go through `exclusive`
         with self._lock:
             error = self._failed.get(medium)
             if error is None:
@@ -253,6 +315,8 @@ class Syncer:
                 waiting = []
             elif waiting:
                 self._busy[medium] = []
+            if not waiting:
+                self._idle.notify_all()
             finished = self._settle_locked(rounds, medium, error)
         if finished and notify:
             self._notify()

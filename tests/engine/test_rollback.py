@@ -187,3 +187,36 @@ def test_cmdlog_partition_rolls_back_every_queue_in_it(tmp_path, clock, monkeypa
     coll.add("a", b"a3")
     coll = restart(coll, tmp_path, clock, storage="cmdlog")
     assert datas(coll, "a") == [b"a1", b"a3"] and datas(coll, other) == [b"x1"]
+
+
+def test_a_rollback_takes_back_the_global_total_items_of_adds_and_fanout_copies_not_moves(
+        tmp_path, clock, monkeypatch):
+    """total_items counts successful adds, each fanout copy too, expire_to_queue moves never
+    (reference §4.3): an add that is rolled back was not successful, a move never counted."""
+    cfg = Config(server=ServerConfig(queue_path=str(tmp_path / "queues")),
+                 queue_overrides={"src": {"expire_to_queue": "dead", "max_age": 1000}},
+                 cmdlog=CmdlogConfig(sync="os"))
+    coll = QueueCollection(cfg, clock, autoflush=False)
+    coll.queue("q+copy")
+    coll.add("src", b"old")
+    coll.flush_storages()
+    assert coll.stats()["total_items"] == 1
+    undo = coll.undo
+    undo.ctx = "set"
+    coll.add("q", b"new")                         # 2: the master and its copy
+    clock.advance(2000)
+    undo.ctx = "get"
+    assert coll.remove("src") is None              # the sweep moves "old" into dead: not counted
+    assert [i.data for i in coll.queue("dead").memory_items()] == [b"old"]
+    assert coll.stats()["total_items"] == 3
+    monkeypatch.setattr(J, "_write", enospc)
+    undone = []
+    for name in ("q", "q+copy", "dead", "src"):
+        st = coll.queue(name).storage
+        with pytest.raises(OSError):
+            st.flush()
+        undone += coll.rollback(st)
+    assert coll.stats()["total_items"] == 1        # main: 3, nothing taken back
+    assert [(u.queue, u.ctx) for u in undone if u.kind == ADD] == [
+        ("q", "set"), ("q+copy", None), ("dead", None)]      # a move is nobody's request
+    assert [q.total_items for q in map(coll.queue, ("q", "q+copy", "dead"))] == [0, 0, 0]

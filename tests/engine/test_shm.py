@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from lanner.ipc.shm import CounterBlock, IdBlocks, SharedBytes, SharedCounter
+from lanner.ipc.shm import ConfigEpoch, CounterBlock, IdBlocks, SharedBytes, SharedCounter
 from tests.engine.forking import child_result, in_child
 
 
@@ -181,3 +181,24 @@ def test_a_process_killed_holding_the_counter_lock_does_not_wedge_it():
     os.close(r)
     os.close(w)
     c.close()
+
+
+def test_config_epoch_a_publish_leaves_every_other_view_behind_once():
+    a = ConfigEpoch()
+    b = a.for_child()
+    assert not a.behind() and not b.behind()
+    at = a.start()
+    a.publish(at)                      # a read the file at `at` and it was valid
+    assert not a.behind() and b.behind()
+    b.loaded(b.start())
+    assert not b.behind()
+
+
+def test_config_epoch_a_bump_between_read_and_publish_makes_the_publisher_read_again():
+    a = ConfigEpoch()
+    b = a.for_child()
+    at = a.start()                     # a reads the file ...
+    b.publish(b.start())               # ... while b publishes a newer one
+    a.publish(at)
+    assert a.behind()                  # a may hold the older file: it must read once more
+    assert b.behind()

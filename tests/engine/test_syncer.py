@@ -470,3 +470,167 @@ def test_uring_a_follow_on_that_succeeds_after_a_failure_leaves_the_medium_undur
     k.complete(10)                                  # both reaped at once
     s.poll()
     assert s.done_prefix() == [first, second] and second.failed and a.synced == 0
+
+
+# -- the owner's inline fsyncs (rotation, rewrite) never overlap the syncer's -----------------------
+
+def under_way(k, fd) -> bool:
+    """An fsync of `fd` was submitted to the fake kernel and has not returned."""
+    done = {t for t, _ in k.completed}
+    return any(t not in done for t, *_ in k.fsyncs(fd))
+
+
+def written_journal(tmp_path, policy="always"):
+    j = Journal(str(tmp_path), "q", Clock(), sync_policy=policy)
+    j.replay(Config())
+    j.record_add(QItem(0, 0, b"x" * 100))
+    j.flush()
+    return j
+
+
+def test_a_journal_rotation_fsyncs_only_after_the_group_commit_fsync_under_way(uring_syncer, tmp_path):
+    s, k = uring_syncer
+    j = written_journal(tmp_path)
+    fd = j._fd
+    first = s.start([j], [1])                       # its fdatasync is under way ...
+    j.record_add(QItem(0, 0, b"y" * 100))
+    j.flush()
+    seen = []
+    j._sys_fsync = lambda f: seen.append((f, under_way(k, f)))
+    j._rotate(None, False)                          # ... when the journal rotates
+    assert seen == [(fd, False)]                    # main: [(fd, True)], two at once
+    assert j.rotations == 1
+    assert s.done_prefix() == [first] and not first.failed
+    assert select.select([s.notify_r], [], [], 0)[0]     # reaped off the loop's path: a byte wakes it
+    j.close()
+
+
+def test_a_failed_fsync_under_way_fails_its_round_and_stops_the_rotation(uring_syncer, tmp_path):
+    """The error goes to the round that waited for the fsync (main: the rotation's own fsync
+    succeeded, the file was switched, and the failure was dropped as the old file's: the round's
+    replies left as durable)."""
+    s, k = uring_syncer
+    j = written_journal(tmp_path)
+    first = s.start([j], [1])
+    k.complete(j._fd, errno.EIO)                    # returned, not yet reaped
+    j._sys_fsync = lambda f: None
+    j._rotate(None, False)
+    s.poll()
+    assert s.done_prefix() == [first] and [e.errno for _, e in first.failed] == [errno.EIO]
+    assert j.rotations == 0                         # an archive must be durable: none was made
+    j.close()
+
+
+def test_an_inline_fsync_that_fails_fails_the_rounds_of_its_file_until_rolled_back(uring_syncer, tmp_path):
+    """Linux tells one fsync of a write-back error: after the rotation's took it, the next round's
+    would succeed over lost bytes, so the round fails without one, until the owner's rollback."""
+    s, k = uring_syncer
+    j = written_journal(tmp_path)
+    fd = j._fd
+    s.start([j], [1])
+    k.complete(fd)
+    s.poll()
+    assert len(s.done_prefix()) == 1
+    j.record_add(QItem(0, 0, b"y" * 100))
+    j.flush()
+
+    def eio(f):
+        raise OSError(errno.EIO, "Input/output error")
+    j._sys_fsync = eio
+    j._rotate(None, False)                          # logged, skipped
+    assert j.rotations == 0
+    second = s.start([j], [2])
+    assert len(k.fsyncs(fd)) == 1                   # no fsync: it could not vouch for anything
+    assert s.done_prefix() == [second] and [e.errno for _, e in second.failed] == [errno.EIO]
+    j.rollback(j.durable_mark)
+    s.clear(j)
+    j.record_add(QItem(0, 0, b"z" * 100))
+    j.flush()
+    third = s.start([j], [3])
+    k.complete(fd)
+    s.poll()
+    assert s.done_prefix() == [third] and not third.failed
+    j.close()
+
+
+def test_threads_a_journal_rewrite_under_always_waits_for_the_fsync_under_way(syncer, tmp_path):
+    """The thread engine: the rewrite's fsync of the current file starts only once the fsync
+    thread's has returned."""
+    j = written_journal(tmp_path)
+    running = threading.Event()
+    release = threading.Event()
+    overlap = []
+    real = os.fsync
+
+    def slow_sync():             # the thread engine calls medium.sync()
+        running.set()
+        assert release.wait(10)
+        real(j._fd)
+        j._synced_size = j._disk_size
+    j.sync = slow_sync
+    first = syncer.start([j], [1])
+    assert running.wait(10)
+    j.record_add(QItem(0, 0, b"y" * 100))
+    j.flush()
+    j._sys_fsync = lambda f: overlap.append(not release.is_set())
+    threading.Timer(0.05, release.set).start()     # (the rewrite, blocked, cannot let it go)
+    assert j._rewrite(_View()) is True
+    assert overlap[0] is False                      # the current file's; main: True
+    assert syncer.done_prefix() == [first]
+    j.close()
+
+
+class _View:
+    def open_items(self):
+        return {}
+
+    def memory_items(self):
+        return []
+
+
+def test_a_cmdlog_segment_rotation_waits_for_the_fsync_under_way(uring_syncer, tmp_path, monkeypatch):
+    from lanner.storage.cmdlog import partition as P       # (the journal tests above need none of it)
+    s, k = uring_syncer
+    clock = Clock()
+    plog = P.PartitionLog(str(tmp_path / "p"), clock, sync_policy="always")
+    st = plog.storage_for("q")
+    st.record_add(QItem(0, 0, b"x" * 100))
+    plog.flush()
+    fd = plog._fd
+    first = s.start([plog], [1])
+    seen = []
+    monkeypatch.setattr(P.os, "fsync", lambda f: seen.append((f, under_way(k, f))))
+    plog._rotate()
+    assert seen and seen[0] == (fd, False)          # main: (fd, True)
+    assert s.done_prefix() == [first]
+    monkeypatch.undo()
+    plog.close()
+
+
+def test_a_periodic_rewrite_fsyncs_the_old_file_on_the_writer_after_the_fsync_under_way(
+        syncer, tmp_path, writer):
+    """Under a periodic policy the archived file's fsync runs on the writer's thread (the loop
+    never waits for it: issue 8's fairness); there it waits for the periodic fsync under way."""
+    j = Journal(str(tmp_path), "q", Clock(), sync_policy=1000)
+    j.replay(Config())
+    j.writer = writer
+    j.record_add(QItem(0, 0, b"x" * 100))
+    j.flush()
+    running, release = threading.Event(), threading.Event()
+
+    def slow_sync():             # the thread engine calls medium.sync()
+        running.set()
+        assert release.wait(10)
+    j.sync = slow_sync
+    syncer.later([j])
+    assert running.wait(10)
+    old = j._fd
+    order = []
+    j._sys_fsync = lambda f: order.append((f == old, release.is_set()))
+    assert j._rewrite(_View()) is True              # at once: nothing waited on this thread
+    # the writer fsyncs the old file (main) or waits for the periodic fsync (the condition's waiter)
+    assert wait_for(lambda: order or getattr(getattr(syncer, "_idle", None), "_waiters", None))
+    release.set()
+    j._adopt_rewrite(block=True)
+    assert order[0] == (True, True)                 # main: (True, False), both at once
+    j.close()

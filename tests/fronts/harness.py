@@ -343,7 +343,8 @@ class Client:
 class Rig:
     """One front (index 0) with `nworkers` fake workers, all in this process."""
 
-    def __init__(self, tmp_path, nworkers: int = 1, config: Config | None = None) -> None:
+    def __init__(self, tmp_path, nworkers: int = 1, config: Config | None = None,
+                 epoch=None) -> None:
         self.clock = FakeClock()
         self.loop = FakeLoop(self.clock)
         self.front_wake = WakeFd.create()
@@ -358,7 +359,7 @@ class Rig:
                                           "Up", self.clock)
         self.front = Front(0, config or Config(), self.status, self.counters, self.req, self.resp,
                            self.front_wake.fd, self.control, {}, self.clock.now_ms() / 1000.0,
-                           self.clock, self.loop)
+                           self.clock, self.loop, epoch)
         for r in self.resp:
             r.prepare_sleep()
         self.workers = [FakeWorker(w, self.req[w], self.resp[w]) for w in range(nworkers)]

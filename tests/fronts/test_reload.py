@@ -54,3 +54,36 @@ def test_a_worker_that_fails_to_reload_turns_the_reply_into_an_error(setup):
     path.write_text("[default]\nmax_item_size = 100\n")
     c = rig.connect()
     assert c.ask(b"reload\r\n") == b"SERVER_ERROR reload failed: default.x: it changed under us\r\n"
+
+
+def test_another_front_follows_a_reload_before_its_next_batch_without_being_told(tmp_path):
+    """Two fronts of one server share the config epoch; the one asked answers "Reloaded
+    config." only after bumping it, so the other, told nothing (its control socket stays
+    silent), applies the new file to the very next bytes a client sends it."""
+    path = tmp_path / "lanner.toml"
+    path.write_text("[default]\nmax_item_size = 10\n")
+    asked = Rig(tmp_path / "a", config=load_config(str(path)))
+    other = Rig(tmp_path / "b", config=load_config(str(path)), epoch=asked.front.epoch.for_child())
+    try:
+        c = other.connect()
+        assert set20(c) == b"NOT_STORED\r\n"
+        path.write_text("[default]\nmax_item_size = 100\n")
+        assert asked.connect().ask(b"reload\r\n") == b"Reloaded config.\r\n"
+        assert set20(c) == b"STORED\r\n"
+        other.supervisor_end.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            other.supervisor_end.recv(1)             # nobody told it
+        assert not other.front.epoch.behind()
+        path.write_text("[default]\nmax_item_size = 10\n")
+        assert set20(c) == b"STORED\r\n"             # a file changed but not reloaded: not read
+    finally:
+        asked.close()
+        other.close()
+
+
+def test_a_bad_file_bumps_no_epoch(setup):
+    rig, path = setup
+    before = rig.front.epoch.start()
+    path.write_text("[default]\nbogus = 1\n")
+    assert rig.connect().ask(b"reload\r\n").startswith(b"SERVER_ERROR reload failed")
+    assert rig.front.epoch.start() == before

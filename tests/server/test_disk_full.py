@@ -143,3 +143,31 @@ def test_sigterm_while_full_exits_nonzero_and_restart_serves_the_truth(tmp_path,
         assert drain(h, b"q") == [item(0)] + [item(i) for i in range(1, 9)] + [item(9, BLOCK - ADDX - 5)]
     finally:
         assert h.stop() == 0
+
+
+def stats_of(c: Client) -> dict[str, str]:
+    out = c.ask(b"stats\r\n", b"END\r\n").decode()
+    return dict(re.findall(r"STAT (\S+) (\S+)\r\n", out))
+
+
+def test_a_refused_set_counts_in_no_item_figure_only_in_cmd_set(tmp_path, fs):
+    """total_items (global and per queue), items and bytes count what the queues hold: a set
+    answered SERVER_ERROR added nothing, nor did its fanout copy.  cmd_set counts attempts
+    that passed the status check (§4.3, NOT_STORED included), so it counts this one too."""
+    qp = os.path.join(fs.path, "queues")
+    h = start_server(tmp_path, queue_path=qp)
+    try:
+        c = put_items(h, [BLOCK - ADDX] * 10)
+        assert c.ask(b"get q+copy\r\n") == b"END\r\n"       # a fanout child, empty journal
+        before = stats_of(c)
+        assert before["total_items"] == "10" and before["cmd_set"] == "10"
+        fs.fill()
+        r = setq(c, b"q", b"refused-" + b"x" * 100)
+        assert r.startswith(b"SERVER_ERROR"), r
+        after = stats_of(Client(h.connect()))
+        assert after["cmd_set"] == "11"                      # the attempt
+        for key in ("total_items", "curr_items", "bytes", "queue_q_total_items", "queue_q_items",
+                    "queue_q_bytes", "queue_q+copy_total_items", "queue_q+copy_items"):
+            assert after[key] == before[key], (key, before[key], after[key])   # main: total_items 12
+    finally:
+        h.stop()

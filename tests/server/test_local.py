@@ -303,3 +303,94 @@ def test_pipelined_local_and_routed_requests_answer_in_order(h):
             c.recv_until(b"\r\n")                  # the version number
         else:
             assert c.recv_n(len(w)) == w
+
+
+def on_worker(h, worker: int, port: int, wait: float = 0.5) -> Client:
+    """A connection that `worker` accepted and answers, while the other worker may be stopped
+    (a connection it would have accepted gets no answer and is dropped)."""
+    for _ in range(200):
+        c = Client(h.connect(port))
+        c.send(b"version\r\n")
+        try:
+            if c.recv_until(b"\r\n", timeout=wait).startswith(b"VERSION "):
+                if serving_worker(h, c) == worker:
+                    return c
+        except OSError:
+            pass
+        c.close()
+    raise AssertionError(f"worker {worker} never took a connection")
+
+
+def holds(proc: psutil.Process, c: Client) -> bool:
+    port = c.sock.getsockname()[1]
+    return any(k.raddr and k.raddr.port == port for k in proc.net_connections(kind="tcp"))
+
+
+def pick(h, keeper: Client, worker: int, open_now: int) -> Client:
+    """A connection `worker` accepted, opened while exactly `open_now` others are counted."""
+    for _ in range(400):
+        assert wait_for(lambda: stat(keeper, b"curr_connections") == open_now)
+        c = Client(h.connect())
+        c.ask(b"version\r\n")
+        if serving_worker(h, c) == worker:
+            return c
+        c.close()
+    raise AssertionError("SO_REUSEPORT never picked that worker")
+
+
+def stopped_mid_handoff(h, procs, keeper: Client) -> tuple[Client, Client] | None:
+    """A connection of worker 0 that worker 1 has adopted while worker 0, stopped, has not let
+    go of it yet (worker 0 is left stopped), and the connection that made worker 0 turn; None
+    if worker 0 was stopped before it handed off."""
+    q, empty = queue_of(1), queue_of(0, prefix="empty")
+    c = pick(h, keeper, 0, 1)
+    poke = pick(h, keeper, 0, 2)
+    procs[1].send_signal(signal.SIGSTOP)
+    try:
+        # two fire-and-forget sets make the connection a candidate with nothing owed ...
+        c.send(b"set %s 0 0 1 noreply\r\nx\r\nset %s 0 0 1 noreply\r\ny\r\n" % (q, q))
+        assert c.ask(b"version\r\n").startswith(b"VERSION ")
+        # ... handed off at the end of worker 0's next turn, just after `poke` has its END
+        assert poke.ask(b"get %s\r\n" % empty, b"END\r\n") == b"END\r\n"
+        procs[0].send_signal(signal.SIGSTOP)
+    finally:
+        procs[1].send_signal(signal.SIGCONT)
+    if wait_for(lambda: holds(procs[1], c), 3):
+        return c, poke
+    procs[0].send_signal(signal.SIGCONT)        # stopped too early: let it hand off, start again
+    assert poke.ask(b"get %s\r\n" % empty, b"END\r\n") == b"END\r\n"
+    assert wait_for(lambda: holds(procs[1], c) and not holds(procs[0], c))
+    c.close()
+    poke.close()
+    return None
+
+
+def test_a_connection_counts_once_while_it_moves(tmp_path):
+    """curr_connections never counts a moving connection twice (nor misses it): with the
+    sender stopped after the adopter took the socket, a new connection's check against
+    connection_limit_refuse_writes sees the three other connections, not four."""
+    h = start_server(tmp_path, workers=2, config="[server]\nconnection_limit_refuse_writes = 4\n")
+    procs = worker_procs(h)
+    try:
+        keeper = Client(h.connect())
+        for _ in range(5):
+            moved = stopped_mid_handoff(h, procs, keeper)
+            if moved is not None:
+                break
+        else:
+            raise AssertionError("worker 0 never handed the connection off before it stopped")
+        c, poke = moved
+        try:
+            d = on_worker(h, 1, h.memcache_port)
+            # main: the adopter counted it and the stopped sender still does: 5 > 4, refused
+            assert d.ask(b"set %s 0 0 1\r\nz\r\n" % queue_of(1, prefix="other")) == b"STORED\r\n"
+        finally:
+            procs[0].send_signal(signal.SIGCONT)
+        q = queue_of(1)
+        assert c.ask(b"get %s\r\n" % q, b"END\r\n") == b"VALUE %s 0 1\r\nx\r\nEND\r\n" % q
+        assert serving_worker(h, c) == 1
+        assert wait_for(lambda: stat(d, b"curr_connections") == 4), stat(d, b"curr_connections")
+        c.close()
+        assert wait_for(lambda: stat(d, b"curr_connections") == 3), stat(d, b"curr_connections")
+    finally:
+        h.stop()

@@ -5,7 +5,9 @@ before a reload follow the new queue settings."""
 from __future__ import annotations
 
 import os
+import signal
 
+import psutil
 import pytest
 
 from tests.helpers import start_server
@@ -74,3 +76,34 @@ def test_a_config_path_that_is_not_a_regular_file_does_not_hang(server):
     reply = c.ask(b"reload\r\n")
     assert reply == b"SERVER_ERROR reload failed: the config file is not a regular file\r\n"
     assert set20(client(server)) == b"NOT_STORED\r\n"
+
+
+def front_pid_of(server, sock) -> int:
+    """The pid of the server process holding the other end of client socket `sock`."""
+    here = sock.getsockname()
+    for child in psutil.Process(server.proc.pid).children():
+        for c in child.net_connections(kind="tcp"):
+            if c.raddr and tuple(c.raddr) == here:
+                return child.pid
+    raise AssertionError(f"no server process holds the connection from {here}")
+
+
+def test_reloaded_means_every_front_applies_the_new_config_to_the_next_request(server):
+    """The reply waits for no relay by the supervisor: stopped, it relays nothing, and still
+    every connection on every front (dedicated or a worker's) follows the new limit."""
+    olds = [client(server) for _ in range(16)]
+    for c in olds:
+        assert c.ask(b"version\r\n").startswith(b"VERSION ")    # accepted by its front
+    asker = client(server)
+    assert asker.ask(b"version\r\n").startswith(b"VERSION ")
+    pids = {front_pid_of(server, c.sock) for c in olds}
+    assert pids - {front_pid_of(server, asker.sock)}, "every connection landed on one front"
+    with open(config_path(server), "w") as f:
+        f.write("[default]\nmax_item_size = 100\n")
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        assert asker.ask(b"reload\r\n") == b"Reloaded config.\r\n"
+        # main: NOT_STORED on the fronts the stopped supervisor has not told yet
+        assert [set20(c) for c in olds] == [b"STORED\r\n"] * len(olds)
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)

@@ -36,6 +36,7 @@ import os
 import threading
 from collections import deque
 from collections.abc import Mapping
+from functools import partial
 from typing import Iterable
 
 from lanner.storage.cmdlog.crc import crc32c
@@ -97,6 +98,8 @@ def open_partition_logs(queue_path: str, partitions: Iterable[int], clock, cmdlo
 class PartitionLog:
     """One partition's command log: replayed once at open, then appended to.
     Owned by one thread (the worker's loop); only sync() may run elsewhere."""
+
+    sync_gate = None            # the Syncer of its group-commit fsyncs, once it has one (syncer.py)
 
     def __init__(self, directory: str, clock, segment_size: int = DEFAULT_SEGMENT_SIZE,
                  sync_policy: str = "interval", sync_interval_ms: int = 1000) -> None:
@@ -335,7 +338,10 @@ class PartitionLog:
     def _rotate(self) -> None:
         self.flush()
         old = self._fd
-        os.fsync(old)
+        if self.sync_gate is None:
+            os.fsync(old)
+        else:       # never while the syncer fsyncs the segment (syncer.py, `exclusive`)
+            self.sync_gate.exclusive(self, partial(os.fsync, old))
         self._synced = self._flushed
         self._create_segment(self._active_seq + 1)
         os.close(old)

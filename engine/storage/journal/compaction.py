@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable
 
 from lanner.storage.journal.codec import pack_addx, pack_xid, Cursor, encode_add
@@ -80,6 +81,16 @@ class JournalCompaction:
     _leave_read_behind: Callable[[], None]
     _sys_write: Callable[[int, object], int]     # os.write / os.fsync, through the writer's
     _sys_fsync: Callable[[int], None]            # test hooks
+    sync_gate = None            # the Syncer of its group-commit fsyncs, once it has one (syncer.py)
+
+    def _fsync_current(self) -> None:
+        """fsync the current file on the loop (rotation, rewrite), never while the syncer has an
+        fsync of it under way: one fsync of a file at a time (syncer.py, `exclusive`)."""
+        gate = self.sync_gate
+        if gate is None:
+            self._sys_fsync(self._fd)
+        else:
+            gate.exclusive(self, partial(self._sys_fsync, self._fd))
 
     def _init_compaction(self) -> None:
         self.rewrites = 0
@@ -200,7 +211,7 @@ class JournalCompaction:
             self.flush()
             if self.sync_policy != "never" and self._synced_size < self._disk_size:
                 # An archive is never rolled back (see `rollback`): make it durable first.
-                self._sys_fsync(self._fd)
+                self._fsync_current()
                 self._synced_size = self._disk_size
             rotated = self._unique_name(".")
         except OSError as e:
@@ -244,7 +255,7 @@ class JournalCompaction:
         try:
             self.flush()
             if self.sync_policy == "always" and self._synced_size < self._disk_size:
-                self._sys_fsync(self._fd)
+                self._fsync_current()
                 self._synced_size = self._disk_size
             tmp = self._unique_name("~~")
         except OSError as e:
@@ -284,8 +295,14 @@ class JournalCompaction:
             return False
         self._leave_read_behind()
         self._archived_size += old_size
+        # the archived file's fsync waits for a periodic one of it under way (syncer.py)
+        fsync_old, gate = self._sys_fsync, self.sync_gate
+        if gate is not None and self.writer is not None:
+            fsync_old = gate.after_idle(self, fsync_old)      # on the writer's thread
+        elif gate is not None:
+            gate.wait_idle(self)                              # on this one, below
         args = (old, self.sync_policy not in ("never", "always"), tmp_path, dump, rotated_path + ".pack",
-                self._dir, self._sys_write, self._sys_fsync)
+                self._dir, self._sys_write, self._sys_fsync, fsync_old)
         if self.writer is None:
             job = CallJob(_rewrite_files, args)
             try:
@@ -417,14 +434,14 @@ class JournalCompaction:
 
 
 def _rewrite_files(old_fd: int, sync_old: bool, tmp_path: str, dump: bytearray, pack_path: str,
-                   dir_path: str, write, fsync) -> None:
+                   dir_path: str, write, fsync, fsync_old) -> None:
     """The slow half of a rewrite (`JournalCompaction._rewrite`), in crash-safe order: the dump
     is written and fsynced, then renamed to a `.pack` and the directory fsynced.  `old_fd` is the
-    archived file: closed here, after an fsync under a periodic sync policy (its records are due
-    to be durable soon, and the pack may fail)."""
+    archived file: closed here, after an fsync (`fsync_old`) under a periodic sync policy (its
+    records are due to be durable soon, and the pack may fail)."""
     try:
         if sync_old:
-            fsync(old_fd)
+            fsync_old(old_fd)
     except OSError as e:
         log.error("%s: fsync failed: %s", pack_path, e)
     finally:
