@@ -22,15 +22,13 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
-import msgpack
-
 from lanner.fronts.counters import C_CURR, C_HERE, C_READ, C_TOTAL, C_WRITTEN
 from lanner.fronts.inline import InlineReplies
+from lanner.fronts.servercmds import ServerCommands
 from lanner.fronts.spill import REPLY_BUDGET, WRITE_CHUNK, WRITE_LOW, SpillWriter  # noqa: F401 (WRITE_LOW: tests)
 from lanner.ops.latency import BY_TYPE, family_of
 from lanner.queues.names import validate_queue_name
-from lanner.ipc.messages import (OP_DISCONNECT, OP_DUMP_CONFIG, OP_RELOAD, OP_SET_DATA, OP_STATS, R_DATA,
-                                 R_OK, R_SERVER_ERROR, RF_CLOSE, RF_MORE)
+from lanner.ipc.messages import OP_DISCONNECT, OP_SET_DATA, R_SERVER_ERROR, RF_CLOSE, RF_MORE
 
 #: Commands in flight (sent, reply not yet written) per connection, whatever their size.
 MAX_INFLIGHT = 1024
@@ -83,7 +81,7 @@ def expiry_at(ms: int) -> int:
     return ms if ms > 0 else 1
 
 
-class Conn(InlineReplies, SpillWriter, asyncio.Protocol, abc.ABC):
+class Conn(InlineReplies, SpillWriter, ServerCommands, asyncio.Protocol, abc.ABC):
     """One client connection.  A subclass passes its protocol's parser (`feed(bytes)`, `next()`
     -> command or None, `buffered` -> bytes held) and implements `handle` and `unavailable`.
 
@@ -503,11 +501,6 @@ class Conn(InlineReplies, SpillWriter, asyncio.Protocol, abc.ABC):
         self.touched &= ~(1 << w)
 
     # -- helpers for subclasses ------------------------------------------------------------------
-    def broadcast(self, slot: Slot, op: int, payload: bytes = b"", flags: int = 0) -> None:
-        for w in range(self.front.nworkers):
-            self.request(slot, w, op, flags, b"", 0, 0, payload)
-        self.seal(slot)
-
     def check_name(self, queue: str) -> str | None:
         """Why a queue name is illegal, or None.  Cmdlog-stored queues may contain dots."""
         f = self.front
@@ -549,64 +542,3 @@ class Conn(InlineReplies, SpillWriter, asyncio.Protocol, abc.ABC):
                 why = f"ClientId {client_id} is not allowed to {verb} queue {q}"
             return f"The operation {op} is disallowed on queue {q}. {why}"
         return None
-
-    def stats_slot(self, finish_bytes, names=None) -> None:
-        """Ask every worker (or the owners of `names`) for stats and let finish_bytes format them."""
-        f = self.front
-
-        def finish(slot):
-            worker_globals, queues = [], {}
-            err = None
-            for p in slot.parts:
-                if p.status != R_DATA:
-                    err = p
-                    continue
-                d = msgpack.unpackb(p.payload)
-                if "global" in d:
-                    worker_globals.append(d["global"])
-                for name, st in d["queues"]:
-                    queues[name] = st
-            if err is not None:
-                self.unavailable(slot, err.payload.decode("latin-1", "replace") or "worker unavailable")
-                return
-            slot.out = finish_bytes(f.global_stats(worker_globals), queues)
-
-        slot = self.new_slot(finish)
-        if names is None:
-            self.broadcast(slot, OP_STATS)
-            return
-        by_worker: dict[int, list[str]] = {}
-        for n in names:
-            by_worker.setdefault(f.owner(n), []).append(n)
-        for w, ns in by_worker.items():
-            self.request(slot, w, OP_STATS, 0, b"", 0, 0, msgpack.packb(ns))
-        self.seal(slot)
-
-    def config_slot(self, finish_bytes) -> None:
-        def finish(slot):
-            entries = []
-            for p in slot.parts:
-                if p.status == R_DATA:
-                    entries.extend(msgpack.unpackb(p.payload))
-            slot.out = finish_bytes(sorted(entries))
-        slot = self.new_slot(finish)
-        self.broadcast(slot, OP_DUMP_CONFIG)
-
-    def reload_slot(self, ok: bytes, error) -> None:
-        """`reload`: this front checks the file first; if it is bad, the answer is
-        `error(reason)` at once and nothing changes anywhere.  Otherwise every worker reloads,
-        and the answer is `ok` only if every one of them succeeded."""
-        err = self.front.request_reload()
-        if err is not None:
-            self.reply_now(error("reload failed: " + err))
-            return
-
-        def finish(slot):
-            for p in slot.parts:
-                if p.status != R_OK:
-                    why = p.payload.decode("latin-1", "replace") or "worker %d failed" % p.worker
-                    slot.out = error("reload failed: " + why)
-                    return
-            slot.out = ok
-        slot = self.new_slot(finish)
-        self.broadcast(slot, OP_RELOAD)

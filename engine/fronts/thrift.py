@@ -13,6 +13,7 @@ import struct
 import msgpack
 
 from lanner.protocols import thrift as th
+from lanner.protocols import thrift_replies as tr
 
 from lanner import __version__
 from lanner.fronts.conn import Conn, Slot, expiry_at
@@ -38,17 +39,17 @@ class ThriftConn(Conn):
 
     def unavailable(self, slot: Slot, reason: str) -> None:
         call = slot.call
-        slot.out = th.encode_exception(call.method, call.seqid, 6,
-                                       th.internal_error(call.method, "java.io.IOException: " + reason),
+        slot.out = tr.encode_exception(call.method, call.seqid, 6,
+                                       tr.internal_error(call.method, "java.io.IOException: " + reason),
                                        self.parser.upgraded)
 
     # -- replies ---------------------------------------------------------------------------------
     def reply(self, call, value) -> None:
-        self.reply_now(th.encode_reply(call, value, self.parser.upgraded))
+        self.reply_now(tr.encode_reply(call, value, self.parser.upgraded))
 
     def fail(self, call, java_exception: str) -> None:
-        self.reply_now(th.encode_exception(call.method, call.seqid, 6,
-                                           th.internal_error(call.method, java_exception),
+        self.reply_now(tr.encode_exception(call.method, call.seqid, 6,
+                                           tr.internal_error(call.method, java_exception),
                                            self.parser.upgraded))
 
     def call_slot(self, call, finish) -> Slot:
@@ -61,7 +62,7 @@ class ThriftConn(Conn):
                 if p.status == R_SERVER_ERROR:
                     self.unavailable(slot, p.payload.decode("latin-1", "replace"))
                     return
-            slot.out = th.encode_reply(call, finish(slot), up)
+            slot.out = tr.encode_reply(call, finish(slot), up)
         return self.new_slot(done, blocking=True, call=call)
 
     # -- calls -----------------------------------------------------------------------------------
@@ -70,10 +71,10 @@ class ThriftConn(Conn):
         if t is th.Call:
             getattr(self, "do_" + cmd.method)(cmd)
         elif t is th.Upgrade:
-            self.reply_now(th.encode_upgrade_reply(cmd.seqid))
+            self.reply_now(tr.encode_upgrade_reply(cmd.seqid))
             self.parser.upgraded = True
         elif t is th.BadCall:
-            self.reply_now(th.encode_exception(cmd.method, cmd.seqid, cmd.exc_type, cmd.message,
+            self.reply_now(tr.encode_exception(cmd.method, cmd.seqid, cmd.exc_type, cmd.message,
                                                self.parser.upgraded))
             if self.parser.stopped:     # a put refused mid-frame (its item over max_item_size)
                 self.close_after_replies()

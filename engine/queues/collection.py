@@ -61,6 +61,7 @@ from functools import partial
 from typing import Callable
 
 from lanner.clock import SYSTEM_CLOCK
+from lanner.queues.aliases import AliasCounts
 from lanner.queues.item import QItem
 from lanner.queues.names import validate_queue_name
 from lanner.queues.queue import PersistentQueue
@@ -96,7 +97,7 @@ class QueueCollection:
         self._expire_forward = expire_forward
         self._queues: dict[str, PersistentQueue] = {}
         self._children: dict[str, list[str]] = {}      # master name -> registered child names
-        self._alias_counts: dict[str, list[int]] = {}  # alias -> [put_items, put_bytes]
+        self._alias_counts = AliasCounts()
         self.sync_schedule = SyncSchedule()           # periodic fsyncs (storage/sync.py)
         self.undo = UndoLog()
         self.stranded: dict[str, list[int]] = {}       # queue -> xids whose confirm/abort was undone
@@ -398,19 +399,12 @@ class QueueCollection:
 
     def count_alias_put(self, alias: str, items: int, nbytes: int) -> None:
         """A write to `alias` (the server's fronts report theirs to the alias's worker)."""
-        counts = self._alias_counts.get(alias)
-        if counts is None:
-            counts = self._alias_counts[alias] = [0, 0]
-        counts[0] += items
-        counts[1] += nbytes
+        self._alias_counts.count(alias, items, nbytes)
 
     def alias_stats(self, alias: str) -> list[tuple[str, str]] | None:
         """The stats of an alias (§4.1), None if `alias` is not one."""
         dests = self.config.aliases.get(alias)
-        if dests is None:
-            return None
-        items, nbytes = self._alias_counts.get(alias, (0, 0))
-        return [("put_items", str(items)), ("put_bytes", str(nbytes)), ("children", ",".join(dests))]
+        return None if dests is None else self._alias_counts.stats(alias, dests)
 
     # -- waiters -------------------------------------------------------------------------------
     def wait(self, waiter: Waiter) -> None:

@@ -19,9 +19,9 @@ from thrift.Thrift import TApplicationException, TMessageType, TType
 from thrift.transport import TTransport
 
 from lanner.protocols import thrift as th
-from lanner.protocols.thrift import (
-    BadCall, Call, Item, ProtocolError, QueueInfo, ThriftParser, Upgrade, encode_exception,
-    encode_reply, encode_upgrade_reply, internal_error,
+from lanner.protocols.thrift import BadCall, Call, Item, ProtocolError, QueueInfo, ThriftParser, Upgrade
+from lanner.protocols.thrift_replies import (
+    encode_exception, encode_reply, encode_upgrade_reply, internal_error,
 )
 from lanner.perf.thrift_client import (
     KestrelThrift, ThriftAppError, TItem, TQueueInfo, field, write_collection,
