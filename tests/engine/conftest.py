@@ -1,8 +1,12 @@
-"""Fixtures shared by the in-process storage tests."""
+"""Fixtures shared by the in-process storage and worker tests."""
 import os
+import socket
 
 import pytest
 
+from lanner.config import Config, QueueConfig, ServerConfig
+from lanner.server import worker as W
+from lanner.server.worker import Worker
 from lanner.storage.writer import Writer
 
 
@@ -15,3 +19,37 @@ def writer():
     wr.close()
     os.close(r)
     os.close(w)
+
+
+class Status:
+    def blocks_reads(self) -> bool:
+        return False
+
+    def blocks_writes(self) -> bool:
+        return False
+
+
+@pytest.fixture
+def worker(tmp_path, clock, monkeypatch):
+    """A booted worker without a loop: requests go to `handle`, replies are captured in
+    `published` instead of being published."""
+    made = []
+
+    def make(uring=W.open_uring, **default):
+        """`uring`: what makes the syncer's io_uring (storage/uring.py); None for its fsync threads,
+        which call the journal's `_fsync` that tests inject."""
+        cfg = Config(server=ServerConfig(queue_path=str(tmp_path / "queues")), default=QueueConfig(**default))
+        a, b = socket.socketpair()
+        monkeypatch.setattr(W, "open_uring", uring or (lambda: None))
+        w = Worker(0, 1, cfg, Status(), [None], [None], -1, a, None, clock=clock, nfronts=1)
+        w.boot()
+        w.published = []
+        w.publish = w.published.extend
+        made.append((w, a, b))
+        return w
+    yield make
+    for w, a, b in made:
+        if not w.coll.closed:
+            w.coll.close()
+        a.close()
+        b.close()

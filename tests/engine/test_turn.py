@@ -5,53 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import threading
 
-import pytest
-
-from lanner.config import Config, QueueConfig, ServerConfig
 from lanner.ipc.messages import OP_SET, R_OK, pack_req, unpack_resp
 from lanner.perf.hotloop import Rig
-from lanner.server import worker as W
-from lanner.server.worker import Worker
 from lanner.server.commit import WRITE_BEHIND_BYTES
 from lanner.storage import writer as WR
 
 
 NO_DEADLINE = float("inf")      # the armed timer's deadline while none is armed (shardloop.py)
-
-
-class Status:
-    def blocks_reads(self) -> bool:
-        return False
-
-    def blocks_writes(self) -> bool:
-        return False
-
-
-@pytest.fixture
-def worker(tmp_path, clock, monkeypatch):
-    """A booted worker without a loop: requests go to `handle`, replies are captured."""
-    made = []
-
-    def make(uring=None, **default):
-        """`uring`: makes the syncer's io_uring (storage/uring.py); None: its fsync threads."""
-        cfg = Config(server=ServerConfig(queue_path=str(tmp_path / "queues")), default=QueueConfig(**default))
-        a, b = socket.socketpair()
-        monkeypatch.setattr(W, "open_uring", uring or (lambda: None))
-        w = Worker(0, 1, cfg, Status(), [None], [None], -1, a, None, clock=clock, nfronts=1)
-        w.boot()
-        w.published = []
-        w.publish = w.published.extend
-        made.append((w, a, b))
-        return w
-    yield make
-    for w, a, b in made:
-        if not w.coll.closed:
-            w.coll.close()
-        a.close()
-        b.close()
 
 
 def req(conn, op, queue, payload=b"", n=1, a=0):
@@ -133,7 +95,7 @@ def test_a_write_behind_leaves_the_records_behind_it_to_the_batch_that_takes_it(
     """Records that come in while a journal's write is under way (the writer thread) go out
     chained behind it, and their replies leave once that chain is taken, by a batch's end in
     which no request touched the queue, none before."""
-    w = worker()
+    w = worker(uring=None)
     gate = threading.Event()
     real = WR._write
 
@@ -206,6 +168,8 @@ def test_a_deadline_earlier_than_the_armed_timer_re_arms_it_and_a_later_one_does
             loop.run_until_complete(asyncio.sleep(0.005))
         assert b"".join(c.transport.written) == b"END\r\n"         # the 1 ms get, on time
         assert not a.transport.written and not b.transport.written
+        while w.turn_scheduled:                 # the turn the timer scheduled, if still to come
+            rig.turn()
         assert w.timer_ms == first                                  # back to the 5 s one
     finally:
         rig.close()

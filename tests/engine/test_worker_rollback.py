@@ -4,51 +4,14 @@ from __future__ import annotations
 
 import errno
 import os
-import socket
 import threading
 
 import msgpack
-import pytest
 
-from lanner.config import Config, QueueConfig, ServerConfig
 from lanner.ipc.messages import (F_OPEN, OP_DISCONNECT, OP_GET, OP_SET, OP_TGET, R_DATA, R_ITEM, R_OK,
                                  R_SERVER_ERROR, RF_CLOSE, pack_req, unpack_resp)
-from lanner.server import worker as W
-from lanner.server.worker import Worker
 from lanner.storage.uring import open_uring
 from lanner.storage.journal import journal as J
-
-
-class Status:
-    def blocks_reads(self) -> bool:
-        return False
-
-    def blocks_writes(self) -> bool:
-        return False
-
-
-@pytest.fixture
-def worker(tmp_path, clock, monkeypatch):
-    made = []
-
-    def make(uring=W.open_uring, **default):
-        """`uring`: what makes the syncer's io_uring (storage/uring.py); None for its fsync threads,
-        which call the journal's `_fsync` that tests inject."""
-        cfg = Config(server=ServerConfig(queue_path=str(tmp_path / "queues")), default=QueueConfig(**default))
-        a, b = socket.socketpair()
-        monkeypatch.setattr(W, "open_uring", uring or (lambda: None))
-        w = Worker(0, 1, cfg, Status(), [None], [None], -1, a, None, clock=clock, nfronts=1)
-        w.boot()
-        w.published = []
-        w.publish = w.published.extend
-        made.append((w, a, b))
-        return w
-    yield make
-    for w, a, b in made:
-        if not w.coll.closed:
-            w.coll.close()
-        a.close()
-        b.close()
 
 
 def req(conn, op, queue, flags=0, a=0, b=0, payload=b"", n=1):
