@@ -262,15 +262,12 @@ _LINE, _BLOCK, _STOPPED = 0, 1, 2
 class TextParser(StreamParser):
     """Feed socket bytes with `feed`, take commands with `next` until it returns None."""
 
-    __slots__ = ("max_block", "item_limit", "_toks", "_items", "_block_bytes", "_limit", "_limit_of")
+    __slots__ = ("max_block", "_toks", "_items", "_block_bytes")
     BETWEEN, STOPPED = _LINE, _STOPPED
 
-    def __init__(self, max_line: int = 1 << 20, max_block: int = 1 << 26, item_limit=None) -> None:
+    def __init__(self, max_line: int = 1 << 20, max_block: int = 1 << 26) -> None:
         self.max_line = max_line
         self.max_block = max_block
-        self.item_limit = item_limit     # queue -> its max_item_size (the front's), or None
-        self._limit = -1                 # BLOCK of a put: its queue's max_item_size; else -1
-        self._limit_of = ""              # (that queue's name, for the error)
         self._buf = bytearray()
         self._scan = 0          # _buf[:_scan] is known to hold no LF
         self._state = _LINE
@@ -294,11 +291,6 @@ class TextParser(StreamParser):
     def next(self) -> Command | None:
         while self._state != _STOPPED:
             line = self._take_line()
-            limit = self._limit
-            if limit >= 0 and self._state == _BLOCK and \
-                    (len(self._buf) > limit + 1 if line is None else line is not TOO_LONG and len(line) > limit):
-                return self._stop(ProtocolError(error(      # known before the item's LF arrives
-                    "Item larger than %d bytes (max_item_size of queue '%s')." % (limit, self._limit_of)), True))
             if line is None:
                 return None
             if line is TOO_LONG:
@@ -313,13 +305,12 @@ class TextParser(StreamParser):
                     items.append(line)
                     continue
                 toks = self._toks
-                self._toks, self._items, self._block_bytes, self._limit = [], [], 0, -1
+                self._toks, self._items, self._block_bytes = [], [], 0
                 self._state = _LINE
                 cmd = _dispatch(toks, items)
             elif line[-1:] == b":":
                 self._toks = _split(line[:-1])
                 self._state = _BLOCK
-                self._put_limit()
                 continue
             else:
                 cmd = _dispatch(_split(line), [])
@@ -329,20 +320,8 @@ class TextParser(StreamParser):
             return cmd
         return None
 
-    def _put_limit(self) -> None:
-        """A put block: its items are checked against the queue's max_item_size as they arrive,
-        a partial line as soon as it outgrows it, so a connection never holds more of an item
-        the queue would refuse anyway (an 8 MiB limit kept a 1 MiB line, a block 64 MiB)."""
-        toks = self._toks
-        if self.item_limit is None or len(toks) < 2 or toks[0].lower() != b"put":
-            return
-        queue = _name(toks[1])
-        limit = self.item_limit(queue)
-        if limit < self.max_line:
-            self._limit, self._limit_of = limit, queue
-
     def _stop(self, cmd):
         self._state = _STOPPED
         self._buf.clear()
-        self._toks, self._items, self._block_bytes, self._limit = [], [], 0, -1
+        self._toks, self._items, self._block_bytes = [], [], 0
         return cmd

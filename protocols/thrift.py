@@ -92,7 +92,6 @@ _I64 = struct.Struct(">q")
 _FIELD = struct.Struct(">bh")        # field header: type byte, i16 id
 _CONTAINER = struct.Struct(">bi")    # list/set header: element type, i32 size
 _MAP = struct.Struct(">bbi")         # map header: key type, value type, i32 size
-_PUT_HEAD = 64 << 10                 # bytes of a partial put frame read for its header (`_check_put`)
 
 
 # --------------------------------------------------------------------------- values and outcomes
@@ -376,17 +375,13 @@ def _read_args(frame: bytes, pos: int, method: str) -> dict:
 class ThriftParser:
     """Incremental frame parser for one connection; see the module docstring for its contract."""
 
-    __slots__ = ("max_frame", "item_limit", "upgraded", "_buf", "_stopped", "_scan", "_left", "_put")
+    __slots__ = ("max_frame", "upgraded", "_buf", "_stopped")
 
-    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME, item_limit=None):
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME):
         self.max_frame = max_frame
-        self.item_limit = item_limit     # queue -> its max_item_size (the front's), or None
         self.upgraded = False
         self._buf = bytearray()
         self._stopped = False
-        self._scan = 0                   # partial put frame: offset in _buf of the next item's length
-        self._left = 0                   # (items not checked yet)
-        self._put: tuple | None = None   # (seqid, queue, limit) of that put
 
     @property
     def buffered(self) -> int:
@@ -419,65 +414,11 @@ class ThriftParser:
             return self._stop(f"frame length {n} outside 0..{self.max_frame}")
         end = 4 + n
         if len(buf) < end:
-            if self.item_limit is not None and self._scan >= 0:
-                return self._check_put(n)
             return None
-        self._scan, self._put = 0, None
         with memoryview(buf) as view:
             frame = bytes(view[4:end])
         del buf[:end]
         return self._decode(frame)
-
-    def _check_put(self, n: int) -> BadCall | None:
-        """A `put` frame still arriving: each item's length, once its 4 bytes are in, against the
-        queue's max_item_size, so a frame with an item the queue refuses anyway is answered (a
-        protocol error naming the queue, then the connection closes) before the server holds it
-        whole (up to max_frame, 64 MiB).  Only the usual field order (queue, then items) is
-        checked early; anything else is decoded, and checked by the queue, once complete."""
-        buf = self._buf
-        if self._put is None:
-            head = bytes(buf[:_PUT_HEAD])        # (the readers take bytes; a header is short)
-            try:
-                pos = 4
-                if self.upgraded:
-                    _, pos = _read_request_header(head, pos)
-                name, _, seqid, pos = _read_message_begin(head, pos)
-                if name != "put":
-                    self._scan = -1
-                    return None
-                _need(head, pos, 3)
-                if tuple(_FIELD.unpack_from(head, pos)) != (T_STRING, 1):
-                    self._scan = -1
-                    return None
-                queue, pos = _r_latin1(head, pos + 3)
-                _need(head, pos, 3)
-                if tuple(_FIELD.unpack_from(head, pos)) != (T_LIST, 2):
-                    self._scan = -1
-                    return None
-                etype, count, pos = _r_container(head, pos + 3)
-            except _Bad:                 # not all there yet (or broken: decoded once complete)
-                if len(head) >= _PUT_HEAD:
-                    self._scan = -1
-                return None
-            limit = self.item_limit(queue)
-            if etype != T_STRING or 4 + n - pos <= limit:
-                self._scan = -1          # no item of it can be over the limit
-                return None
-            self._put, self._scan, self._left = (seqid, queue, limit), pos, count
-        seqid, queue, limit = self._put
-        scan, left = self._scan, self._left
-        while left > 0 and scan + 4 <= len(buf):
-            size = _I32.unpack_from(buf, scan)[0]
-            if size > limit:
-                self._stop(f"put item of {size} bytes over max_item_size")
-                return BadCall("put", seqid, EXC_PROTOCOL_ERROR,
-                               f"Item of {size} bytes larger than max_item_size ({limit}) of queue '{queue}'")
-            scan += 4 + max(size, 0)
-            left -= 1
-        self._scan, self._left = scan, left
-        if not left:
-            self._scan = -1
-        return None
 
     def _stop(self, reason: str) -> ProtocolError:
         self._stopped = True

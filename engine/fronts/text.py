@@ -25,8 +25,7 @@ def _blocked(op: str) -> bytes:
 
 class TextConn(Conn):
     def __init__(self, front):
-        # put items are checked against the queue's max_item_size as they arrive (text.py)
-        super().__init__(front, tx.TextParser(item_limit=front.item_limits.__getitem__))
+        super().__init__(front, tx.TextParser())
 
     def handle(self, cmd) -> None:
         _HANDLERS[type(cmd)](self, cmd)

@@ -34,8 +34,7 @@ class ThriftConn(Conn):
     conn_flags = F_THRIFT          # its open reads outlive it; it never pipelines past an error
 
     def __init__(self, front):
-        # a put's items are checked against the queue's max_item_size as they arrive (thrift.py)
-        super().__init__(front, th.ThriftParser(item_limit=front.item_limits.__getitem__))
+        super().__init__(front, th.ThriftParser())
 
     def unavailable(self, slot: Slot, reason: str) -> None:
         call = slot.call
@@ -76,8 +75,6 @@ class ThriftConn(Conn):
         elif t is th.BadCall:
             self.reply_now(tr.encode_exception(cmd.method, cmd.seqid, cmd.exc_type, cmd.message,
                                                self.parser.upgraded))
-            if self.parser.stopped:     # a put refused mid-frame (its item over max_item_size)
-                self.close_after_replies()
         else:                     # a ProtocolError: Kestrel's finagle server closed, saying nothing
             self.close_after_replies()
 

@@ -99,24 +99,3 @@ def test_encoders():
 @pytest.mark.parametrize("msg", ["a\nb", "x\n"])
 def test_encoders_never_emit_an_inner_lf(msg):
     assert tx.error(msg).count(b"\n") == 1 and tx.string(msg).count(b"\n") == 1
-
-
-def _limits(queue: str) -> int:
-    return {"small": 8}.get(queue, 1 << 62)
-
-
-def test_a_put_item_over_the_queue_max_item_size_closes_before_its_end_arrives():
-    """The queue's max_item_size is known from the put line: an item line that outgrows it is
-    refused (and the connection closed) as soon as it does, not once its LF has come."""
-    p = TextParser(item_limit=_limits)
-    p.feed(b"put small:\nfits\n" + b"x" * 10)             # no LF yet: 10 bytes > 8 already
-    got = p.next()
-    assert got == ProtocolError(b"-Item larger than 8 bytes (max_item_size of queue 'small').\n", True)
-    assert p.stopped and p.buffered == 0
-
-
-def test_a_complete_item_line_over_the_limit_is_refused_and_items_at_it_pass():
-    assert parse_all(b"put small:\n12345678\n\n", item_limit=_limits) == [Put("small", None, [b"12345678"])]
-    got = parse_all(b"put small:\n123456789\n\n", item_limit=_limits)
-    assert got == [ProtocolError(b"-Item larger than 8 bytes (max_item_size of queue 'small').\n", True)]
-    assert parse_all(b"put other:\n123456789\n\n", item_limit=_limits) == [Put("other", None, [b"123456789"])]

@@ -801,25 +801,3 @@ def test_client_sees_upgrade_reply_seqid_zero(server):
         assert c.upgraded and c.last_reply_seqid == 0
         c.get_version()
         assert c.last_reply_seqid == c.seqid == 2
-
-
-def test_a_put_frame_is_refused_at_the_first_item_length_over_the_queue_limit():
-    """protocols/thrift.py `_check_put`: known from the item's 4-byte length, long before the
-    frame is complete; items within the limit, or other queues, wait for the frame as before."""
-    def head(queue: bytes, sizes: list[int]) -> bytes:
-        body = struct.pack(">Ii", 0x80010001, 3) + b"put" + struct.pack(">i", 7)
-        body += b"\x0b\x00\x01" + struct.pack(">i", len(queue)) + queue
-        body += b"\x0f\x00\x02\x0b" + struct.pack(">i", len(sizes))
-        return struct.pack(">i", len(body) + sum(4 + n for n in sizes) + 1) + body
-
-    limits = {"q": 100}.get
-    p = th.ThriftParser(item_limit=lambda q: limits(q, 1 << 62))
-    p.feed(head(b"q", [10, 1000]) + struct.pack(">i", 10) + b"x" * 10)
-    assert p.next() is None                                    # the first item fits
-    p.feed(struct.pack(">i", 1000) + b"y" * 50)
-    got = p.next()
-    assert type(got) is th.BadCall and got.seqid == 7 and "of queue 'q'" in got.message
-    assert p.stopped and p.buffered == 0
-    p = th.ThriftParser(item_limit=lambda q: limits(q, 1 << 62))
-    p.feed(head(b"other", [1000]) + struct.pack(">i", 1000) + b"y" * 50)
-    assert p.next() is None and not p.stopped
