@@ -17,7 +17,7 @@ from lanner.server.commit import WRITE_BEHIND_BYTES
 from lanner.storage import writer as W
 from lanner.storage.writer import Writer
 SMALL_WRITE = 256 << 10
-from tests.engine.test_worker_rollback import queue_datas, replies, req, worker  # noqa: F401 (fixture)
+from tests.engine.test_worker_rollback import queue_datas, replies, req
 
 BIG = b"x" * (WRITE_BEHIND_BYTES + 1)
 

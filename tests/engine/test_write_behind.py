@@ -17,7 +17,7 @@ from lanner.storage import writer as W
 from lanner.storage.journal.files import archived_files
 from lanner.storage.journal.journal import Journal
 from lanner.storage.writer import Writer
-from tests.engine.test_worker_rollback import queue_datas, replies, req, worker  # noqa: F401 (fixture)
+from tests.engine.test_worker_rollback import queue_datas, replies, req
 
 BIG = b"x" * (WRITE_BEHIND_BYTES + 1)
 
