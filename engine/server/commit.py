@@ -115,8 +115,11 @@ class GroupCommit:
         """Take the results of the write-behinds done so far (all of them, waiting, if `block`):
         a journal's marks move past each finished write of its chain; a failed one is rolled
         back like a failed flush.  A storage whose chain is done goes to `settled`: under a
-        sync policy its bytes still need their fsync round, which the next batch's end starts."""
+        sync policy its bytes still need their fsync round, which the next batch's end starts;
+        one whose chain goes on joins the next round at once under "always", for the replies
+        its finished writes let go."""
         for st in list(self.writing):
+            before = st.written_mark
             try:
                 st.settle_write(block)
             except OSError as e:
@@ -128,6 +131,8 @@ class GroupCommit:
             if st.write_done:
                 self.writing.discard(st)
                 self.settled.append(st)
+            elif st.written_mark != before and st.sync_policy == "always":
+                self.sync_queue.append(st)      # replies it lets go (hold_unwritten) wait for that
 
     def take_settled(self, dirty) -> list:
         """`dirty` and the settled storages that hold records to write, each once."""

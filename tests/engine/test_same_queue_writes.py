@@ -15,11 +15,12 @@ import pytest
 from lanner.ipc.messages import OP_SET, R_OK
 from lanner.server.commit import WRITE_BEHIND_BYTES
 from lanner.storage import writer as W
+from lanner.storage.journal import journal as J
 from lanner.storage.writer import Writer
-SMALL_WRITE = 256 << 10
 from tests.engine.test_worker_rollback import queue_datas, replies, req
 
 BIG = b"x" * (WRITE_BEHIND_BYTES + 1)
+SMALL_WRITE = 256 << 10          # the fixture's gates hold writes this big or bigger
 
 
 @pytest.fixture
@@ -77,6 +78,51 @@ def test_a_small_set_behind_a_big_write_waits_only_for_it_not_for_the_next(worke
     with open(tmp_path / "queues" / "q", "rb") as f:
         data = f.read()
     assert data.index(b"small") == len(BIG) + 21 + 21 and len(data) == 3 * 21 + 2 * len(BIG) + 5
+
+
+def test_under_always_a_reply_let_go_by_its_written_record_still_waits_for_its_fsync(
+        worker, big_gates, monkeypatch, tmp_path):
+    """Replies leave as each write of a chain finishes (above), but under sync "always" only
+    after an fsync covering their records, though the chain goes on (a later write under way)."""
+    gates, reached = big_gates
+    q_path = str(tmp_path / "queues" / "q")
+    synced, fsync_gate, armed = [], threading.Event(), []
+
+    def fsync(fd):
+        if armed and os.path.samefile(f"/proc/self/fd/{fd}", q_path):
+            assert fsync_gate.wait(10)
+            synced.append(os.fstat(fd).st_size)
+        os.fsync(fd)
+    monkeypatch.setattr(J, "_fsync", fsync)
+    w = worker(sync_journal="always", uring=None)
+    try:
+        w.handle(0, req(9, OP_SET, "q", payload=b"first"))            # the journal made and fsynced
+        w.finish_batch()
+        w.wait_for_sync()
+        assert replies(w) == {9: [(R_OK, 0, b"")]}
+        armed.append(True)
+        w.handle(0, req(1, OP_SET, "q", payload=BIG))
+        w.finish_batch()
+        assert reached[0].wait(10)
+        w.handle(0, req(2, OP_SET, "q", payload=b"small", n=2))
+        w.finish_batch()
+        w.handle(0, req(3, OP_SET, "q", payload=BIG, n=3))
+        w.finish_batch()
+        gates[0].set()                                                 # big 1 and small written
+        assert reached[1].wait(10)
+        j = w.coll.queue("q").storage
+        wait_for(lambda: j._chain[1].done.is_set(), "the small write")
+        w.finish_batch()
+        assert replies(w) == {} and synced == []                       # written, not yet durable
+        fsync_gate.set()
+        wait_for(lambda: w.on_sync_done() or w.published, "the fsync of the first two records")
+        assert replies(w) == {1: [(R_OK, 0, b"")], 2: [(R_OK, 0, b"")]}
+        assert synced and synced[0] >= len(BIG) + 5                    # the small record's included
+        gates[1].set()
+        w.wait_for_sync()
+        assert replies(w) == {3: [(R_OK, 0, b"")]}
+    finally:
+        fsync_gate.set()             # (a failed test must not leave the fsync thread waiting)
 
 
 def test_a_small_write_does_not_wait_for_file_work_or_the_write_out_before_it(tmp_path, monkeypatch):
