@@ -104,7 +104,9 @@ def test_a_client_that_never_reads_stalls_only_itself(server):
           f"{statistics.median(times) * 1000:.2f} ms, max {max(times) * 1000:.1f} ms")
     assert last_sent < len(payload)
     assert growth < 48 * MiB
-    assert statistics.median(times) < 0.05
+    # the defect took 13-27 s; these bounds leave room for a loaded 2-core CI box (a 50 ms
+    # median bound failed once at load 9 with nothing wrong)
+    assert statistics.median(times) < 0.2
     assert max(times) < 2.0
 
 
