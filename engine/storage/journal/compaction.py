@@ -82,6 +82,7 @@ class JournalCompaction:
     _sys_write: Callable[[int, object], int]     # os.write / os.fsync, through the writer's
     _sys_fsync: Callable[[int], None]            # test hooks
     sync_gate = None            # the Syncer of its group-commit fsyncs, once it has one (syncer.py)
+    on_checkpoint = None        # called with the journal when a rotation sets a checkpoint (factory.py)
 
     def _fsync_current(self) -> None:
         """fsync the current file on the loop (rotation, rewrite), never while the syncer has an
@@ -238,6 +239,8 @@ class JournalCompaction:
         if set_checkpoint and self.checkpoint is None:
             self.checkpoint = Checkpoint(rotated, sorted(view.open_items()))
             log.info("queue %r: checkpoint at %s", self.name, rotated)
+            if self.on_checkpoint is not None:
+                self.on_checkpoint(self)
             if self._rb is None:
                 self._maybe_inline_pack()
 
