@@ -366,6 +366,30 @@ class JournalCompaction:
         except OSError as e:
             log.error("queue %r: cannot list archived journals: %s", self.name, e)
 
+    # -------------------------------------------------------- a flush in read-behind
+    def drop_behind(self, n: int) -> tuple[int, tuple] | None:
+        """A flush (queue.py) drops the `n` queued items the reader has not reached without
+        reading them back (issue 8): their removes are recorded, one byte each (replay pops
+        them from the head like any remove), and read-behind ends.  Returns (the mark of
+        those records, what `undrop_behind` needs to take it back), or None when not in
+        read-behind.  What the files still hold goes at the next rewrite or pack."""
+        rb = self._rb
+        if rb is None:
+            return None
+        p = self._pending
+        mark = self._base + self._disk_size + self._inflight_n + len(p)
+        p += b"\x01" * n
+        self._leave_read_behind()
+        return mark, (rb.name, rb.pos)     # (its `path` is stale once its file is rotated)
+
+    def undrop_behind(self, token: tuple) -> None:
+        """The records of a `drop_behind` were lost (undo.py): read behind again from where
+        the reader was.  Its file is still there: a rotation, rewrite or pack of it waits
+        for the records before it to be written."""
+        name, pos = token
+        self._rb = Cursor(os.path.join(self._dir, name), name, pos)
+        log.info("queue %r: back in read-behind at %s:%d (a flush was undone)", self.name, name, pos)
+
     # -------------------------------------------------------- checkpoint packs (§6.5)
     def pack_due(self) -> PackRequest | None:
         """The pack to run now, if any: once a checkpoint is set and the reader is
