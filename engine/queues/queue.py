@@ -312,7 +312,7 @@ class PersistentQueue:
         self._length -= n
         self._bytes -= nbytes
         undo = self.undo
-        if undo is not None:
+        if undo is not None and dropped[0] is not None:
             undo.entries.append((self.medium, dropped[0], _Undrop(self, n, nbytes, dropped[1]), REMOVE,
                                  None, 0, undo.ctx))
 

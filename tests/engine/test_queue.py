@@ -444,6 +444,17 @@ class ReadBehindStorage(RecordingStorage):
             self.in_read_behind = False
         return out
 
+    def drop_behind(self, n: int):
+        """A flush: the items 'on disk' go unread, each recorded as a plain remove."""
+        if not self.in_read_behind:
+            return None
+        assert n == len(self.behind)
+        for item in self.behind:
+            self.record_remove(item)
+        self.behind = []
+        self.in_read_behind = False
+        return None, None
+
 
 def test_read_behind_keeps_a_prefix_in_memory(clock):
     q = make(clock, ReadBehindStorage(), max_memory_size=1024)
@@ -467,6 +478,8 @@ def test_read_behind_refills_after_every_removal(clock):
     assert (stat(q, "mem_items"), q.storage.fills) == ("2", [128])
     q.flush()
     assert q.length == 0 and not q.storage.in_read_behind
+    assert q.storage.fills == [128]          # the flush read nothing back (issue 8)
+    assert q.size_bytes == 0 and stat(q, "mem_bytes") == "0"
 
 
 def test_read_behind_keeps_at_least_the_head_in_memory(clock):
