@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import signal
+from collections import OrderedDict
 
 import uvloop
 
@@ -81,6 +82,9 @@ class Front:
         self.started_at = started_at
         self.clock = clock
         self.conns: dict[int, Conn] = {}
+        # the connections with a socket, least recently read first: the client_timeout sweep
+        # looks only at its front (`serve_listeners`), not at every connection (issue 8)
+        self.idle: OrderedDict[int, Conn] = OrderedDict()
         self.next_conn = 1
         self.dirty_rings: set[int] = set()
         self.flush_scheduled = False
@@ -306,14 +310,29 @@ async def serve_listeners(front: Front) -> None:
         front.servers.append(srv)
     timeout = front.config.server.client_timeout
     if timeout:
-        def sweep():
-            limit = loop.time() - timeout / 1000.0
-            for c in list(front.conns.values()):
-                if c.last_activity < limit and c.transport is not None:
-                    c.transport.close()
-            if not front.stopping:
-                loop.call_later(max(timeout / 4000.0, 0.05), sweep)
-        loop.call_later(max(timeout / 4000.0, 0.05), sweep)
+        loop.call_later(timeout / 1000.0, close_idle, front, timeout / 1000.0)
+
+
+def close_idle(front: Front, timeout: float) -> None:
+    """Close the connections that read nothing for `timeout` seconds, even with a blocking get
+    waiting (reference §client_timeout: finagle's read timeout), then come back when the next
+    one would be due.  `front.idle` is in order of last read, so this looks at the expired
+    ones and one more, however many connections are open."""
+    loop = front.loop
+    now = loop.time()
+    idle = front.idle
+    due = timeout                       # none open: a new one expires no sooner than this
+    while idle:
+        c = next(iter(idle.values()))
+        left = c.last_activity + timeout - now
+        if left > 0:
+            due = left
+            break
+        del idle[c.id]                  # closed: looked at once (connection_lost finds it gone)
+        if c.transport is not None:
+            c.transport.close()
+    if not front.stopping:
+        loop.call_later(max(due, 0.05), close_idle, front, timeout)
 
 
 def _pump_each(conns: set) -> None:

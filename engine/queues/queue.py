@@ -290,6 +290,8 @@ class PersistentQueue:
         now = self.clock.now_ms()
         storage = self.storage
         config = self.config
+        if storage.in_read_behind:
+            self._drop_behind()          # first: popping the rest must not read any back
         while self._items:
             item = self._pop_head()
             self._last_removed_add_time = item.add_time
@@ -297,6 +299,22 @@ class PersistentQueue:
             self._refill(now)
             storage.after_remove(self, config, now)
         self.total_flushes += 1
+
+    def _drop_behind(self) -> None:
+        """Flush in read-behind: the items only the storage holds go without being read back
+        (a flush of millions of them read every one on the loop, issue 8); a flush moves no
+        item (§5.5), so nothing needs them.  Undone as one entry (`_Undrop`)."""
+        n = self._length - len(self._items)
+        nbytes = self._bytes - self._mem_bytes
+        dropped = self.storage.drop_behind(n)
+        if dropped is None:
+            return
+        self._length -= n
+        self._bytes -= nbytes
+        undo = self.undo
+        if undo is not None and dropped[0] is not None:
+            undo.entries.append((self.medium, dropped[0], _Undrop(self, n, nbytes, dropped[1]), REMOVE,
+                                 None, 0, undo.ctx))
 
     # -- expiry --------------------------------------------------------------------------------
     def is_expired(self, item: QItem, now: int) -> bool:
@@ -505,3 +523,26 @@ class PersistentQueue:
 
     def __repr__(self) -> str:
         return f"<PersistentQueue {self.name!r} items={self._length} open={len(self._open)}>"
+
+
+class _Undrop:
+    """The undo entry of a flush's `_drop_behind`, standing in for its queue (undo.py calls
+    `revert` and reads `name`): the dropped items are counted again and the storage reads
+    behind from where it was, so they come back in order behind the in-memory ones."""
+    __slots__ = ("queue", "n", "nbytes", "token")
+
+    def __init__(self, queue: PersistentQueue, n: int, nbytes: int, token) -> None:
+        self.queue = queue
+        self.n = n
+        self.nbytes = nbytes
+        self.token = token
+
+    @property
+    def name(self) -> str:
+        return self.queue.name
+
+    def revert(self, kind: int, item, xid: int) -> None:
+        q = self.queue
+        q._length += self.n
+        q._bytes += self.nbytes
+        q.storage.undrop_behind(self.token)

@@ -60,6 +60,7 @@ from lanner.server.exits import EXIT_BOOT_ERROR, EXIT_OK, EXIT_UNSAVED
 from lanner.server.heaptrim import HeapTrim
 from lanner.server.heartbeat import MAX_BEAT_INTERVAL
 from lanner.server.local import attach_front
+from lanner.server.opencounts import OpenReadCounts
 from lanner.server.commit import GroupCommit
 from lanner.server.peers import PeerOps
 from lanner.server.shardloop import NO_DEADLINE, ShardLoop
@@ -138,7 +139,7 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         self.next_strand_ms = 0
         # thrift open reads: server-wide ids that outlive their connection (§3.3)
         self.tids: dict[int, tuple[str, int, tuple]] = {}     # id -> (queue, xid, owner key)
-        self.tcounts: dict[tuple, int] = {}                   # (src, conn, queue) -> open reads
+        self.tcounts = OpenReadCounts()                       # (src, conn, queue) -> open reads
         self.tids_supply = ids if ids is not None else IdBlocks(SharedCounter.create())
         self.taborts: list[tuple[int, int]] = []              # heap of (deadline ms, id)
         self.bodies = Bodies()                                # streamed set bodies, in pieces
@@ -419,8 +420,7 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
                 self.tget_finish(p, reply=False)     # its items stay open until auto-abort
         if thrift:
             # thrift open reads outlive the connection; only its per-queue counts go (§3.3)
-            for key in [k for k in self.tcounts if k[0] == src and k[1] == conn]:
-                del self.tcounts[key]
+            self.tcounts.drop_conn(src, conn)
             return
         sess = self.sessions.pop((src, conn), None)
         if sess is not None:

@@ -93,6 +93,10 @@ class StorageFactory:
         self.partitions = partitions_of_worker(worker, nworkers)
         self._logs: dict[int, object] = {}
         self._journals: dict[str, object] = {}
+        # journals with a checkpoint set (they register themselves at the rotation that sets it,
+        # `_checkpointed`): the only ones `tick` looks at, so a tick costs what needs packing,
+        # not one step per queue (issue 8: 10,000 queues made it 10,000 steps ten times a second)
+        self._attention: dict[str, object] = {}
         self._packs: dict[int, tuple] = {}        # request id -> (journal, sent at ms)
         self._next_pack = 1
         self._next_pack_check = 0
@@ -115,6 +119,8 @@ class StorageFactory:
         os.makedirs(self.queue_path, exist_ok=True)
         j = Journal(self.queue_path, name, self.clock, qc.sync_journal,
                     inline_pack=self.cleaner is None)
+        if self.cleaner is not None:
+            j.on_checkpoint = self._checkpointed
         self._journals[name] = j
         return j
 
@@ -148,7 +154,7 @@ class StorageFactory:
     # -- timers the worker drives --------------------------------------------------------------
     def next_deadlines(self) -> list[int]:
         out = []
-        if self.cleaner is not None:     # checkpoints to pack, packs the cleaner never answered
+        if self._attention or self._packs:     # checkpoints to pack, packs the cleaner never answered
             out.append(self._next_pack_check)
         for plog in self._logs.values():
             due = plog.next_due()
@@ -169,7 +175,7 @@ class StorageFactory:
     def tick(self, now_ms: int) -> None:
         if self.collection is not None:
             self.release_scheduled(now_ms)
-        if self.cleaner is not None and now_ms >= self._next_pack_check:
+        if (self._attention or self._packs) and now_ms >= self._next_pack_check:
             self._next_pack_check = now_ms + 100
             for rid, (j, sent) in list(self._packs.items()):
                 if now_ms - sent > PACK_PATIENCE_MS:
@@ -178,11 +184,19 @@ class StorageFactory:
                                 j.name, PACK_PATIENCE_MS // 1000)
                     del self._packs[rid]
                     j.pack_done(None)
-            for j in self._journals.values():
-                if j.checkpoint is not None:
-                    req = j.pack_due()
-                    if req is not None:
-                        self.request_pack(j, req)
+            for name, j in list(self._attention.items()):
+                if j.checkpoint is None:       # packed (or covered by a rewrite): done with it
+                    del self._attention[name]
+                    continue
+                req = j.pack_due()             # None until the reader has left the files
+                if req is not None:
+                    self.request_pack(j, req)
+
+    def _checkpointed(self, journal) -> None:
+        """A journal's hook (`on_checkpoint`): it set a checkpoint, so `tick` asks it for its
+        pack from now on until the checkpoint is gone."""
+        if self._journals.get(journal.name) is journal:
+            self._attention[journal.name] = journal
 
     def request_pack(self, journal, req) -> None:
         rid = self._next_pack
@@ -210,6 +224,7 @@ class StorageFactory:
 
     def forget(self, name: str) -> None:
         self._journals.pop(name, None)
+        self._attention.pop(name, None)
 
 
 class PackedFile:

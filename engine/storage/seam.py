@@ -26,7 +26,10 @@ Call protocol, as the queue uses it:
 4. Read-behind (§5.8): when `in_read_behind` is true the queue keeps only a
    prefix of its items in memory and asks `fill_read_behind(max_bytes, now)` for
    more after every removal.  Storages that cannot read behind return False from
-   `can_read_behind` and the queue keeps everything in memory.
+   `can_read_behind` and the queue keeps everything in memory.  A flush ends
+   read-behind with `drop_behind(n)`: the `n` items not in memory are recorded
+   removed without being read (it returns (mark, token), or None when not in
+   read-behind); `undrop_behind(token)` takes that back (point 6).
 5. Durability: record_* calls buffer and never raise for I/O; each returns the
    position ("mark") in `medium` where its record starts (None for a storage that
    keeps nothing).  `flush()` hands buffered bytes to the OS (one write per
@@ -119,6 +122,8 @@ class QueueStorage(Protocol):
     def in_read_behind(self) -> bool: ...
     def start_read_behind(self) -> None: ...
     def fill_read_behind(self, max_bytes: int, now_ms: int) -> list[QItem]: ...
+    def drop_behind(self, n: int) -> tuple[int | None, object] | None: ...
+    def undrop_behind(self, token) -> None: ...
 
     @property
     def dirty(self) -> bool: ...           # has buffered or unsynced records
@@ -178,6 +183,12 @@ class MemoryStorage:
 
     def fill_read_behind(self, max_bytes: int, now_ms: int) -> list[QItem]:
         return []
+
+    def drop_behind(self, n: int) -> None:
+        return None
+
+    def undrop_behind(self, token) -> None:
+        raise RuntimeError("memory storage cannot read behind")
 
     def flush(self) -> None:
         pass

@@ -444,6 +444,17 @@ class ReadBehindStorage(RecordingStorage):
             self.in_read_behind = False
         return out
 
+    def drop_behind(self, n: int):
+        """A flush: the items 'on disk' go unread, each recorded as a plain remove."""
+        if not self.in_read_behind:
+            return None
+        assert n == len(self.behind)
+        for item in self.behind:
+            self.record_remove(item)
+        self.behind = []
+        self.in_read_behind = False
+        return None, None
+
 
 def test_read_behind_keeps_a_prefix_in_memory(clock):
     q = make(clock, ReadBehindStorage(), max_memory_size=1024)
@@ -467,6 +478,21 @@ def test_read_behind_refills_after_every_removal(clock):
     assert (stat(q, "mem_items"), q.storage.fills) == ("2", [128])
     q.flush()
     assert q.length == 0 and not q.storage.in_read_behind
+
+
+def test_flush_in_read_behind_reads_nothing_back(clock):
+    """Issue 8: the items only the storage holds are recorded removed without being read."""
+    q = make(clock, ReadBehindStorage(), max_memory_size=256)
+    for i in range(8):
+        q.add(bytes([i]) * 128)
+    assert (stat(q, "mem_items"), len(q.storage.behind)) == ("2", 6)
+    q.flush()
+    assert q.storage.fills == []
+    assert (q.length, q.size_bytes, stat(q, "mem_bytes")) == (0, 0, "0") and not q.storage.in_read_behind
+    # every item recorded removed once (the unread ones first: a journal's removes are counts)
+    removed = sorted(c[1] for c in q.storage.calls if c[0] == "remove")
+    assert removed == [bytes([i]) * 128 for i in range(8)]
+    assert stat(q, "total_flushes") == "1"
 
 
 def test_read_behind_keeps_at_least_the_head_in_memory(clock):

@@ -186,3 +186,74 @@ def test_a_failed_dump_leaves_the_archive_and_loses_nothing(tmp_path, clock, wri
     assert not any("~~" in n or n.endswith(".pack") for n in os.listdir(d))
     assert replayed(d, tmp_path, "failed") == ([b"after"], [b"open"])
     j.close()
+
+
+def test_the_dump_is_encoded_off_the_loop_and_later_records_land_after_it(tmp_path, monkeypatch):
+    """Issue 8: a rewrite of a big in-memory queue built its whole dump on the loop (0.5-0.6 s
+    for 200k 1 KiB items), and renaming the current file over its reserved archive name made
+    ext4 write the file's dirty pages out on the loop.  Now the loop takes a snapshot (item
+    references) and renames to a free name; the writer's thread encodes and writes the dump.
+    Records the queue takes meanwhile land after it: replay sees both, in order."""
+    from lanner.clock import FakeClock
+    from lanner.config import Config, ServerConfig
+    from lanner.queues.collection import QueueCollection
+    from lanner.storage.writer import Writer
+
+    clock = FakeClock(T)
+    cfg = Config(server=ServerConfig(queue_path=str(tmp_path / "q")),
+                 default=QueueConfig(max_memory_size=1 << 30, max_journal_size=1 << 40,
+                                     default_journal_size=1 << 40),
+                 queue_overrides={}, aliases={})
+    coll = QueueCollection(cfg, clock)
+    q = coll.queue("q")
+    j = q.storage
+    r, w = os.pipe()
+    j.writer = Writer(w)
+    for i in range(1000):
+        coll.add("q", b"%04d" % i)
+    coll.flush_storages()
+
+    loop_thread = threading.current_thread()
+    encoded_on = []
+    real_pack = C.pack_addx
+
+    def pack_addx(*a):
+        encoded_on.append(threading.current_thread())
+        return real_pack(*a)
+    monkeypatch.setattr(C, "pack_addx", pack_addx)
+    gate = threading.Event()
+    real_files = C._rewrite_files
+
+    def held(*a):
+        assert gate.wait(10)
+        real_files(*a)
+    monkeypatch.setattr(C, "_rewrite_files", held)
+    renamed_over = []
+    real_rename = os.rename
+
+    def rename(src, dst):
+        if os.path.exists(dst) and os.path.basename(str(src)) == "q":
+            renamed_over.append(dst)
+        real_rename(src, dst)
+    monkeypatch.setattr(os, "rename", rename)
+
+    assert j._rewrite(q)
+    assert encoded_on == [] and renamed_over == []       # nothing encoded on the loop
+    for i in range(1000, 1010):                          # after the snapshot
+        coll.add("q", b"%04d" % i)
+    assert coll.remove("q").data == b"0000"
+    coll.flush_storages()
+    gate.set()
+    j._adopt_rewrite(block=True)
+    assert j.rewrites == 1 and encoded_on and loop_thread not in encoded_on
+    coll.close()
+    j.writer.close()
+    os.close(r)
+    os.close(w)
+
+    again = QueueCollection(cfg, clock)
+    got = []
+    while (item := again.remove("q")) is not None:
+        got.append(item.data)
+    assert got == [b"%04d" % i for i in range(1, 1010)]
+    again.close()

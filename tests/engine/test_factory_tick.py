@@ -1,0 +1,82 @@
+"""The storage factory's timer (issue 8): with a cleaner, `tick` looks only at the journals that
+set a checkpoint (they register themselves), not at every journal of the worker ten times a
+second; and it asks for no wake-up at all when nothing is to be packed."""
+import socket
+
+import pytest
+
+from lanner.clock import FakeClock
+from lanner.config import Config, QueueConfig, ServerConfig
+from lanner.ipc import control
+from lanner.queues.collection import QueueCollection
+from lanner.storage.factory import StorageFactory
+from lanner.storage.journal.compaction import JournalCompaction
+from lanner.storage.journal.packer import pack_files
+
+NOW = 1_795_000_000_000
+SMALL = {"max_memory_size": 1024, "max_journal_size": 4096}
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """Counts, by queue, every read of a journal's `checkpoint` (what a walk over all journals
+    has to look at)."""
+    seen: list[str] = []
+
+    def get(j):
+        seen.append(j.name)
+        return j.__dict__.get("_test_cp")
+
+    def put(j, value):
+        j.__dict__["_test_cp"] = value
+
+    monkeypatch.setattr(JournalCompaction, "checkpoint", property(get, put), raising=False)
+    return seen
+
+
+def test_tick_visits_only_journals_with_a_checkpoint(tmp_path, reads):
+    clock = FakeClock(NOW)
+    cfg = Config(server=ServerConfig(queue_path=str(tmp_path / "q")), default=QueueConfig(),
+                 queue_overrides={"big": dict(SMALL)}, aliases={})
+    mine, cleaner = socket.socketpair()
+    factory = StorageFactory(cfg, clock, 0, 1, cleaner_sock=mine)
+    coll = QueueCollection(cfg, clock, storage_factory=factory)
+    factory.collection = coll
+    for i in range(300):
+        coll.add(f"idle{i}", b"x")
+    assert factory.next_deadlines() == []          # nothing to pack: no 100 ms wake-ups
+    for i in range(200):
+        coll.add("big", b"%03d" % i + b"." * 197)
+    big = coll.queue("big").storage
+    assert big.medium.checkpoint is not None        # rotations past max_journal_size set one
+    assert factory.next_deadlines()
+
+    del reads[:]
+    clock.advance(100)
+    factory.tick(clock.now_ms())
+    assert set(reads) == {"big"}                    # not one step per idle queue
+
+    for i in range(60):                             # the reader leaves the checkpoint's files
+        assert coll.remove("big").data[:3] == b"%03d" % i
+    clock.advance(100)
+    factory.tick(clock.now_ms())
+    reader = control.Reader(cleaner)
+    msgs = reader.read()
+    assert [m["cmd"] for m in msgs] == ["pack"]
+    req = msgs[0]
+    result = pack_files(req["files"], req["out"], req["open_xids"], now_ms=clock.now_ms())
+    factory.on_cleaner_reply({"cmd": "packed", "id": req["id"], "ok": True, "out_path": result.out_path})
+    assert big.medium.checkpoint is None
+    clock.advance(100)
+    factory.tick(clock.now_ms())
+    assert factory.next_deadlines() == []           # packed: the journal left the set
+    del reads[:]
+    clock.advance(100)
+    factory.tick(clock.now_ms())
+    assert reads == []
+    for i in range(60, 200):
+        assert coll.remove("big").data[:3] == b"%03d" % i
+    assert coll.remove("big") is None
+    coll.close()
+    mine.close()
+    cleaner.close()

@@ -1,0 +1,80 @@
+"""client_timeout (reference: finagle's read timeout): a connection that sent nothing for that
+long is closed, even with a blocking get waiting; the sweep looks only at the connections that
+expired and the next one, not at every open connection (issue 8)."""
+from __future__ import annotations
+
+import pytest
+
+from lanner.fronts.conn import Conn
+from lanner.fronts.front import close_idle
+from tests.fronts.harness import Rig
+
+
+@pytest.fixture
+def rig(tmp_path):
+    r = Rig(tmp_path)
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def looked_at(monkeypatch):
+    """Counts reads of a connection's `last_activity` (what a sweep has to look at)."""
+    reads = []
+
+    def get(c):
+        reads.append(c.id)
+        return c.__dict__["_test_last"]
+
+    def put(c, value):
+        c.__dict__["_test_last"] = value
+
+    monkeypatch.setattr(Conn, "last_activity", property(get, put), raising=False)
+    return reads
+
+
+def test_the_sweep_closes_the_idle_and_looks_at_no_other(rig, looked_at):
+    old = [rig.connect() for _ in range(10)]
+    waiting = old[1]
+    waiting.send(b"get q/t=60000\r\n")                   # a blocking get: idle all the same
+    rig.run()
+    rig.clock.advance(600)
+    new = [rig.connect() for _ in range(1000)]
+    rig.clock.advance(100)
+    busy = old[0]                                        # connected first, but read since
+    assert busy.ask(b"version\r\n").startswith(b"VERSION")
+    rig.clock.advance(400)
+    del looked_at[:]
+    close_idle(rig.front, 1.0)
+    rig.run()
+    assert len(looked_at) == 9 + 1                       # the 9 expired, then the first that is not
+    assert [c.closed for c in old] == [False] + [True] * 9
+    assert not any(c.closed for c in new)
+    assert len(rig.front.idle) == 1001
+
+    rig.clock.advance(500)                               # the new ones expire, `busy` 0.1 s later
+    close_idle(rig.front, 1.0)
+    rig.run()
+    assert all(c.closed for c in new) and not busy.closed
+    rig.clock.advance(100)
+    del looked_at[:]
+    close_idle(rig.front, 1.0)
+    rig.run()
+    assert busy.closed and looked_at == [busy.conn.id] and not rig.front.idle
+
+
+def test_the_sweep_comes_back_when_the_first_connection_is_due(rig):
+    a = rig.connect()
+    rig.clock.advance(300)
+    b = rig.connect()
+    close_idle(rig.front, 1.0)
+    (due, _, cb, args), = rig.loop.timers
+    assert due == pytest.approx(rig.loop.time() + 0.7)   # when `a` expires, not a fixed period
+    rig.clock.advance(700)
+    rig.run()
+    assert a.closed and not b.closed
+    (due, _, cb, args), = rig.loop.timers
+    assert due == pytest.approx(rig.loop.time() + 0.3)
+    rig.clock.advance(300)
+    rig.run()
+    assert b.closed
