@@ -219,9 +219,10 @@ class LocalFront(Front):
             return
         c.pump()           # commands its unparsed input already completes
 
-    def deliver(self, head: bytes, payload) -> None:
-        """A reply of the worker to one of this front's requests (after its batch is written)."""
-        conn_id, req, status, flags, _, value = unpack_resp(head, 0)
+    def deliver(self, head: bytes | tuple, payload) -> None:
+        """A reply of the worker to one of this front's requests (after its batch is written);
+        `head` packed, or a fused-path reply's tuple (messages.resp_fields, inline here)."""
+        conn_id, req, status, flags, _, value = head if head.__class__ is tuple else unpack_resp(head, 0)
         c = self.conns.get(conn_id)
         if c is not None:
             fast = c.fast

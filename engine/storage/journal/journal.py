@@ -127,9 +127,17 @@ class Journal(JournalCompaction):
     def flushed_size(self) -> int:
         return self._disk_size
 
+    # The read-behind cursor.  Every add and remove asks `in_read_behind`, so that is a plain
+    # attribute (a property is a Python call per request); setting `_rb` keeps it true to the
+    # cursor wherever the cursor comes or goes.
     @property
-    def in_read_behind(self) -> bool:
-        return self._rb is not None
+    def _rb(self) -> Cursor | None:
+        return self._cursor
+
+    @_rb.setter
+    def _rb(self, cursor: Cursor | None) -> None:
+        self._cursor = cursor
+        self.in_read_behind = cursor is not None
 
     # -------------------------------------------------------- the medium (seam.py, undo.py)
     @property
@@ -359,9 +367,10 @@ class Journal(JournalCompaction):
     @property
     def write_done(self) -> bool:
         """No write under way, or the newest has finished, and with it every one before it
-        (the thread writes in order): `settle_write` will not wait."""
-        job = self._inflight
-        return job is None or job.done.is_set()
+        (the thread writes in order): `settle_write` will not wait.  (Asked every batch: the
+        chain read here, not through `_inflight`.)"""
+        chain = self._chain
+        return not chain or chain[-1].done.is_set()
 
     def settle_write(self, block: bool = True) -> None:
         """Take the results of the writes done (all of them, waiting, if `block`; else `written_mark`
