@@ -170,3 +170,19 @@ def test_under_sync_always_no_reply_before_the_fsync(rig, monkeypatch):
     while not c.transport.written and time.monotonic() < deadline:
         r.turn()                                  # the fsync thread's pipe wakes the loop
     assert out(c) == b"STORED\r\nVALUE q 0 1\r\nx\r\nEND\r\n"
+
+
+def test_room_with_nothing_out_follows_the_reply_size_estimate(rig):
+    """`Conn.room`'s shortcut when nothing is in flight or unsent (`idle_room`) is the general
+    rule's answer, also after replies changed the size estimate it is computed from."""
+    from lanner.fronts.conn import REPLY_BUDGET, room_for     # (the rule under test)
+    r = rig()
+    c = r.conns[0]
+    assert c.room() == room_for(0, REPLY_BUDGET, c.reply_size)
+    before = c.reply_size
+    for _ in range(20):                 # small replies through slots: the estimate falls
+        s = c.new_slot()
+        c.fill(s, b"y" * 100)
+    out(c)
+    assert c.reply_size < before and not (c.slots or c.fast or c.held or c.spilled)
+    assert c.room() == room_for(0, REPLY_BUDGET, c.reply_size) > room_for(0, REPLY_BUDGET, before)
