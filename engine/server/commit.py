@@ -210,12 +210,12 @@ class GroupCommit:
 
     def publish(self, replies) -> None:
         """Hand replies to the worker's own clients, or send them: one ring publish per peer."""
-        touched = None
         local = self.local_src
-        deliver = self.front.deliver if local >= 0 else None
+        if local >= 0 and self.front.deliver(replies, local) == len(replies):
+            return                          # every reply was the worker's own clients'
+        touched = None
         for dst, head, payload in replies:
             if dst == local:
-                deliver(head, payload)
                 continue
             if dst in self.down_peers:
                 continue

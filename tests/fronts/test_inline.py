@@ -78,6 +78,15 @@ def test_set_and_get_take_the_fused_path(rig):
     assert list(c.front.my.words[4:6]) == [2, 1]    # cmd_get, cmd_set (fronts/counters.py)
 
 
+def test_a_get_with_ignored_options_takes_the_fused_path_and_echoes_its_key(rig):
+    """`get q/` and `get q/junk` are plain gets (Get.plain): fused, VALUE echoes the key as sent."""
+    r = rig()
+    [c] = r.conns
+    assert run(r, c, b"set q 0 0 1\r\na\r\nset q 0 0 1\r\nb\r\nget q/\r\nget q/junk\r\n") == \
+        b"STORED\r\nSTORED\r\nVALUE q/ 0 1\r\na\r\nEND\r\nVALUE q/junk 0 1\r\nb\r\nEND\r\n"
+    assert r.worker.front.inline_requests == 4
+
+
 def test_no_reply_before_the_turn_writes_the_journal(rig):
     """A reply leaves with its batch, after the journal write, never from the handler."""
     r = rig()
