@@ -235,11 +235,13 @@ class Conn(InlineReplies, SpillWriter, ServerCommands, asyncio.Protocol, abc.ABC
         write again, then read or not."""
         if self.out:
             self.flush_out()
-        if self.parser.buffered or self.body is not None:    # no bytes held: no command to take
+        buffered = self.parser.buffered      # (a descriptor call on the compiled parser: once)
+        if buffered or self.body is not None:    # no bytes held: no command to take
             self.process()
+            buffered = self.parser.buffered
         if self.out or self.closing:
             self.flush_out()
-        if self.reading_paused or self.stopped or self.paused_writing or self.parser.buffered > INPUT_LIMIT:
+        if self.reading_paused or self.stopped or self.paused_writing or buffered > INPUT_LIMIT:
             self.update_reading()      # else reading is on and stays on: the common case, no call
 
     def process(self) -> None:
