@@ -148,7 +148,7 @@ class MemcacheConn(Conn):
             if w is None:
                 w = f.owner(q)
             if w == self.local and not self.slots and not self.worker.closed_conns:
-                self.worker.inline_get(f.index, self.id, self.inline_req(get1_reply, k.raw), q, False)
+                self.worker.inline_get(f.index, self.id, self.inline_req(get1_reply, k.raw), q)
                 return True         # fused: one reply in flight and nothing else (Conn.process)
             slot = self.new_slot(_finish_get1, call=k.raw)
             self.request(slot, w, OP_GET, 0, q, -1)

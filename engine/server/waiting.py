@@ -49,13 +49,13 @@ class Waiting:
     Filled by Worker: coll, sessions, pending_by_conn, tids*, clock, reply().
     """
 
-    def plain_get(self, src, conn, req, queue, packed=True) -> None:
+    def plain_get(self, src, conn, req, queue) -> None:
         """`get q` with no option and no wait, the common request: remove the head or answer
         empty; an open read on the queue makes it a protocol error (it closes the connection).
         The fused local path (Conn.inline_req) calls it directly, with no request record
-        around it, so it answers its own failure, and its reply's head unpacked (`packed`
-        False: the reply stays in this process, messages.resp_fields); op_get for every other
-        caller."""
+        around it, so it answers its own failure; op_get for every other caller.  A reply to
+        this worker's own front keeps its head unpacked (it stays in this process,
+        messages.resp_fields)."""
         try:
             sess = self.sessions.get((src, conn))
             if sess is not None and sess.open_count(queue):
@@ -65,7 +65,7 @@ class Waiting:
                 coll.undo.ctx = (src, conn, req)
                 item = coll.remove(queue)
                 head = (conn, req, R_ITEM if item is not None else R_EMPTY, 0, 0, 0)
-                self.replies.append((src, pack_resp(*head) if packed else head,
+                self.replies.append((src, head if src == self.local_src else pack_resp(*head),
                                      item.data if item is not None else b""))
         except Exception as e:   # one bad request must not take the shard down
             self.request_failed(src, conn, req, queue, e)
