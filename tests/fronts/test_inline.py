@@ -12,6 +12,7 @@ import time
 import pytest
 
 from lanner.config import Config, QueueConfig, ServerConfig
+from lanner.fronts.conn import REPLY_BUDGET, room_for
 from lanner.perf.hotloop import NullTransport, Rig
 from lanner.server import worker as W
 from lanner.storage.journal import journal as J
@@ -184,7 +185,6 @@ def test_under_sync_always_no_reply_before_the_fsync(rig, monkeypatch):
 def test_room_with_nothing_out_follows_the_reply_size_estimate(rig):
     """`Conn.room`'s shortcut when nothing is in flight or unsent (`idle_room`) is the general
     rule's answer, also after replies changed the size estimate it is computed from."""
-    from lanner.fronts.conn import REPLY_BUDGET, room_for     # (the rule under test)
     r = rig()
     c = r.conns[0]
     assert c.room() == room_for(0, REPLY_BUDGET, c.reply_size)

@@ -127,17 +127,9 @@ class Journal(JournalCompaction):
     def flushed_size(self) -> int:
         return self._disk_size
 
-    # The read-behind cursor.  Every add and remove asks `in_read_behind`, so that is a plain
-    # attribute (a property is a Python call per request); setting `_rb` keeps it true to the
-    # cursor wherever the cursor comes or goes.
-    @property
-    def _rb(self) -> Cursor | None:
-        return self._cursor
-
-    @_rb.setter
-    def _rb(self, cursor: Cursor | None) -> None:
-        self._cursor = cursor
-        self.in_read_behind = cursor is not None
+    def _set_rb(self, cursor: Cursor | None) -> None:     # every add and remove asks
+        self._cursor, self.in_read_behind = cursor, cursor is not None    # a plain attribute
+    _rb = property(lambda self: self._cursor, _set_rb)     # the read-behind cursor
 
     # -------------------------------------------------------- the medium (seam.py, undo.py)
     @property
@@ -367,8 +359,7 @@ class Journal(JournalCompaction):
     @property
     def write_done(self) -> bool:
         """No write under way, or the newest has finished, and with it every one before it
-        (the thread writes in order): `settle_write` will not wait.  (Asked every batch: the
-        chain read here, not through `_inflight`.)"""
+        (the thread writes in order): `settle_write` will not wait."""
         chain = self._chain
         return not chain or chain[-1].done.is_set()
 
