@@ -8,7 +8,7 @@ cdef class GetKey(_Command):
     cdef public object raw, queue, timeout_ms, open, close, abort, peek
 
 cdef class Get(_Command):
-    cdef public object keys
+    cdef public object keys, plain
 
 cdef class Set(_Command):
     cdef public object queue, flags, exptime, data, noreply

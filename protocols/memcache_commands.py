@@ -37,11 +37,18 @@ class GetKey(_Command):
 
 
 class Get(_Command):
-    """`get`/`gets` with one or more keys (deviation 4): one VALUE block per hit, then END."""
-    __slots__ = FIELDS = ("keys",)
+    """`get`/`gets` with one or more keys (deviation 4): one VALUE block per hit, then END.
+    `plain`: its one key when that has no option (what nearly every get is), else None, so a
+    front's hot path asks one field instead of the key's five (each a descriptor call on the
+    compiled type); derived from `keys`, so not one of the FIELDS."""
+    __slots__ = ("keys", "plain")
+    FIELDS = ("keys",)
 
     def __init__(self, keys: list[GetKey]) -> None:
         self.keys = keys
+        k = keys[0] if len(keys) == 1 else None
+        self.plain = k if k is not None and not (k.open or k.close or k.abort or k.peek or k.timeout_ms) \
+            else None
 
 
 class Set(_Command):
@@ -61,6 +68,7 @@ def plain_get(raw: str) -> Get:
     k.open = k.close = k.abort = k.peek = False
     g = Get.__new__(Get)
     g.keys = [k]
+    g.plain = k
     return g
 
 

@@ -75,6 +75,20 @@ class Slot:
         self.t0 = t0              # monotonic time its command's bytes were read
 
 
+def room_for(n: int, free: int, size: int) -> int:
+    """How many more commands flow control allows with `n` replies in flight, `free` bytes of
+    REPLY_BUDGET left and replies of about `size` bytes (Conn.room; Conn class doc)."""
+    # reply m = n, n + 1, ... in flight is allowed while m < MAX_INFLIGHT, m * size < free
+    k = MAX_INFLIGHT - n
+    if size > 0:
+        by_size = (free - 1) // size + 1 - n if free > 0 else -n
+        if by_size < k:
+            k = by_size
+    elif free <= 0:
+        k = 0
+    return k if k > 0 else (1 if n == 0 else 0)      # the first one always is
+
+
 def expiry_at(ms: int) -> int:
     """An expiry computed from a client's relative or absolute time: never 0 (which means
     "no expiry") and never negative (an instant before the epoch is simply expired)."""
@@ -124,6 +138,7 @@ class Conn(InlineReplies, SpillWriter, ServerCommands, asyncio.Protocol, abc.ABC
         self.out: list[bytes] = []
         self.held = 0                  # bytes of the slots' replies not yet handed to `out`
         self.reply_size = REPLY_BUDGET // 16     # running estimate of one reply's size
+        self.idle_room = room_for(0, REPLY_BUDGET, self.reply_size)     # `room` with nothing out
         self.body: list[tuple[int, int]] | None = None    # while a streamed set body arrives:
                                        # the (worker, request) pairs its pieces go to
         self.touched = 0               # bitmask of workers this connection sent requests to
@@ -223,11 +238,13 @@ class Conn(InlineReplies, SpillWriter, ServerCommands, asyncio.Protocol, abc.ABC
         write again, then read or not."""
         if self.out:
             self.flush_out()
-        if self.parser.buffered or self.body is not None:    # no bytes held: no command to take
+        buffered = self.parser.buffered      # (a descriptor call on the compiled parser: once)
+        if buffered or self.body is not None:    # no bytes held: no command to take
             self.process()
+            buffered = self.parser.buffered
         if self.out or self.closing:
             self.flush_out()
-        if self.reading_paused or self.stopped or self.paused_writing or self.parser.buffered > INPUT_LIMIT:
+        if self.reading_paused or self.stopped or self.paused_writing or buffered > INPUT_LIMIT:
             self.update_reading()      # else reading is on and stays on: the common case, no call
 
     def process(self) -> None:
@@ -260,19 +277,13 @@ class Conn(InlineReplies, SpillWriter, ServerCommands, asyncio.Protocol, abc.ABC
             return 0
         if self.front.congested and not self.front.room_for_commands(self):
             return 0
-        n = len(self.slots) + len(self.fast)
         t = self.transport
-        free = REPLY_BUDGET - self.held - self.spilled - (t.get_write_buffer_size() if t is not None else 0)
-        size = self.reply_size
-        # reply m = n, n + 1, ... in flight is allowed while m < MAX_INFLIGHT, m * size < free
-        k = MAX_INFLIGHT - n
-        if size > 0:
-            by_size = (free - 1) // size + 1 - n if free > 0 else -n
-            if by_size < k:
-                k = by_size
-        elif free <= 0:
-            k = 0
-        return k if k > 0 else (1 if n == 0 else 0)      # the first one always is
+        if not (self.slots or self.fast or self.held or self.spilled) and \
+                (t is None or not t.get_write_buffer_size()):
+            return self.idle_room          # nothing in flight or unsent: the common case
+        return room_for(len(self.slots) + len(self.fast),
+                        REPLY_BUDGET - self.held - self.spilled - (t.get_write_buffer_size() if t is not None else 0),
+                        self.reply_size)
 
     def update_reading(self) -> None:
         want = not self.stopped and not self.paused_writing and \
@@ -436,6 +447,7 @@ class Conn(InlineReplies, SpillWriter, ServerCommands, asyncio.Protocol, abc.ABC
         n = len(slot.out)
         self.held += n - before
         self.reply_size += (n - self.reply_size) >> 3
+        self.idle_room = room_for(0, REPLY_BUDGET, self.reply_size)
         if slot.fam >= 0:
             self.front.latency.observe(slot.fam, time.monotonic() - slot.t0)
         if slot.close:

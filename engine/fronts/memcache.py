@@ -130,32 +130,31 @@ class MemcacheConn(Conn):
     # -- get -------------------------------------------------------------------------------------
     def on_get(self, cmd: mc.Get) -> bool | None:
         f = self.front
-        keys = cmd.keys
-        if len(keys) == 1:
-            k = keys[0]
-            if not (k.open or k.close or k.abort or k.peek or k.timeout_ms):
-                # the hot path: a plain `get q`
-                q = k.queue
-                if q not in f.valid_names and self.bad_name(q):
-                    return
-                if (self.refuse_reads or f.status.blocks_reads()) and self.reads_blocked():
-                    return
-                if f.config.has_whitelists and self.not_listed(q, "remove"):
-                    return
-                f.my.incr(C_GET)
-                if f.config.aliases.get(q) is not None:
-                    self.reply_now(mr.END)
-                    return
-                w = f.owners.get(q)
-                if w is None:
-                    w = f.owner(q)
-                if w == self.local and not self.slots and not self.worker.closed_conns:
-                    self.worker.inline_get(f.index, self.id, self.inline_req(get1_reply, k.raw), q)
-                    return True         # fused: one reply in flight and nothing else (Conn.process)
-                slot = self.new_slot(_finish_get1, call=k.raw)
-                self.request(slot, w, OP_GET, 0, q, -1)
-                self.seal(slot)
+        k = cmd.plain
+        if k is not None:
+            # the hot path: a plain `get q` (one key, no option)
+            q = k.queue
+            if q not in f.valid_names and self.bad_name(q):
                 return
+            if (self.refuse_reads or f.status.blocks_reads()) and self.reads_blocked():
+                return
+            if f.config.has_whitelists and self.not_listed(q, "remove"):
+                return
+            f.my.incr(C_GET)
+            if f.config.aliases.get(q) is not None:
+                self.reply_now(mr.END)
+                return
+            w = f.owners.get(q)
+            if w is None:
+                w = f.owner(q)
+            if w == self.local and not self.slots and not self.worker.closed_conns:
+                self.worker.inline_get(f.index, self.id, self.inline_req(get1_reply, k.raw), q)
+                return True         # fused: one reply in flight and nothing else (Conn.process)
+            slot = self.new_slot(_finish_get1, call=k.raw)
+            self.request(slot, w, OP_GET, 0, q, -1)
+            self.seal(slot)
+            return
+        keys = cmd.keys
         for k in keys:
             if self.bad_name(k.queue):
                 return

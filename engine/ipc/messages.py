@@ -83,6 +83,13 @@ unpack_req = REQ.unpack_from
 pack_resp = RESP.pack
 unpack_resp = RESP.unpack_from
 
+
+def resp_fields(head) -> tuple:
+    """(conn, req, status, flags, pad, value) of a reply's head: packed for a ring, or the tuple
+    a reply to the worker's own client keeps (the fused path's: it never leaves the process,
+    so it is never packed; publish packs one that would)."""
+    return head if head.__class__ is tuple else unpack_resp(head, 0)
+
 # -- large messages --------------------------------------------------------------------------
 # A ring record must fit in the ring, but an item may be larger (8 MiB items are a
 # benchmark scenario).  A message over CHUNK bytes travels as a marker record (conn id

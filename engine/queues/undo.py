@@ -38,12 +38,14 @@ What an undo means for the client (the worker applies it, server/worker.py):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 
 ADD, REMOVE, OPEN, UNREMOVE, CONFIRM = range(5)
 #: The ctx of an expire_to_queue move: nobody's request, and an add the global total_items
 #: never counted; the collection's rollback tells it apart from a fanout copy's None by it.
 MOVE = object()
 KIND_NAMES = ("add", "remove", "open", "abort", "confirm")
+_MEDIUM = itemgetter(0)
 
 
 @dataclass(slots=True)
@@ -70,6 +72,15 @@ class UndoLog:
         """Forget the entries whose records are committed (once per batch: usually all)."""
         entries = self.entries
         if not entries:
+            return
+        # The common batch: one medium, written through its newest record.  A medium's marks
+        # grow along the list (a rollback cuts its newer entries off with its records), so
+        # its newest entry committed means all of them are; the one-medium check is a C loop.
+        last = entries[-1]
+        medium = last[0]
+        if last[1] < medium.committed_mark and entries[0][0] is medium and \
+                (len(entries) < 3 or len(set(map(_MEDIUM, entries))) == 1):
+            entries.clear()
             return
         medium = None
         committed = 0

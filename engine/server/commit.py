@@ -20,7 +20,7 @@ import os
 import select
 
 from lanner.errors import describe_os_error
-from lanner.ipc.messages import (R_SERVER_ERROR, RF_CLOSE, pack_resp, send, unpack_resp)
+from lanner.ipc.messages import (R_SERVER_ERROR, RF_CLOSE, pack_resp, resp_fields, send)
 from lanner.queues.undo import CONFIRM, OPEN, UNREMOVE
 from lanner.server.waiting import STRAND_RETRY_MS, Pending
 
@@ -155,7 +155,7 @@ class GroupCommit:
         waiting = self.write_held + self.replies
         self.write_held, self.replies = [], []
         for r in waiting:
-            if (r[0], *unpack_resp(r[1], 0)[:2]) in keys:
+            if (r[0], *resp_fields(r[1])[:2]) in keys:
                 self.write_held.append(r)
             else:
                 self.replies.append(r)
@@ -210,15 +210,17 @@ class GroupCommit:
 
     def publish(self, replies) -> None:
         """Hand replies to the worker's own clients, or send them: one ring publish per peer."""
-        touched = None
         local = self.local_src
-        deliver = self.front.deliver if local >= 0 else None
+        if local >= 0 and self.front.deliver(replies, local) == len(replies):
+            return                          # every reply was the worker's own clients'
+        touched = None
         for dst, head, payload in replies:
             if dst == local:
-                deliver(head, payload)
                 continue
             if dst in self.down_peers:
                 continue
+            if head.__class__ is tuple:     # (a fused-path reply's head is packed only for a ring)
+                head = pack_resp(*head)
             send(self.outbound[dst], head, payload)
             if touched is None:
                 touched = {dst}
@@ -290,7 +292,7 @@ def _fail_requests(replies: list, failed: set, why: bytes, seen: set) -> None:
     replies of the same request (a monitor's) are dropped.  `seen` carries that across lists."""
     out = []
     for dst, head, payload in replies:
-        conn, req = unpack_resp(head, 0)[:2]
+        conn, req = resp_fields(head)[:2]
         key = (dst, conn, req)
         if key in failed:
             if key in seen:

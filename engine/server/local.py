@@ -219,16 +219,26 @@ class LocalFront(Front):
             return
         c.pump()           # commands its unparsed input already completes
 
-    def deliver(self, head: bytes, payload) -> None:
-        """A reply of the worker to one of this front's requests (after its batch is written)."""
-        conn_id, req, status, flags, _, value = unpack_resp(head, 0)
-        c = self.conns.get(conn_id)
-        if c is not None:
-            fast = c.fast
-            if fast and fast[0][0] == req and not c.closing:    # Conn.on_response's first case
-                c.fast_reply(status, flags, payload)
-            else:
-                c.on_response(req, status, flags, value, payload)
+    def deliver(self, replies, src: int) -> int:
+        """The replies of the worker (a published batch: (dst, head, payload)) to this front's
+        requests, front slot `src`, handed to their connections; how many there were.  `head`
+        packed, or a fused-path reply's tuple (messages.resp_fields, inline here).  One call per
+        batch, not per reply."""
+        n = 0
+        conns = self.conns
+        for dst, head, payload in replies:
+            if dst != src:
+                continue
+            n += 1
+            conn_id, req, status, flags, _, value = head if head.__class__ is tuple else unpack_resp(head, 0)
+            c = conns.get(conn_id)
+            if c is not None:
+                fast = c.fast
+                if fast and fast[0][0] == req and not c.closing:    # Conn.on_response's first case
+                    c.fast_reply(status, flags, payload)
+                else:
+                    c.on_response(req, status, flags, value, payload)
+        return n
 
 
 def attach_front(worker, parts, control_sock) -> None:

@@ -15,7 +15,7 @@ import msgpack
 from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_CONFIRM_ALL, F_OPEN, F_PEEK, R_DATA, R_EMPTY, R_END,
                        R_ERROR,
                        R_ITEM, RF_CLOSE, RF_MORE, pack_resp,
-                       unpack_resp)
+                       resp_fields)
 from lanner.queues.waiters import Waiter
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,9 @@ class Waiting:
         """`get q` with no option and no wait, the common request: remove the head or answer
         empty; an open read on the queue makes it a protocol error (it closes the connection).
         The fused local path (Conn.inline_req) calls it directly, with no request record
-        around it, so it answers its own failure; op_get for every other caller."""
+        around it, so it answers its own failure; op_get for every other caller.  A reply to
+        this worker's own front keeps its head unpacked (it stays in this process,
+        messages.resp_fields)."""
         try:
             sess = self.sessions.get((src, conn))
             if sess is not None and sess.open_count(queue):
@@ -62,9 +64,9 @@ class Waiting:
                 coll = self.coll
                 coll.undo.ctx = (src, conn, req)
                 item = coll.remove(queue)
-                self.replies.append((src, pack_resp(conn, req, R_ITEM, 0, 0, 0), item.data)
-                                    if item is not None
-                                    else (src, pack_resp(conn, req, R_EMPTY, 0, 0, 0), b""))
+                head = (conn, req, R_ITEM if item is not None else R_EMPTY, 0, 0, 0)
+                self.replies.append((src, head if src == self.local_src else pack_resp(*head),
+                                     item.data if item is not None else b""))
         except Exception as e:   # one bad request must not take the shard down
             self.request_failed(src, conn, req, queue, e)
 
@@ -257,7 +259,7 @@ class Waiting:
             packed = msgpack.packb(keep)
             for replies in self.waiting_replies():
                 for i, (dst, head, payload) in enumerate(replies):
-                    conn, req = unpack_resp(head, 0)[:2]
+                    conn, req = resp_fields(head)[:2]
                     if dst == p.src and conn == p.conn and req == p.req:
                         replies[i] = (dst, head, packed)
 

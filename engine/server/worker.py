@@ -271,7 +271,8 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         except Exception as e:   # one bad request must not take the shard down
             self.request_failed(src, conn, req, queue, e)
         else:
-            self.replies.append((src, pack_resp(conn, req, R_OK if ok else R_NOT_STORED, 0, 0, 0), b""))
+            # its head unpacked: the reply stays in this process (messages.resp_fields)
+            self.replies.append((src, (conn, req, R_OK if ok else R_NOT_STORED, 0, 0, 0), b""))
 
     # A plain `get q` from this worker's own client, run by the fused local path: plain_get
     # (waiting.py) answers its own failures; Conn.inline_req scheduled the turn.

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from lanner.config import Config, QueueConfig, ServerConfig
+from lanner.fronts.conn import REPLY_BUDGET, room_for
 from lanner.perf.hotloop import NullTransport, Rig
 from lanner.server import worker as W
 from lanner.storage.journal import journal as J
@@ -76,6 +77,15 @@ def test_set_and_get_take_the_fused_path(rig):
     st = r.worker.coll.stats()
     assert (st["get_hits"], st["get_misses"]) == (1, 1)
     assert list(c.front.my.words[4:6]) == [2, 1]    # cmd_get, cmd_set (fronts/counters.py)
+
+
+def test_a_get_with_ignored_options_takes_the_fused_path_and_echoes_its_key(rig):
+    """`get q/` and `get q/junk` are plain gets (Get.plain): fused, VALUE echoes the key as sent."""
+    r = rig()
+    [c] = r.conns
+    assert run(r, c, b"set q 0 0 1\r\na\r\nset q 0 0 1\r\nb\r\nget q/\r\nget q/junk\r\n") == \
+        b"STORED\r\nSTORED\r\nVALUE q/ 0 1\r\na\r\nEND\r\nVALUE q/junk 0 1\r\nb\r\nEND\r\n"
+    assert r.worker.front.inline_requests == 4
 
 
 def test_no_reply_before_the_turn_writes_the_journal(rig):
@@ -170,3 +180,18 @@ def test_under_sync_always_no_reply_before_the_fsync(rig, monkeypatch):
     while not c.transport.written and time.monotonic() < deadline:
         r.turn()                                  # the fsync thread's pipe wakes the loop
     assert out(c) == b"STORED\r\nVALUE q 0 1\r\nx\r\nEND\r\n"
+
+
+def test_room_with_nothing_out_follows_the_reply_size_estimate(rig):
+    """`Conn.room`'s shortcut when nothing is in flight or unsent (`idle_room`) is the general
+    rule's answer, also after replies changed the size estimate it is computed from."""
+    r = rig()
+    c = r.conns[0]
+    assert c.room() == room_for(0, REPLY_BUDGET, c.reply_size)
+    before = c.reply_size
+    for _ in range(20):                 # small replies through slots: the estimate falls
+        s = c.new_slot()
+        c.fill(s, b"y" * 100)
+    out(c)
+    assert c.reply_size < before and not (c.slots or c.fast or c.held or c.spilled)
+    assert c.room() == room_for(0, REPLY_BUDGET, c.reply_size) > room_for(0, REPLY_BUDGET, before)

@@ -35,6 +35,22 @@ def test_parse_int_rejects_what_parseint_rejects(tok):
 
 # ----------------------------------------------------------------------------- get keys
 
+@pytest.mark.parametrize("line, plain", [
+    (b"get q", ("q", "q")), (b"get q/", ("q/", "q")), (b"gets q", ("q", "q")), (b"get q/junk", ("q/junk", "q")),
+    (b"get q/t=0", ("q/t=0", "q")),
+    (b"get q/t=5", None), (b"get q/open", None), (b"get q/close", None), (b"get q/abort", None),
+    (b"get q/peek", None), (b"get a b", None),
+])
+def test_get_names_its_one_plain_key(line, plain):
+    """`Get.plain`, which the front's hot path asks instead of the key's options: the one key
+    when it has none (whichever parser path made the command), else None."""
+    (cmd,) = parse_all(line + b"\r\n")
+    assert type(cmd) is Get
+    got = None if cmd.plain is None else (cmd.plain.raw, cmd.plain.queue)
+    assert got == plain
+    assert Get(cmd.keys).plain is cmd.plain      # the constructor derives it the same way
+
+
 def test_get_key_is_parsed_once_per_key_with_every_flag():
     key = parse_get_key("q/t=5/close/open/t=9/junk")
     assert key == GetKey("q/t=5/close/open/t=9/junk", "q", 9, open=True, close=True)

@@ -127,9 +127,9 @@ class Journal(JournalCompaction):
     def flushed_size(self) -> int:
         return self._disk_size
 
-    @property
-    def in_read_behind(self) -> bool:
-        return self._rb is not None
+    def _set_rb(self, cursor: Cursor | None) -> None:     # every add and remove asks
+        self._cursor, self.in_read_behind = cursor, cursor is not None    # a plain attribute
+    _rb = property(lambda self: self._cursor, _set_rb)     # the read-behind cursor
 
     # -------------------------------------------------------- the medium (seam.py, undo.py)
     @property
@@ -360,8 +360,8 @@ class Journal(JournalCompaction):
     def write_done(self) -> bool:
         """No write under way, or the newest has finished, and with it every one before it
         (the thread writes in order): `settle_write` will not wait."""
-        job = self._inflight
-        return job is None or job.done.is_set()
+        chain = self._chain
+        return not chain or chain[-1].done.is_set()
 
     def settle_write(self, block: bool = True) -> None:
         """Take the results of the writes done (all of them, waiting, if `block`; else `written_mark`

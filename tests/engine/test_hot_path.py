@@ -1,0 +1,69 @@
+"""The shortcuts the per-request path takes (issue 8, "stop 11"): each answers exactly what the
+general code it skips would have answered."""
+from __future__ import annotations
+
+from lanner.clock import FakeClock
+from lanner.config import Config, QueueConfig, ServerConfig
+from lanner.ipc.messages import R_ITEM, pack_resp, resp_fields
+from lanner.queues.collection import QueueCollection
+from lanner.queues.undo import ADD, UndoLog
+
+
+class Medium:
+    """What UndoLog.trim asks of a byte stream."""
+
+    def __init__(self, committed: int) -> None:
+        self.committed_mark = committed
+
+
+def entry(medium, mark: int) -> tuple:
+    return (medium, mark, None, ADD, None, 0, None)
+
+
+def test_trim_forgets_a_committed_one_medium_batch():
+    a = Medium(100)
+    log = UndoLog()
+    log.entries = [entry(a, 10), entry(a, 20), entry(a, 30)]
+    log.trim()
+    assert log.entries == []
+
+
+def test_trim_keeps_an_uncommitted_medium_between_two_committed_entries():
+    # first and newest entries of one committed medium, another medium's unwritten record
+    # between them: the one-medium shortcut must not forget it
+    a, b = Medium(100), Medium(5)
+    log = UndoLog()
+    log.entries = [entry(a, 10), entry(b, 7), entry(a, 30)]
+    log.trim()
+    assert log.entries == [entry(b, 7)]
+
+
+def test_trim_keeps_the_uncommitted_tail_of_one_medium():
+    a = Medium(25)
+    log = UndoLog()
+    log.entries = [entry(a, 10), entry(a, 20), entry(a, 30)]
+    log.trim()
+    assert log.entries == [entry(a, 30)]
+
+
+def test_in_read_behind_follows_the_journal_cursor(tmp_path):
+    """A plain attribute now (asked on every add and remove): in and out of read-behind."""
+    clock = FakeClock()
+    coll = QueueCollection(Config(server=ServerConfig(queue_path=str(tmp_path)),
+                                  default=QueueConfig(max_memory_size=100)), clock)
+    try:
+        for i in range(10):
+            coll.add("q", b"%030d" % i)
+        storage = coll.queue("q").storage
+        assert storage.in_read_behind and storage._rb is not None
+        got = [coll.remove("q").data for _ in range(10)]
+        assert got == [b"%030d" % i for i in range(10)]
+        assert not storage.in_read_behind and storage._rb is None
+    finally:
+        coll.close()
+
+
+def test_a_local_reply_head_reads_as_a_packed_one():
+    fields = (7, 9, R_ITEM, 0, 0, 0)
+    assert resp_fields(fields) == fields
+    assert resp_fields(pack_resp(*fields)) == fields
