@@ -1,7 +1,7 @@
 """A put carrying an item larger than the queue takes: the answer Kestrel gives (thrift: the count
 before it, reference §3.3; text: the items stored, §2.2), whatever way the bytes arrive, without
 the server holding the item meanwhile (protocols/thrift_put.py, protocols/text.py, oversized.py).
-Real `lanner serve` (two workers serving clients), raw sockets and the `thrift` package.
+Real `lanner serve` in each process layout, raw sockets and the `thrift` package.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from lanner.perf.thrift_client import KestrelThrift
-from tests.helpers import recv_exact, recv_until, start_server, wait_for
+from tests.helpers import LAYOUTS, recv_exact, recv_until, start_server, wait_for
 from tests.protocols.test_thrift import call, f_bin_list, f_i32, f_str, read_reply
 
 pytestmark = pytest.mark.integration
@@ -30,9 +30,10 @@ BIG = 8 << 20
 HELD = 4 << 20          # what a server process may grow by while a put arrives (it is 8-16 MiB)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    h = start_server(tmp_path_factory.mktemp("big-puts"), layout="embedded", thrift=True, config=CONFIG)
+@pytest.fixture(scope="module", params=sorted(LAYOUTS))
+def server(request, tmp_path_factory):
+    h = start_server(tmp_path_factory.mktemp("big-puts-" + request.param), layout=request.param,
+                     thrift=True, config=CONFIG)
     yield h
     h.stop()
 
