@@ -1,7 +1,9 @@
 """Unit tests of lanner.protocols.text beyond the case files: the put-block quirks, bounds, encoders."""
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from lanner.protocols import text as tx
+from lanner.protocols.oversized import Oversized
 from lanner.protocols.text import Get, ProtocolError, Put, Reply, TextParser
 
 
@@ -102,10 +104,6 @@ def test_encoders_never_emit_an_inner_lf(msg):
 
 
 # ----------------------------------------------------------------------------- items dropped as they arrive
-
-from hypothesis import given, settings, strategies as st  # noqa: E402
-
-from lanner.protocols.oversized import Oversized  # noqa: E402
 
 
 def fed(data: bytes, cuts, **kw) -> tuple[list, int]:
