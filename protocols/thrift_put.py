@@ -188,7 +188,8 @@ class PutStream:
             else:
                 if len(buf) < 4 + size:
                     yield 4 + size
-                append(bytes(buf[4:4 + size]))
+                with memoryview(buf) as view:         # one copy, not two
+                    append(bytes(view[4:4 + size]))
                 del buf[:4 + size]
                 self.pos = end
                 self.kept += size
