@@ -8,7 +8,9 @@ fanout child it may have (a master's children get their copies before the master
 collection.py `add`: an unconfigured child takes its master's config, a configured one its own),
 and, for an alias, of every destination and theirs.  A queue not known yet (a thrift put whose
 items come before its queue name) gets the largest of all.  Asked once per big put frame or
-long text line, not per request, so it is computed, not cached.
+long text line, not per request, so it is computed, not cached.  The front's config decides: a
+reload that raises a limit while an item is being dropped leaves that one item refused, as if
+the put had come just before the reload.
 """
 from __future__ import annotations
 
