@@ -169,7 +169,13 @@ class PutStream:
             raise not_a_binary_list(etype)
         out = []
         append = out.append
-        for _ in range(n):              # each item takes >= 4 bytes: bounded by the frame
+        i = 0
+        while i < n:                    # each item takes >= 4 bytes: bounded by the frame
+            i += self._kept_run(n - i, bound, append)
+            if i == n:
+                break
+            i += 1
+            pos = self.pos
             if pos + 4 > flen:
                 raise truncated(4, pos, flen)
             if len(buf) < 4:
@@ -193,8 +199,31 @@ class PutStream:
                 del buf[:4 + size]
                 self.pos = end
                 self.kept += size
-            pos = end
         return out
+
+    def _kept_run(self, most: int, bound: int, append) -> int:
+        """The items (at most `most`) the buffer already holds whole and within `bound`, taken
+        in one go, with one deletion from the buffer: how many.  It stops before any other
+        item (not all in, over the bound, or wrong), which `_items` then takes one by one and
+        words any error for."""
+        buf, flen, pos = self.buf, self.flen, self.pos
+        have = len(buf)
+        end = min(have, flen - pos)     # (the buffer may hold the next frame's bytes too)
+        at = done = 0
+        unpack = _I32.unpack_from
+        with memoryview(buf) as view:
+            while done < most and at + 4 <= end:
+                size = unpack(view, at)[0]
+                if size < 0 or size > bound or at + 4 + size > end:
+                    break
+                append(bytes(view[at + 4:at + 4 + size]))
+                at += 4 + size
+                done += 1
+        if at:
+            del buf[:at]
+            self.pos = pos + at
+            self.kept += at - 4 * done
+        return done
 
     def _skip(self, ttype: int, depth: int):
         """Step over one value of `ttype`, dropping it as it arrives (thrift.py `_skip`)."""
