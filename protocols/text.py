@@ -24,7 +24,11 @@ over `max_block` bytes) is `ProtocolError(reply, close=True)`, whose reply is a
 `quit`, the parser is stopped and ignores further input.
 
 Bounds: a line may hold at most `max_line` bytes and a put block at most
-`max_block` item bytes; Kestrel had neither, so the defaults are generous.
+`max_block` item bytes; Kestrel had neither, so the defaults are generous.  Given
+an `item_limit`, a block's item too long for any queue its put reaches is not
+held at all: it is dropped as it arrives and stands in the items as an
+`Oversized` (see TextParser), which the front has refused where its bytes would
+have been.
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ from typing import Iterator
 from lanner.protocols.memcache import (
     STATUS_NAMES, ProtocolError, Quit, Shutdown, Status, Version, _show, parse_int,
 )
+from lanner.protocols.oversized import Oversized
 from lanner.protocols.stream import TOO_LONG, StreamParser
 
 log = logging.getLogger(__name__)
@@ -42,21 +47,24 @@ log = logging.getLogger(__name__)
 __all__ = [
     "TextParser", "Put", "Get", "Peek", "Monitor", "Confirm", "Flush", "Delete", "Status",
     "Version", "Shutdown", "Quit", "Reply", "ProtocolError", "Command", "MAX_PUT_BUFFER",
-    "item", "NONE", "count", "error", "string",
+    "item", "NONE", "count", "error", "string", "Oversized", "SKIP_OVER",
 ]
 
 #: Items a put block buffers; the line read after that many ends the block and is lost.
 MAX_PUT_BUFFER = 1024
+#: A block's item line longer than this is measured against its put's item limit.
+SKIP_OVER = 64 << 10
 
 
 # --------------------------------------------------------------------------- commands
 
 @dataclass(slots=True)
 class Put:
-    """`expiry_ms` is relative to now and 0 means already expired (reference §9.2 item 6)."""
+    """`expiry_ms` is relative to now and 0 means already expired (reference §9.2 item 6).
+    An item is its bytes, or an Oversized when they were dropped as they arrived."""
     queue: str
     expiry_ms: int | None
-    items: list[bytes]
+    items: list[bytes | Oversized]
 
 
 @dataclass(slots=True)
@@ -260,25 +268,39 @@ _LINE, _BLOCK, _STOPPED = 0, 1, 2
 
 
 class TextParser(StreamParser):
-    """Feed socket bytes with `feed`, take commands with `next` until it returns None."""
+    """Feed socket bytes with `feed`, take commands with `next` until it returns None.
 
-    __slots__ = ("max_block", "_toks", "_items", "_block_bytes")
+    `item_limit(queue)` (None: none) is the largest item a put to `queue` could store
+    anywhere; with it, a block's item line longer than `skip_over` and than that limit (for a
+    block no put reads: than 0) is dropped as it arrives and reaches the command as an
+    `Oversized` (oversized.py): nothing else changes, not the line and block bounds, not the
+    items counted, so the answer is the one its bytes would have had."""
+
+    __slots__ = ("max_block", "item_limit", "skip_over", "_toks", "_items", "_block_bytes",
+                 "_kept", "_bound", "_skipped", "_skip_cr")
     BETWEEN, STOPPED = _LINE, _STOPPED
 
-    def __init__(self, max_line: int = 1 << 20, max_block: int = 1 << 26) -> None:
+    def __init__(self, max_line: int = 1 << 20, max_block: int = 1 << 26, item_limit=None,
+                 skip_over: int = SKIP_OVER) -> None:
         self.max_line = max_line
         self.max_block = max_block
+        self.item_limit = item_limit
+        self.skip_over = skip_over
         self._buf = bytearray()
         self._scan = 0          # _buf[:_scan] is known to hold no LF
         self._state = _LINE
         self._toks: list[bytes] = []     # BLOCK: the command that opened the block
-        self._items: list[bytes] = []    # BLOCK: items read so far
-        self._block_bytes = 0
+        self._items: list = []           # BLOCK: items read so far (bytes or Oversized)
+        self._block_bytes = 0            # BLOCK: their sizes, added up (max_block)
+        self._kept = 0                   # BLOCK: the bytes of those held
+        self._bound = -1                 # BLOCK: item_limit of its put, once asked; else -1
+        self._skipped = -1               # BLOCK: bytes of an item line dropped so far; else -1
+        self._skip_cr = False            # (whether the last of them was a CR)
 
     @property
     def buffered(self) -> int:
         """Bytes held and not yet parsed, put items already read included."""
-        return len(self._buf) + self._block_bytes
+        return len(self._buf) + self._kept
 
     def feed(self, data: bytes) -> None:
         if self._state != _STOPPED:
@@ -290,7 +312,7 @@ class TextParser(StreamParser):
 
     def next(self) -> Command | None:
         while self._state != _STOPPED:
-            line = self._take_line()
+            line = self._take_item() if self._state == _BLOCK else self._take_line()
             if line is None:
                 return None
             if line is TOO_LONG:
@@ -298,15 +320,19 @@ class TextParser(StreamParser):
             if self._state == _BLOCK:
                 items = self._items
                 if line and len(items) < MAX_PUT_BUFFER:
-                    self._block_bytes += len(line)
+                    if type(line) is bytes:
+                        size = len(line)
+                        self._kept += size
+                    else:
+                        size = line.size
+                    self._block_bytes += size
                     if self._block_bytes > self.max_block:
                         return self._stop(ProtocolError(
                             error("Put block larger than %d bytes." % self.max_block), True))
                     items.append(line)
                     continue
                 toks = self._toks
-                self._toks, self._items, self._block_bytes = [], [], 0
-                self._state = _LINE
+                self._end_block()
                 cmd = _dispatch(toks, items)
             elif line[-1:] == b":":
                 self._toks = _split(line[:-1])
@@ -320,8 +346,64 @@ class TextParser(StreamParser):
             return cmd
         return None
 
+    def _take_item(self):
+        """A block's next line, as `_take_line` gives it, except that a line over the block's
+        item bound (and `skip_over`) is an Oversized: its bytes are dropped as they come,
+        counted for the same line bound, and it ends at the same LF, less the same CR."""
+        if self._skipped >= 0:
+            return self._skip_rest()
+        line = self._take_line()
+        if self.item_limit is None:
+            return line
+        if line is None:
+            buf = self._buf
+            if len(buf) > self.skip_over + 1 and len(buf) > self._item_bound() + 1:
+                self._skipped = len(buf)         # (+ 1: room for the CR of a CRLF)
+                self._skip_cr = buf[-1] == 13
+                del buf[:]
+                self._scan = 0
+                return self._skip_rest()
+            return None
+        if line is not TOO_LONG and len(line) > self.skip_over and len(line) > self._item_bound():
+            return Oversized(len(line))
+        return line
+
+    def _skip_rest(self):
+        buf = self._buf
+        i = buf.find(b"\n")
+        if i < 0:
+            if buf:
+                self._skipped += len(buf)
+                self._skip_cr = buf[-1] == 13
+                del buf[:]
+            if self._skipped > self.max_line + 1:
+                self._skipped = -1
+                return TOO_LONG
+            return None
+        cr = buf[i - 1] == 13 if i else self._skip_cr
+        size = self._skipped + i - cr
+        del buf[:i + 1]
+        self._skipped = -1
+        return TOO_LONG if size > self.max_line else Oversized(size)
+
+    def _item_bound(self) -> int:
+        bound = self._bound
+        if bound < 0:
+            toks = self._toks
+            if len(toks) >= 2 and toks[0].decode("latin-1").lower() == "put":
+                bound = self.item_limit(_name(toks[1]))
+            else:
+                bound = 0       # no other command reads its block's items
+            self._bound = bound
+        return bound
+
+    def _end_block(self) -> None:
+        self._toks, self._items, self._block_bytes, self._kept = [], [], 0, 0
+        self._bound = self._skipped = -1
+        self._state = _LINE
+
     def _stop(self, cmd):
+        self._end_block()
         self._state = _STOPPED
         self._buf.clear()
-        self._toks, self._items, self._block_bytes = [], [], 0
         return cmd

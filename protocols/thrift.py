@@ -42,9 +42,13 @@ configured text.
 
 Memory bounds: a frame whose declared length exceeds `max_frame` is refused as soon as its 4
 length bytes arrive, without waiting for (or buffering) the body.  The buffer holds at most what
-was fed since `next()` last returned None.  Decoding never preallocates from a declared count:
-every element consumes at least one byte of the frame, fixed-width runs are bounds-checked
-before they are read, and nesting is cut at 64 levels (libthrift's skip depth).
+was fed since `next()` last returned None.  A `put` frame over `stream_over` bytes, given an
+`item_limit`, is decoded as it arrives (thrift_put.py): an item no queue the put reaches would
+take is dropped as it comes and reaches the front as an `Oversized`, in its place, so the
+front's answer is the one its bytes would have had, whatever way the frame was cut.  Decoding
+never preallocates from a declared count: every element consumes at least one byte of the
+frame, fixed-width runs are bounds-checked before they are read, and nesting is cut at 64
+levels (libthrift's skip depth).
 """
 from __future__ import annotations
 
@@ -53,13 +57,21 @@ import struct
 from dataclasses import dataclass
 from typing import Iterator
 
+from lanner.protocols.thrift_wire import (
+    _CONTAINER, _FIELD, _FIXED, _I32, _MAP, _MAX_DEPTH, _VARIABLE, _VERSION_1, _VERSION_MASK,
+    CALL, T_I32, T_I64, T_LIST, T_MAP, T_SET, T_STOP, T_STRING, T_STRUCT, _Bad, _type_name,
+    cut_field_header, in_field, negative_length, negative_size, no_stop, not_a_binary_list,
+    too_deep, truncated, truncated_string, unknown_element, unknown_type,
+)
+from lanner.protocols.thrift_put import PutStream
+
 log = logging.getLogger(__name__)
 
 __all__ = [
     "Item", "QueueInfo", "Call", "Upgrade", "BadCall", "ProtocolError", "ThriftParser",
     "STATUS_NOT_CONFIGURED", "STATUS_QUIESCENT", "STATUS_READ_ONLY", "STATUS_UP",
     "EXC_UNKNOWN_METHOD", "EXC_INTERNAL_ERROR", "EXC_PROTOCOL_ERROR", "UPGRADE_METHOD", "METHODS",
-    "DEFAULT_MAX_FRAME",
+    "DEFAULT_MAX_FRAME", "STREAM_OVER",
 ]
 
 STATUS_NOT_CONFIGURED, STATUS_QUIESCENT, STATUS_READ_ONLY, STATUS_UP = 0, 1, 2, 3
@@ -71,28 +83,9 @@ EXC_PROTOCOL_ERROR = 7
 
 UPGRADE_METHOD = "__can__finagle__trace__v3__"
 DEFAULT_MAX_FRAME = 64 << 20
-
-# message types
-CALL, REPLY, EXCEPTION, ONEWAY = 1, 2, 3, 4
-# TTypes
-T_STOP, T_VOID, T_BOOL, T_BYTE, T_DOUBLE = 0, 1, 2, 3, 4
-T_I16, T_I32, T_I64, T_STRING, T_STRUCT, T_MAP, T_SET, T_LIST = 6, 8, 10, 11, 12, 13, 14, 15
-
-_VERSION_1 = 0x80010000
-_VERSION_MASK = 0xFFFF0000
-_MAX_DEPTH = 64
-_FIXED = {T_BOOL: 1, T_BYTE: 1, T_DOUBLE: 8, T_I16: 2, T_I32: 4, T_I64: 8}
-_TYPE_NAMES = {T_STOP: "stop", T_VOID: "void", T_BOOL: "bool", T_BYTE: "byte", T_DOUBLE: "double",
-               T_I16: "i16", T_I32: "i32", T_I64: "i64", T_STRING: "string", T_STRUCT: "struct",
-               T_MAP: "map", T_SET: "set", T_LIST: "list"}
-
-_I32 = struct.Struct(">i")
-_U32 = struct.Struct(">I")
-_I64 = struct.Struct(">q")
-_FIELD = struct.Struct(">bh")        # field header: type byte, i16 id
-_CONTAINER = struct.Struct(">bi")    # list/set header: element type, i32 size
-_MAP = struct.Struct(">bbi")         # map header: key type, value type, i32 size
-
+#: A put frame longer than this is decoded as it arrives when the parser has an item limit.
+STREAM_OVER = 64 << 10
+_HEAD_MAX = 64 << 10     # bytes of a frame a message header (and RequestHeader) must fit in
 
 # --------------------------------------------------------------------------- values and outcomes
 
@@ -140,16 +133,12 @@ class ProtocolError:
     reason: str
 
 
-class _Bad(Exception):
-    """Decoding stopped; the message says where, for the exception or close reason."""
-
-
 # --------------------------------------------------------------------------- primitive readers
 # Each takes (frame, pos) and returns (value, new pos); `frame` is immutable bytes.
 
 def _need(frame: bytes, pos: int, n: int) -> None:
     if pos + n > len(frame):
-        raise _Bad(f"frame truncated: {n} bytes needed at offset {pos} of a {len(frame)}-byte frame")
+        raise truncated(n, pos, len(frame))
 
 
 def _r_i32(frame: bytes, pos: int) -> tuple[int, int]:
@@ -163,11 +152,11 @@ def _r_binary(frame: bytes, pos: int) -> tuple[bytes, int]:
         _need(frame, pos, 4)
     n = _I32.unpack_from(frame, pos)[0]
     if n < 0:
-        raise _Bad(f"Negative length: {n} (at offset {pos})")
+        raise negative_length(n, pos)
     pos += 4
     end = pos + n
     if end > len(frame):
-        raise _Bad(f"frame truncated: string of {n} bytes at offset {pos} of a {len(frame)}-byte frame")
+        raise truncated_string(n, pos, len(frame))
     return frame[pos:end], end
 
 
@@ -185,18 +174,14 @@ def _r_container(frame: bytes, pos: int) -> tuple[int, int, int]:
     _need(frame, pos, 5)
     etype, n = _CONTAINER.unpack_from(frame, pos)
     if n < 0:
-        raise _Bad(f"Negative container size: {n} (at offset {pos})")
+        raise negative_size(n, pos)
     return etype, n, pos + 5
-
-
-def _type_name(t: int) -> str:
-    return _TYPE_NAMES.get(t, f"type {t}")
 
 
 def _r_binary_list(frame: bytes, pos: int) -> tuple[list[bytes], int]:
     etype, n, pos = _r_container(frame, pos)
     if n and etype != T_STRING:
-        raise _Bad(f"list<{_type_name(etype)}> where list<binary> was expected")
+        raise not_a_binary_list(etype)
     out = []
     append = out.append
     for _ in range(n):
@@ -224,7 +209,7 @@ def _skip(frame: bytes, pos: int, ttype: int, depth: int) -> int:
     if ttype == T_STRING:
         return _r_binary(frame, pos)[1]
     if depth >= _MAX_DEPTH:
-        raise _Bad(f"nesting deeper than {_MAX_DEPTH} levels at offset {pos}")
+        raise too_deep(pos)
     if ttype == T_STRUCT:
         while True:
             _need(frame, pos, 1)
@@ -240,9 +225,9 @@ def _skip(frame: bytes, pos: int, ttype: int, depth: int) -> int:
         _need(frame, pos, 6)
         ktype, vtype, n = _MAP.unpack_from(frame, pos)
         if n < 0:
-            raise _Bad(f"Negative container size: {n} (at offset {pos})")
+            raise negative_size(n, pos)
         return _skip_run(frame, pos + 6, n, (ktype, vtype), depth)
-    raise _Bad(f"unknown thrift type {ttype} at offset {pos}")
+    raise unknown_type(ttype, pos)
 
 
 def _skip_run(frame: bytes, pos: int, n: int, types: tuple[int, ...], depth: int) -> int:
@@ -255,8 +240,8 @@ def _skip_run(frame: bytes, pos: int, n: int, types: tuple[int, ...], depth: int
         _need(frame, pos, total)
         return pos + total
     for t in types:
-        if t not in _FIXED and t not in (T_STRING, T_STRUCT, T_MAP, T_SET, T_LIST):
-            raise _Bad(f"unknown thrift element type {t} at offset {pos}")
+        if t not in _FIXED and t not in _VARIABLE:
+            raise unknown_element(t, pos)
     for _ in range(n):
         for t in types:
             pos = _skip(frame, pos, t, depth + 1)
@@ -345,12 +330,12 @@ def _read_args(frame: bytes, pos: int, method: str) -> dict:
     flen = len(frame)
     while True:
         if pos >= flen:
-            raise _Bad(f"{method}_args: frame ends before the struct's STOP (offset {pos})")
+            raise no_stop(method, pos)
         ftype = frame[pos]
         if ftype == T_STOP:
             return args
         if pos + 3 > flen:
-            raise _Bad(f"{method}_args: frame truncated in a field header at offset {pos}")
+            raise cut_field_header(method, pos)
         ftype, fid = _FIELD.unpack_from(frame, pos)
         pos += 3
         spec = fields.get(fid)
@@ -362,31 +347,49 @@ def _read_args(frame: bytes, pos: int, method: str) -> dict:
             try:
                 args[spec[1]], pos = spec[2](frame, pos)
             except _Bad as e:
-                raise _Bad(f"{method}_args field {fid} ({spec[1]}): {e}") from None
+                raise in_field(method, fid, spec[1], e) from None
         else:
             try:
                 pos = _skip(frame, pos, ftype, 1)
             except _Bad as e:
-                raise _Bad(f"{method}_args field {fid}: {e}") from None
+                raise in_field(method, fid, None, e) from None
 
 
 # --------------------------------------------------------------------------- the parser
 
 class ThriftParser:
-    """Incremental frame parser for one connection; see the module docstring for its contract."""
+    """Incremental frame parser for one connection; see the module docstring for its contract.
 
-    __slots__ = ("max_frame", "upgraded", "_buf", "_stopped")
+    `item_limit(queue)` (None: none) is the largest put item that could be stored anywhere a put
+    to `queue` reaches (`queue` None: to any queue); with it, a put frame larger than
+    `stream_over` is decoded as it arrives (thrift_put.py) and an item over the limit reaches
+    the call as an `Oversized`, its bytes never held."""
 
-    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME):
+    __slots__ = ("max_frame", "upgraded", "item_limit", "stream_over", "_buf", "_stopped",
+                 "_put", "_call", "_whole", "_tried")
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME, item_limit=None,
+                 stream_over: int = STREAM_OVER):
         self.max_frame = max_frame
         self.upgraded = False
+        self.item_limit = item_limit
+        self.stream_over = stream_over
         self._buf = bytearray()
         self._stopped = False
+        self._put: PutStream | None = None      # the put frame being decoded as it arrives
+        self._call: tuple | None = None         # (seqid, client id) of that put
+        self._whole = False     # the frame arriving is decoded once complete, not streamed
+        self._tried = 0         # bytes of it the last look for a put header had
 
     @property
     def buffered(self) -> int:
         """Bytes held and not yet decoded (the front watches this for back-pressure)."""
         return len(self._buf)
+
+    @property
+    def held(self) -> int:
+        """Every byte of the connection's input held: not yet decoded, or a put item kept."""
+        return len(self._buf) + (self._put.kept if self._put is not None else 0)
 
     @property
     def stopped(self) -> bool:
@@ -406,6 +409,8 @@ class ThriftParser:
         """The outcome of the next complete frame, or None until one has fully arrived."""
         if self._stopped:
             return None
+        if self._put is not None:
+            return self._streamed()
         buf = self._buf
         if len(buf) < 4:
             return None
@@ -414,15 +419,56 @@ class ThriftParser:
             return self._stop(f"frame length {n} outside 0..{self.max_frame}")
         end = 4 + n
         if len(buf) < end:
+            if n > self.stream_over and self.item_limit is not None and not self._whole:
+                return self._start_put(n)
             return None
+        self._whole = False
+        self._tried = 0
         with memoryview(buf) as view:
             frame = bytes(view[4:end])
         del buf[:end]
         return self._decode(frame)
 
+    def _start_put(self, n: int) -> Call | BadCall | None:
+        """A big frame still arriving: once its message header is in, a put goes on as a
+        PutStream; any other method (or a header not readable from its first _HEAD_MAX bytes)
+        waits to be decoded whole.  The header is decoded from what has arrived, again each
+        time that doubled (so feeding it byte by byte stays linear); a header that decodes from
+        a prefix decodes the same from the whole frame."""
+        buf = self._buf
+        have = len(buf) - 4
+        if have < self._tried:
+            return None
+        self._tried = 2 * have
+        head = bytes(buf[4:4 + min(have, _HEAD_MAX)])
+        try:
+            client_id, pos = _read_request_header(head, 0) if self.upgraded else (None, 0)
+            name, _, seqid, pos = _read_message_begin(head, pos)
+        except _Bad:
+            self._whole = have >= _HEAD_MAX
+            return None
+        if name != "put":
+            self._whole = True
+            return None
+        del buf[:4 + pos]
+        defaults, fields = _ARGS["put"]
+        self._put = PutStream(buf, pos, n, defaults(), fields, self.item_limit)
+        self._call = (seqid, client_id)
+        return self._streamed()
+
+    def _streamed(self) -> Call | BadCall | None:
+        out = self._put.step()
+        if out is None:
+            return None
+        (seqid, client_id), self._put, self._call, self._tried = self._call, None, None, 0
+        if type(out) is dict:
+            return Call("put", seqid, out, client_id)
+        return BadCall("put", seqid, EXC_PROTOCOL_ERROR, str(out))
+
     def _stop(self, reason: str) -> ProtocolError:
         self._stopped = True
         self._buf = bytearray()
+        self._put = self._call = None
         log.debug("thrift connection unframeable: %s", reason)
         return ProtocolError(reason)
 

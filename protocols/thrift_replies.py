@@ -2,15 +2,17 @@
 
 Pure: reply values in, bytes out.  The wire shape (strict headers, the finagle TTwitter
 `ResponseHeader` in front of every frame of an upgraded connection) is thrift.py's module
-docstring; the constants and struct packers are its, so reader and writer cannot drift apart.
+docstring; the constants and struct packers are thrift_wire.py's, shared with the readers, so
+reader and writer cannot drift apart.
 """
 from __future__ import annotations
 
 import struct
 
-from lanner.protocols.thrift import (
-    _CONTAINER, _FIELD, _I32, _I64, _U32, _VERSION_1, EXCEPTION, METHODS, REPLY, T_I32, T_I64,
-    T_LIST, T_STOP, T_STRING, T_STRUCT, UPGRADE_METHOD, Call, QueueInfo,
+from lanner.protocols.thrift import METHODS, UPGRADE_METHOD, Call, QueueInfo
+from lanner.protocols.thrift_wire import (
+    _CONTAINER, _FIELD, _I32, _I64, _U32, _VERSION_1, EXCEPTION, REPLY, T_I32, T_I64, T_LIST,
+    T_STOP, T_STRING, T_STRUCT,
 )
 
 __all__ = ["encode_upgrade_reply", "encode_reply", "encode_exception", "internal_error"]

@@ -12,9 +12,11 @@ from lanner.protocols import text as tx
 from lanner import __version__
 from lanner.fronts.conn import Conn, Slot, expiry_at
 from lanner.fronts.counters import C_GET, C_PEEK, C_SET
+from lanner.fronts.putbound import put_bound, refusal
 from lanner.server.status import StatusError
 from lanner.ipc.messages import (F_CONFIRM_ALL, F_OPEN, F_PEEK, OP_ALIAS_PUT, OP_CONFIRM, OP_DELETE,
-                       OP_FLUSH, OP_GET, OP_MONITOR, OP_SET, R_ERROR, R_ITEM, R_OK, R_SERVER_ERROR, RF_CLOSE)
+                       OP_FLUSH, OP_GET, OP_MONITOR, OP_PUT_MANY, OP_SET, R_ERROR, R_ITEM, R_OK,
+                       R_SERVER_ERROR, RF_CLOSE)
 
 _VERSION = tx.string(__version__)
 
@@ -25,7 +27,8 @@ def _blocked(op: str) -> bytes:
 
 class TextConn(Conn):
     def __init__(self, front):
-        super().__init__(front, tx.TextParser())
+        # a put item larger than any queue the put reaches takes is dropped as it arrives
+        super().__init__(front, tx.TextParser(item_limit=lambda q: put_bound(front.config, q)))
 
     def handle(self, cmd) -> None:
         _HANDLERS[type(cmd)](self, cmd)
@@ -76,7 +79,7 @@ class TextConn(Conn):
         targets = dests if dests is not None else (q,)
         if dests is not None:
             f.send(f.owner(q), self.id, 0, OP_ALIAS_PUT, 0, q.encode("latin-1"), len(cmd.items),
-                   sum(len(i) for i in cmd.items))
+                   sum(len(i) if type(i) is bytes else i.size for i in cmd.items))
         ntargets = len(targets)
 
         def finish(slot):
@@ -93,8 +96,13 @@ class TextConn(Conn):
             slot.out = tx.count(stored)
         slot = self.new_slot(finish)
         for data in cmd.items:
-            for t in targets:
-                self.request(slot, f.owner(t), OP_SET, 0, t.encode("latin-1"), expiry, 0, data)
+            if type(data) is bytes:
+                for t in targets:
+                    self.request(slot, f.owner(t), OP_SET, 0, t.encode("latin-1"), expiry, 0, data)
+            else:               # an Oversized: refused where its bytes would have been
+                for t in targets:
+                    self.request(slot, f.owner(t), OP_PUT_MANY, 0, t.encode("latin-1"), expiry, 0,
+                                 refusal(data))
         self.seal(slot)
 
     def fetch(self, queue: str, flags: int, timeout: int | None, counter: int, op_name: str) -> None:

@@ -14,10 +14,12 @@ import msgpack
 
 from lanner.protocols import thrift as th
 from lanner.protocols import thrift_replies as tr
+from lanner.protocols.oversized import Oversized
 
 from lanner import __version__
 from lanner.fronts.conn import Conn, Slot, expiry_at
 from lanner.fronts.counters import C_PEEK, C_SET
+from lanner.fronts.putbound import put_bound, refusal
 from lanner.ipc.messages import (F_THRIFT, OP_DELETE, OP_FLUSH, OP_FLUSH_ALL, OP_PUT_MANY,
                        OP_SET, OP_TABORT, OP_TCONFIRM, OP_TGET, OP_TPEEK, R_DATA, R_OK,
                        R_SERVER_ERROR, R_VALUE)
@@ -29,12 +31,17 @@ _STATUS_OUT = {"Up": th.STATUS_UP, "ReadOnly": th.STATUS_READ_ONLY, "Quiescent":
 _STATUS_IN = {th.STATUS_UP: "up", th.STATUS_READ_ONLY: "readonly", th.STATUS_QUIESCENT: "quiescent"}
 
 
+def _size(item: Oversized) -> int:
+    return item.size
+
+
 class ThriftConn(Conn):
     count_bytes = False          # bytes_read / bytes_written cover memcache and text only (§9.5)
     conn_flags = F_THRIFT          # its open reads outlive it; it never pipelines past an error
 
     def __init__(self, front):
-        super().__init__(front, th.ThriftParser())
+        # a put item larger than any queue the put reaches takes is dropped as it arrives
+        super().__init__(front, th.ThriftParser(item_limit=lambda q: put_bound(front.config, q)))
 
     def unavailable(self, slot: Slot, reason: str) -> None:
         call = slot.call
@@ -111,8 +118,9 @@ class ThriftConn(Conn):
         dests = f.config.aliases.get(q)
         if dests is None:
             slot = self.call_slot(call, lambda s: s.parts[0].value if s.parts[0].status == R_VALUE else 0)
+            # an Oversized goes as its size: the worker refuses it there and stops (OP_PUT_MANY)
             self.request(slot, f.owner(q), OP_PUT_MANY, 0, q.encode("latin-1"), expiry, 0,
-                         msgpack.packb(items))
+                         msgpack.packb(items, default=_size))
             self.seal(slot)
             return
         n = max(len(dests), 1)
@@ -128,7 +136,11 @@ class ThriftConn(Conn):
         slot = self.call_slot(call, count)
         for data in items:
             for d in dests:
-                self.request(slot, f.owner(d), OP_SET, 0, d.encode("latin-1"), expiry, 0, data)
+                if type(data) is Oversized:
+                    self.request(slot, f.owner(d), OP_PUT_MANY, 0, d.encode("latin-1"), expiry, 0,
+                                 refusal(data))
+                else:
+                    self.request(slot, f.owner(d), OP_SET, 0, d.encode("latin-1"), expiry, 0, data)
         self.seal(slot)
 
     def do_get(self, call) -> None:

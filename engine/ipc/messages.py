@@ -38,7 +38,8 @@ OP_RELOAD = 12        # no queue; reply when done
 OP_ALIAS_PUT = 13     # queue = alias name, a = items, b = bytes; accounting only, no reply
 OP_FORWARD_ADD = 14   # from another worker (expire_to_queue): add without fanout or totals; no reply
 OP_DUMP_CONFIG = 15
-OP_PUT_MANY = 16      # payload = msgpack list of items; a = expiry; adds in order, stops at the
+OP_PUT_MANY = 16      # payload = msgpack list of items (an int: the size of an item dropped unread,
+                      # refused, protocols/oversized.py); a = expiry; adds in order, stops at the
                       # first refusal; R_VALUE = how many were added (thrift put)
 OP_TGET = 17          # thrift get: a = timeout ms, b = max items, payload = i64 auto-abort ms;
                       # R_DATA = msgpack [[data, id], ...]

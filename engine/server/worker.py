@@ -353,6 +353,9 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         elif op == OP_PUT_MANY:
             added = 0
             for data in msgpack.unpackb(bytes(payload)):
+                if type(data) is int:   # an item's size: the front dropped its bytes, over every
+                    coll.queue(queue)   # limit (fronts/putbound.py): refused as the add would
+                    break               # refuse it, after creating the queue as the add would
                 if not coll.add(queue, data, a or None):
                     break
                 added += 1

@@ -1,7 +1,9 @@
 """Unit tests of lanner.protocols.text beyond the case files: the put-block quirks, bounds, encoders."""
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from lanner.protocols import text as tx
+from lanner.protocols.oversized import Oversized
 from lanner.protocols.text import Get, ProtocolError, Put, Reply, TextParser
 
 
@@ -99,3 +101,86 @@ def test_encoders():
 @pytest.mark.parametrize("msg", ["a\nb", "x\n"])
 def test_encoders_never_emit_an_inner_lf(msg):
     assert tx.error(msg).count(b"\n") == 1 and tx.string(msg).count(b"\n") == 1
+
+
+# ----------------------------------------------------------------------------- items dropped as they arrive
+
+
+def fed(data: bytes, cuts, **kw) -> tuple[list, int]:
+    """(commands, the most `buffered` ever was) feeding `data` cut before each offset in `cuts`."""
+    p = TextParser(**kw)
+    out, peak, pos = [], 0, 0
+    for end in sorted(set(cuts) | {len(data)}):
+        p.feed(data[pos:end])
+        pos = end
+        peak = max(peak, p.buffered)
+        out.extend(p.commands())
+        peak = max(peak, p.buffered)
+    return out, peak
+
+
+def test_an_item_line_over_the_put_bound_is_dropped_as_it_arrives():
+    data = b"put q:\nok1\n" + b"x" * 5000 + b"\r\nok2\n\nget q\n"
+    for cuts in (range(0, len(data), 100), range(len(data)), [12, 13]):
+        got, peak = fed(data, cuts, item_limit={"q": 100}.get, skip_over=64)
+        assert got == [Put("q", None, [b"ok1", Oversized(5000), b"ok2"]), Get("q")]
+        if list(cuts) != [12, 13]:          # the bound (+ its CR), one piece fed, b"ok1": never the line
+            assert peak <= 101 + 100 + 3
+    # arriving whole it is measured all the same
+    assert parse_all(data, item_limit={"q": 100}.get, skip_over=64) == got
+    assert parse_all(data)[0] == Put("q", None, [b"ok1", b"x" * 5000, b"ok2"])
+
+
+@pytest.mark.parametrize("line, crlf", [(b"x" * 40, False), (b"x" * 40, True), (b"x" * 41, False),
+                                        (b"x" * 41, True), (b"x" * 39 + b"\r", True)])
+def test_a_dropped_line_is_held_to_the_same_line_cap(line, crlf):
+    data = b"put q:\n" + line + (b"\r\n" if crlf else b"\n") + b"\n"
+    want = parse_all(data, max_line=40)
+    for cuts in (range(len(data)), [8, 20]):
+        got, _ = fed(data, cuts, max_line=40, item_limit=lambda q: 1, skip_over=2)
+        assert got == [Put("q", None, [Oversized(len(want[0].items[0]))])] if type(want[0]) is Put \
+            else got == want
+
+
+def test_a_block_no_put_reads_drops_every_long_line():
+    asked = []
+
+    def limit(q):
+        asked.append(q)
+        return 1 << 40
+    data = b"get q:\n" + b"y" * 300 + b"\n\nput:\n" + b"z" * 300 + b"\n\n"
+    got, peak = fed(data, range(0, len(data), 10), item_limit=limit, skip_over=16)
+    assert got == parse_all(data) == [Get("q"), Reply(b"-Queue name required.\n")]
+    assert peak <= 16 + 2 + 10 and asked == []
+
+
+LINES = st.lists(st.tuples(st.integers(0, 45), st.booleans()), max_size=6)
+BLOCKS = st.lists(st.one_of(
+    st.tuples(st.sampled_from([b"put q:", b"PUT q 10:", b"put r:", b"put q x:", b"put:", b"get q:"]),
+              LINES),
+    st.tuples(st.sampled_from([b"get q", b"status", b""]), st.just([])),
+), max_size=5)
+
+
+@settings(max_examples=300, deadline=None)
+@given(blocks=BLOCKS, cuts=st.lists(st.integers(0, 600), max_size=15))
+def test_any_blocks_cut_anywhere_parse_as_they_do_whole(blocks, cuts):
+    """With a bound, a put's item longer than it (and than skip_over) is an Oversized; the rest,
+    errors and line, block and 1024-item rules included, is what the parser without one gives."""
+    data = b""
+    for i, (head, lines) in enumerate(blocks):
+        data += head + b"\n"
+        for j, (n, cr) in enumerate(lines):
+            data += bytes([97 + (i + j) % 26]) * n + (b"\r\n" if cr else b"\n")
+        if head.endswith(b":"):
+            data += b"\n"
+    kw = {"max_line": 40, "max_block": 100}
+    want = []
+    for cmd in parse_all(data, **kw):
+        if type(cmd) is Put:
+            bound = max(8, {"q": 12, "r": 30}[cmd.queue])
+            cmd = Put(cmd.queue, cmd.expiry_ms, [Oversized(len(i)) if len(i) > bound else i for i in cmd.items])
+        want.append(cmd)
+    got, _ = fed(data, [c % (len(data) + 1) for c in cuts], item_limit={"q": 12, "r": 30}.get,
+                 skip_over=8, **kw)
+    assert got == want
