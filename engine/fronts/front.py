@@ -23,6 +23,7 @@ from lanner.fronts.admin import AdminConn
 from lanner.fronts.conn import Conn
 from lanner.fronts.counters import FRONT_COUNTERS, global_stats
 from lanner.fronts.memcache import MemcacheConn
+from lanner.fronts.putbound import put_bound
 from lanner.fronts.spill import SpillTurns
 from lanner.fronts.text import TextConn
 from lanner.fronts.thrift import ThriftConn
@@ -45,8 +46,12 @@ CONN_CLASSES = {"memcache": MemcacheConn, "text": TextConn, "admin": AdminConn, 
 
 
 class ItemLimits(dict):
-    """queue -> its max_item_size under the front's config: the memcache parser asks on every
-    set, so a dict lookup answers, and the config resolves a queue only on a miss."""
+    """queue -> the largest set body it could store under the front's config: the memcache
+    parser refuses a set over it without reading the body (NOT_STORED).  That is the queue's
+    own max_item_size, or more where a fanout child or an alias destination takes more
+    (putbound.py): those copies are made before the master's own check (collection.py `add`),
+    so refusing at the master's limit would lose them.  The parser asks on every set, so a
+    dict lookup answers, and the config resolves a queue only on a miss."""
 
     __slots__ = ("front",)
 
@@ -57,7 +62,8 @@ class ItemLimits(dict):
     def __missing__(self, queue: str) -> int:
         if len(self) > 100_000:            # bounded: names are client-chosen
             self.clear()
-        limit = self[queue] = self.front.config.queue_config(queue).max_item_size
+        config = self.front.config
+        limit = self[queue] = max(config.queue_config(queue).max_item_size, put_bound(config, queue))
         return limit
 
 

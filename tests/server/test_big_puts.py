@@ -200,3 +200,30 @@ def test_text_lines_still_reach_the_queues_that_take_them(server):
         assert recv_until(s, b"\n") == b"-Line longer than 1048576 bytes.\n"
     finally:
         s.close()
+
+
+def test_a_memcache_set_over_the_masters_limit_still_reaches_a_fanout_child_that_takes_it(server):
+    """Kestrel's collection gives a master's fanout children their copies before the master's
+    own add refuses an item too large for it (reference §5.6, collection.py `add`), for a set as
+    for a put; the memcache parser refused such a set at the master's limit, so the child never
+    got it.  An item over every limit the set reaches is still refused without being held."""
+    c = KestrelThrift("127.0.0.1", server.thrift_port, upgrade=True, client_id="memcache-wide")
+    m = server.connect()
+    try:
+        c.peek("wide+copy")                                  # the child exists: it gets copies
+        c.get("wide+copy", 100)
+        c.get("wide", 100)
+        body = b"m" * (512 << 10)
+        m.sendall(b"set wide 0 0 %d\r\n" % len(body) + body + b"\r\n")
+        assert recv_until(m, b"\r\n") == b"NOT_STORED\r\n"   # the master's own limit: 64 KiB
+        before = rss(server)
+        m.sendall(b"set wide 0 0 %d\r\n" % BIG + b"w" * BIG + b"\r\n")
+        assert recv_until(m, b"\r\n") == b"NOT_STORED\r\n"   # over the child's 1 MiB too
+        assert rss(server) - before < HELD
+        m.sendall(b"set wide 0 0 1\r\nz\r\n")
+        assert recv_until(m, b"\r\n") == b"STORED\r\n"
+        assert [i.data for i in c.get("wide+copy", 10)] == [body, b"z"]
+        assert [i.data for i in c.get("wide", 10)] == [b"z"]
+    finally:
+        m.close()
+        c.close()
