@@ -66,7 +66,7 @@ from lanner.queues.item import QItem
 from lanner.queues.names import validate_queue_name
 from lanner.queues.queue import PersistentQueue
 from lanner.queues.sessions import Session
-from lanner.queues.undo import MOVE, Undone, UndoLog, counted_adds
+from lanner.queues.undo import MOVE, ForwardedMove, Undone, UndoLog, counted_adds
 from lanner.storage.factory import StorageFactory, StorageMismatch
 from lanner.storage.sync import SyncSchedule, sync_all
 from lanner.storage.journal.files import queue_names_in
@@ -240,17 +240,18 @@ class QueueCollection:
             self.flush_storages()
         return ok
 
-    def add_forwarded(self, name: str, data: bytes, now_ms: int) -> bool:
-        """An expire_to_queue move into `name`: no client expiry (the target's
-        max_age applies), add time now, no fanout, no global total_items."""
-        ok = self._move(name, data, now_ms)
+    def add_forwarded(self, name: str, data: bytes, now_ms: int, ack: tuple | None = None) -> bool:
+        """An expire_to_queue move into `name`: no client expiry (the target's max_age applies),
+        add time now, no fanout, no global total_items.  `ack`: the key of the reply that
+        acknowledges it to its sender, which a rollback must fail (server/moves.py)."""
+        ok = self._move(name, data, now_ms, MOVE if ack is None else ForwardedMove(ack))
         if self.autoflush:
             self.flush_storages()
         return ok
 
-    def _move(self, name: str, data: bytes, now_ms: int) -> bool:
+    def _move(self, name: str, data: bytes, now_ms: int, why=MOVE) -> bool:
         undo = self.undo
-        ctx, undo.ctx = undo.ctx, MOVE
+        ctx, undo.ctx = undo.ctx, why
         try:
             return self.queue(name).add(data, None, now_ms)
         finally:

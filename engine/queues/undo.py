@@ -44,6 +44,13 @@ ADD, REMOVE, OPEN, UNREMOVE, CONFIRM = range(5)
 #: The ctx of an expire_to_queue move: nobody's request, and an add the global total_items
 #: never counted; the collection's rollback tells it apart from a fanout copy's None by it.
 MOVE = object()
+
+
+class ForwardedMove(tuple):
+    """The ctx of a move another worker sent (OP_FORWARD_ADD): the (peer, conn, req) key of the
+    ack a rollback must turn into SERVER_ERROR, so the sender sends the item again; like
+    MOVE's, an add total_items never counted."""
+    __slots__ = ()
 KIND_NAMES = ("add", "remove", "open", "abort", "confirm")
 _MEDIUM = itemgetter(0)
 
@@ -122,6 +129,8 @@ def counted_adds(undone: list[Undone]) -> int:
     for u in undone:
         if u.ctx is MOVE:
             u.ctx = None
+        elif u.ctx.__class__ is ForwardedMove:
+            continue
         elif u.kind == ADD:
             n += 1
     return n
