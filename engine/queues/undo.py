@@ -109,7 +109,7 @@ class UndoLog:
         for e in reversed(self.entries):
             if e[0] is medium and e[1] >= mark:
                 queue, kind, item, xid = e[2], e[3], e[4], e[5]
-                queue.revert(kind, item, xid)
+                queue.revert(kind, item, xid, e[1])
                 out.append(Undone(e[6], kind, queue.name, item, xid))
             else:
                 keep.append(e)

@@ -8,7 +8,7 @@ import threading
 
 import msgpack
 
-from lanner.ipc.messages import (F_OPEN, OP_DISCONNECT, OP_GET, OP_SET, OP_TGET, R_DATA, R_ITEM, R_OK,
+from lanner.ipc.messages import (F_OPEN, OP_DISCONNECT, OP_GET, OP_SET, OP_TGET, R_DATA, R_EMPTY, R_ITEM, R_OK,
                                  R_SERVER_ERROR, RF_CLOSE, pack_req, unpack_resp)
 from lanner.storage.uring import open_uring
 from lanner.storage.journal import journal as J
@@ -290,3 +290,69 @@ def test_rounds_finished_together_after_a_failed_fsync_all_reply_errors(worker, 
     assert replies(w) == {1: [(R_SERVER_ERROR, RF_CLOSE, why)], 2: [(R_SERVER_ERROR, RF_CLOSE, why)]}
     assert queue_datas(w, "q") == [] and os.path.getsize(q_path) == 0
     w.syncer.close()
+
+
+def test_a_rolled_back_add_read_back_by_read_behind_leaves_no_copy(worker, monkeypatch):
+    """Read-behind caught up with the writer reads a record of this very batch back from the file
+    (the journal writes its buffer to do so) as a new object; the add's fsync then fails.  The
+    set is answered SERVER_ERROR, and that copy must go with the rollback: before, `revert` only
+    looked for the original object, so the copy stayed and a later get returned it."""
+    w = worker(sync_journal="always", uring=None, max_memory_size=1)
+    for n, data in enumerate((b"a", b"b"), 1):
+        w.handle(0, req(1, OP_SET, "q", payload=data, n=n))
+    w.handle(0, req(1, OP_GET, "q", n=3))              # takes a; read-behind reads b in
+    w.finish_batch()
+    w.wait_for_sync()
+    assert replies(w) == {1: [(R_OK, 0, b""), (R_OK, 0, b""), (R_ITEM, 0, b"a")]}
+    q = w.coll.queue("q")
+    assert q.storage.in_read_behind and queue_datas(w, "q") == [b"b"]
+
+    def eio(fd):
+        raise OSError(errno.EIO, "Input/output error")
+    monkeypatch.setattr(J, "_fsync", eio)
+    w.handle(0, req(2, OP_SET, "q", payload=b"x"))     # read-behind: recorded, not in memory
+    w.handle(0, req(3, OP_GET, "q"))                   # takes b; the refill reads x back
+    w.finish_batch()
+    w.wait_for_sync()
+    got = replies(w)
+    assert got[2][0][0] == R_SERVER_ERROR and got[3][0][0] == R_SERVER_ERROR
+    monkeypatch.setattr(J, "_fsync", os.fsync)
+    assert (q.length, q.size_bytes) == (1, 1)
+    w.handle(0, req(4, OP_SET, "q", payload=b"y"))
+    for n in (2, 3, 4):
+        w.handle(0, req(4, OP_GET, "q", n=n))
+    w.finish_batch()
+    w.wait_for_sync()
+    # before: x (refused) came back instead of y, and y was never served
+    assert replies(w) == {4: [(R_OK, 0, b""), (R_ITEM, 0, b"b"), (R_ITEM, 0, b"y"), (R_EMPTY, 0, b"")]}
+    assert queue_datas(w, "q") == [] and q.length == 0
+
+
+def test_a_rolled_back_add_read_back_as_read_behind_ended_leaves_no_copy(worker, monkeypatch):
+    """As above, but the refill that read the record back also caught up with the writer and
+    left read-behind, so the journal must remember how far it had read."""
+    w = worker(sync_journal="always", uring=None, max_memory_size=4)
+    w.handle(0, req(1, OP_SET, "q", payload=b"aaaa"))
+    w.handle(0, req(1, OP_SET, "q", payload=b"b", n=2))      # read-behind: b stays on disk
+    w.finish_batch()
+    w.wait_for_sync()
+    q = w.coll.queue("q")
+    assert q.storage.in_read_behind and queue_datas(w, "q") == [b"aaaa"]
+
+    def eio(fd):
+        raise OSError(errno.EIO, "Input/output error")
+    monkeypatch.setattr(J, "_fsync", eio)
+    w.handle(0, req(2, OP_SET, "q", payload=b"x"))
+    w.handle(0, req(3, OP_GET, "q"))        # takes aaaa; the refill reads b and x, and ends
+    assert not q.storage.in_read_behind and queue_datas(w, "q") == [b"b", b"x"]
+    w.finish_batch()
+    w.wait_for_sync()
+    got = replies(w)
+    assert got[2][0][0] == R_SERVER_ERROR and got[3][0][0] == R_SERVER_ERROR
+    monkeypatch.setattr(J, "_fsync", os.fsync)
+    for n in (1, 2, 3):
+        w.handle(0, req(4, OP_GET, "q", n=n))
+    w.finish_batch()
+    w.wait_for_sync()
+    assert replies(w) == {4: [(R_ITEM, 0, b"aaaa"), (R_ITEM, 0, b"b"), (R_EMPTY, 0, b"")]}
+    assert queue_datas(w, "q") == [] and q.length == 0
