@@ -500,7 +500,7 @@ class Journal(JournalCompaction, JournalReadBehind):
                 self.settle_write()
             if self._fd >= 0:
                 self.flush()
-                _fsync(self._fd)
+                self._fsync_current()     # never beside a group-commit fsync of it (syncer.py)
                 self._synced_size = self._disk_size
         except OSError as e:
             log.error("queue %r: closing journal %s: %s", self.name, self._path, e)
