@@ -46,6 +46,22 @@ ADD, REMOVE, OPEN, UNREMOVE, CONFIRM = range(5)
 MOVE = object()
 
 
+class FanoutCopy:
+    """The ctx of the copies a write to a fanout master puts in its children (§5.6): nobody's
+    reply (the set's is the master's), but they go with the master's add when that is rolled
+    back, so a set answered SERVER_ERROR leaves no copy anywhere.  `master`: (medium, mark) of
+    the master's ADD record once made (None: it made none, and the copies just stay)."""
+    __slots__ = ("master",)
+
+    def __init__(self) -> None:
+        self.master: tuple | None = None
+
+    def pending(self) -> bool:
+        """The master's record may still be rolled back: its copies' entries are kept."""
+        m = self.master
+        return m is not None and m[1] >= m[0].committed_mark
+
+
 class ForwardedMove(tuple):
     """The ctx of a move another worker sent (OP_FORWARD_ADD): the (peer, conn, req) key of the
     ack a rollback must turn into SERVER_ERROR, so the sender sends the item again; like
@@ -96,7 +112,7 @@ class UndoLog:
             if e[0] is not medium:
                 medium = e[0]
                 committed = medium.committed_mark
-            if e[1] >= committed:
+            if e[1] >= committed or (e[6].__class__ is FanoutCopy and e[6].pending()):
                 if keep is None:
                     keep = []
                 keep.append(e)
@@ -117,6 +133,19 @@ class UndoLog:
         self.entries = keep
         return out
 
+    def copies_of(self, medium, mark: int) -> list[tuple]:
+        """(medium, mark) to roll back, the earliest per medium, for the fanout copies whose
+        master's ADD in `medium` at or after `mark` was just rolled back."""
+        first: dict[int, tuple] = {}
+        for e in self.entries:
+            ctx = e[6]
+            if ctx.__class__ is FanoutCopy and ctx.master is not None and ctx.master[0] is medium \
+                    and ctx.master[1] >= mark:
+                m = e[0]
+                if id(m) not in first or e[1] < first[id(m)][1]:
+                    first[id(m)] = (m, e[1])
+        return list(first.values())
+
     def forget(self, medium) -> None:
         """`medium` is gone (its queue was deleted): nothing of it can be rolled back any more."""
         self.entries = [e for e in self.entries if e[0] is not medium]
@@ -124,13 +153,18 @@ class UndoLog:
 
 def counted_adds(undone: list[Undone]) -> int:
     """How many of `undone` are adds the collection's total_items counted: every add but a
-    MOVE's (a master's and each fanout copy).  A MOVE's ctx becomes None on the way: nobody's."""
+    move's (a master's and each fanout copy).  A MOVE's and a copy's ctx become None on the
+    way: nobody's reply."""
     n = 0
     for u in undone:
-        if u.ctx is MOVE:
+        ctx = u.ctx
+        if ctx is MOVE:
             u.ctx = None
-        elif u.ctx.__class__ is ForwardedMove:
+        elif ctx.__class__ is ForwardedMove:
             continue
-        elif u.kind == ADD:
-            n += 1
+        else:
+            if ctx.__class__ is FanoutCopy:
+                u.ctx = None
+            if u.kind == ADD:
+                n += 1
     return n

@@ -356,3 +356,51 @@ def test_a_rolled_back_add_read_back_as_read_behind_ended_leaves_no_copy(worker,
     w.wait_for_sync()
     assert replies(w) == {4: [(R_ITEM, 0, b"aaaa"), (R_ITEM, 0, b"b"), (R_EMPTY, 0, b"")]}
     assert queue_datas(w, "q") == [] and q.length == 0
+
+
+def test_a_master_whose_fsync_fails_takes_the_fanout_copies_with_it(worker, monkeypatch):
+    """Under sync "always" the child's fsync succeeds and the master's fails: the set is answered
+    SERVER_ERROR, so the child's copy (already durable) goes too, with its record.  Before, the
+    child kept it and served it."""
+    w = worker(sync_journal="always", uring=None)
+    w.handle(0, req(1, OP_GET, "m+c"))                       # registers the child
+    w.handle(0, req(1, OP_SET, "m", payload=b"a", n=2))
+    w.finish_batch()
+    w.wait_for_sync()
+    replies(w)
+    master_fd = w.coll.queue("m").storage._fd
+    child = w.coll.queue("m+c")
+    size = child.storage.flushed_size
+
+    def fsync(fd):
+        if fd == master_fd:
+            raise OSError(errno.EIO, "Input/output error")
+        os.fsync(fd)
+    monkeypatch.setattr(J, "_fsync", fsync)
+    w.handle(0, req(2, OP_SET, "m", payload=b"x"))
+    w.finish_batch()
+    w.wait_for_sync()
+    assert replies(w)[2][0][0] == R_SERVER_ERROR
+    monkeypatch.setattr(J, "_fsync", os.fsync)
+    assert queue_datas(w, "m+c") == [b"a"] and child.length == 1
+    assert child.storage.flushed_size == size                # its record is gone too
+    assert w.coll.stats()["total_items"] == 2                # a and its copy
+
+
+def test_a_child_whose_write_fails_loses_only_its_copy(worker, monkeypatch):
+    """The other way round the reply is the master's: STORED, and the master holds the item; the
+    child that could not write its copy does not have it (and tells nobody)."""
+    w = worker()
+    w.handle(0, req(1, OP_GET, "m+c"))
+    w.finish_batch()
+    replies(w)
+    child_fd = w.coll.queue("m+c").storage._fd
+    real_write = J._write
+    monkeypatch.setattr(J, "_write", lambda fd, data: enospc(fd, data) if fd == child_fd else
+                        real_write(fd, data))
+    w.handle(0, req(2, OP_SET, "m", payload=b"x"))
+    w.finish_batch()
+    monkeypatch.setattr(J, "_write", real_write)
+    assert replies(w) == {2: [(R_OK, 0, b"")]}
+    assert queue_datas(w, "m") == [b"x"] and queue_datas(w, "m+c") == []
+    assert w.coll.stats()["total_items"] == 1
