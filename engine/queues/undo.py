@@ -42,7 +42,7 @@ from operator import itemgetter
 
 ADD, REMOVE, OPEN, UNREMOVE, CONFIRM = range(5)
 #: The ctx of an expire_to_queue move: nobody's request, and an add the global total_items
-#: never counted; the collection's rollback tells it apart from a fanout copy's None by it.
+#: never counted; a worker makes a rolled-back move again (server/moves.py).
 MOVE = object()
 
 
@@ -153,18 +153,15 @@ class UndoLog:
 
 def counted_adds(undone: list[Undone]) -> int:
     """How many of `undone` are adds the collection's total_items counted: every add but a
-    move's (a master's and each fanout copy).  A MOVE's and a copy's ctx become None on the
-    way: nobody's reply."""
+    move's (a master's and each fanout copy).  A copy's ctx becomes None on the way (nobody's
+    reply); a MOVE's stays, for the owner to make the move again (server/moves.py)."""
     n = 0
     for u in undone:
         ctx = u.ctx
-        if ctx is MOVE:
-            u.ctx = None
-        elif ctx.__class__ is ForwardedMove:
+        if ctx is MOVE or ctx.__class__ is ForwardedMove:
             continue
-        else:
-            if ctx.__class__ is FanoutCopy:
-                u.ctx = None
-            if u.kind == ADD:
-                n += 1
+        if ctx.__class__ is FanoutCopy:
+            u.ctx = None
+        if u.kind == ADD:
+            n += 1
     return n

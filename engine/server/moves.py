@@ -8,7 +8,8 @@ every move, in order, until the target acknowledges it (an ack on the worker→w
 sent with the target's batch replies: after the add's record was written, and fsynced under
 sync "always"); a target that died gets the unacknowledged ones again when it is back, in
 their order, ahead of the moves that waited for it.  A target whose write failed (disk full)
-answers SERVER_ERROR and the move is sent again after RETRY_MS.
+answers SERVER_ERROR and the move is sent again after RETRY_MS; so is a move into a queue of
+this worker whose add was rolled back (the source's removal stays: its journal is another).
 
 At least once, not exactly once: a target killed after writing the add but before its ack
 left (or before the source read it) gets the item twice.  Losing it is the one thing not
@@ -52,9 +53,14 @@ class Moves:
         _, seq, status = RESP.unpack_from(ack, 0)[:3]
         move = self.unacked.get(peer, {}).pop(seq, None)
         if move is not None and status == R_SERVER_ERROR:
-            self.wait(peer, *move)
-            if not self.retry_ms:
-                self.retry_ms = now_ms + RETRY_MS
+            self.failed(peer, *move, now_ms)
+
+    def failed(self, peer: int, target: str, data: bytes, now_ms: int) -> None:
+        """A move whose add was rolled back (by `peer`, or here: `peer` is then this worker's
+        own number) goes again RETRY_MS from now."""
+        self.wait(peer, target, data)
+        if not self.retry_ms:
+            self.retry_ms = now_ms + RETRY_MS
 
     def peer_down(self, peer: int) -> None:
         """`peer` died: what it had not acknowledged goes again, first, when it is back."""

@@ -459,13 +459,23 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
             self.forward_add(target, data, 0)
 
     def retry_moves(self, now_ms: int) -> None:
-        """Moves a target could not write (its SERVER_ERROR ack) go again, RETRY_MS later."""
+        """Moves a target could not write (its SERVER_ERROR ack, or a rollback here) go again,
+        RETRY_MS later."""
         moves = self.moves
         if moves.retry_ms and now_ms >= moves.retry_ms:
             moves.retry_ms = 0
+            own = self.peers.of_worker(self.index)
             for peer in list(moves.waiting):
-                if peer not in self.down_peers:
+                if peer == own:
+                    for target, data in moves.take(own):
+                        self.coll.add_forwarded(target, data, now_ms)
+                elif peer not in self.down_peers:
                     self.send_parked(peer)
+
+    def move_failed(self, target: str, data: bytes) -> None:
+        """A move into a queue of this worker was rolled back (its write failed)."""
+        self.moves.failed(self.peers.of_worker(self.index), target, data, self.clock.now_ms())
+        self.note_deadline(self.moves.retry_ms)
 
     def from_worker(self, src: int, msg) -> None:
         """A message on another worker's ring: a request it sends (a move), or the ack of one

@@ -10,7 +10,7 @@ import pytest
 
 from lanner.config import CmdlogConfig, Config, QueueConfig, ServerConfig
 from lanner.queues.collection import QueueCollection
-from lanner.queues.undo import ADD, OPEN, REMOVE
+from lanner.queues.undo import ADD, MOVE, OPEN, REMOVE
 from lanner.storage.journal import journal as J
 
 
@@ -218,5 +218,5 @@ def test_a_rollback_takes_back_the_global_total_items_of_adds_and_fanout_copies_
         undone += coll.rollback(st)
     assert coll.stats()["total_items"] == 1        # main: 3, nothing taken back
     assert [(u.queue, u.ctx) for u in undone if u.kind == ADD] == [
-        ("q", "set"), ("q+copy", None), ("dead", None)]      # a move is nobody's request
+        ("q", "set"), ("q+copy", None), ("dead", MOVE)]      # a move is nobody's request
     assert [q.total_items for q in map(coll.queue, ("q", "q+copy", "dead"))] == [0, 0, 0]
