@@ -468,7 +468,11 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
             for peer in list(moves.waiting):
                 if peer == own:
                     for target, data in moves.take(own):
-                        self.coll.add_forwarded(target, data, now_ms)
+                        try:
+                            self.coll.add_forwarded(target, data, now_ms)
+                        except Exception as e:    # (its queue cannot even be made): again later
+                            log.error("worker %d: moving an expired item to %r: %s", self.index, target, e)
+                            self.move_failed(target, data)
                 elif peer not in self.down_peers:
                     self.send_parked(peer)
 
