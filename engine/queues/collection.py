@@ -235,6 +235,7 @@ class QueueCollection(WriteFailures):
         undo = self.undo
         ctx, undo.ctx = undo.ctx, FanoutCopy()
         copies = undo.ctx
+        undo.copies = True
         for child in children:
             cq = queues.get(child)
             if cq is not None and cq.add(data, expiry_ms, now):

@@ -67,6 +67,8 @@ class ForwardedMove(tuple):
     ack a rollback must turn into SERVER_ERROR, so the sender sends the item again; like
     MOVE's, an add total_items never counted."""
     __slots__ = ()
+
+
 KIND_NAMES = ("add", "remove", "open", "abort", "confirm")
 _MEDIUM = itemgetter(0)
 
@@ -82,11 +84,12 @@ class Undone:
 
 
 class UndoLog:
-    __slots__ = ("entries", "ctx")
+    __slots__ = ("entries", "ctx", "copies")
 
     def __init__(self) -> None:
         self.entries: list[tuple] = []
         self.ctx: object = None
+        self.copies = False      # FanoutCopy entries may be here (trim looks for them only then)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -108,15 +111,18 @@ class UndoLog:
         medium = None
         committed = 0
         keep = None
+        copies = self.copies
         for e in entries:
             if e[0] is not medium:
                 medium = e[0]
                 committed = medium.committed_mark
-            if e[1] >= committed or (e[6].__class__ is FanoutCopy and e[6].pending()):
+            if e[1] >= committed or (copies and e[6].__class__ is FanoutCopy and e[6].pending()):
                 if keep is None:
                     keep = []
                 keep.append(e)
         self.entries = keep if keep is not None else []
+        if copies:
+            self.copies = any(e[6].__class__ is FanoutCopy for e in self.entries)
 
     def rollback(self, medium, mark: int) -> list[Undone]:
         """Undo, newest first, every change recorded in `medium` at or after `mark`."""

@@ -115,6 +115,7 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         # Other workers' rings: what they send (expire_to_queue moves) goes before any front's
         # request read after it, so a client that saw the move's cause sees the move (drain).
         self.worker_rings = [(src, r) for src, r in self.rings if not self.peers.is_front(src)]
+        self.worker_srcs = frozenset(src for src, _ in self.worker_rings)   # their acks: from_worker
         self.in_rings = [r for _, r in self.rings]
         self.outs = [r for r in outbound if r is not None]
         self.asm = {src: Reassembler() for src, _ in self.rings}
@@ -193,7 +194,7 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         worker_rings = self.worker_rings
         for src, ring in rings:
             asm = self.asm[src]
-            handle = self.handle if self.peers.is_front(src) else self.from_worker
+            handle = self.from_worker if src in self.worker_srcs else self.handle
             while True:
                 batch = ring.read_batch()
                 if not batch:
