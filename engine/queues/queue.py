@@ -547,7 +547,7 @@ class _Undrop:
     def name(self) -> str:
         return self.queue.name
 
-    def revert(self, kind: int, item, xid: int) -> None:
+    def revert(self, kind: int, item, xid: int, mark: int | None = None) -> None:
         q = self.queue
         q._length += self.n
         q._bytes += self.nbytes
