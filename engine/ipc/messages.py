@@ -36,7 +36,9 @@ OP_STATS = 10         # payload: msgpack list of queue names (empty: all)
 OP_DISCONNECT = 11    # the connection is gone: abort its open reads, cancel its waiters; no reply
 OP_RELOAD = 12        # no queue; reply when done
 OP_ALIAS_PUT = 13     # queue = alias name, a = items, b = bytes; accounting only, no reply
-OP_FORWARD_ADD = 14   # from another worker (expire_to_queue): add without fanout or totals; no reply
+OP_FORWARD_ADD = 14   # from another worker (expire_to_queue): add without fanout or totals; req =
+                      # the sender's move number; the reply (conn FWD_ACK_CONN, req) is its ack,
+                      # R_OK once the add is written (server/moves.py)
 OP_DUMP_CONFIG = 15
 OP_PUT_MANY = 16      # payload = msgpack list of items (an int: the size of an item dropped unread,
                       # refused, protocols/oversized.py); a = expiry; adds in order, stops at the
@@ -97,6 +99,9 @@ def resp_fields(head) -> tuple:
 # FRAG_CONN, never a real connection) giving its total length, then raw chunk records;
 # the consumer reassembles them.  Small messages, the hot path, pay nothing for this.
 FRAG_CONN = 0xFFFFFFFF
+#: The conn of a response on a worker→worker ring: the ack of an OP_FORWARD_ADD (server/moves.py).
+#: Requests on those rings never carry it, so the receiver tells the two apart by it.
+FWD_ACK_CONN = 0xFFFFFFFE
 FRAG = struct.Struct("<IQ")
 CHUNK = (1 << 18) - 64     # fits the smallest ring (worker to worker, 256 KiB)
 

@@ -44,14 +44,8 @@ Aliases are expanded by the server's fronts (their destinations may live in
 other workers); `alias_add` is the stand-alone equivalent.  Their accounting
 (`put_items`, `put_bytes`) is kept here for both: `count_alias_put`, `alias_stats`.
 
-Write failures (disk full, I/O errors): every recorded change is also in
-`self.undo` (queues/undo.py).  When a storage cannot write (or, under sync
-"always", fsync) its records, `rollback` undoes the changes they stood for and
-drops the records, so memory equals what is on disk again; stand-alone calls
-then raise the error (an add that raised is not in the queue, a remove that
-raised took nothing).  The worker does the same per batch and fixes its replies.
-A confirm or abort taken back leaves its item reserved with nobody holding it
-in the server: the worker `strand`s it and `abort_stranded` retries the abort.
+Write failures (disk full, I/O errors): `rollback`, `strand` and `abort_stranded` are
+its base class's (queues/failures.py).
 """
 from __future__ import annotations
 
@@ -66,7 +60,8 @@ from lanner.queues.item import QItem
 from lanner.queues.names import validate_queue_name
 from lanner.queues.queue import PersistentQueue
 from lanner.queues.sessions import Session
-from lanner.queues.undo import MOVE, Undone, UndoLog, counted_adds
+from lanner.queues.failures import WriteFailures
+from lanner.queues.undo import ADD, MOVE, FanoutCopy, ForwardedMove, UndoLog
 from lanner.storage.factory import StorageFactory, StorageMismatch
 from lanner.storage.sync import SyncSchedule, sync_all
 from lanner.storage.journal.files import queue_names_in
@@ -75,7 +70,7 @@ from lanner.queues.waiters import TimerHeap, Waiter
 log = logging.getLogger(__name__)
 
 
-class QueueCollection:
+class QueueCollection(WriteFailures):
     def __init__(self, config, clock=SYSTEM_CLOCK, *,
                  storage_factory: Callable[[str, object], object] | None = None,
                  owns: Callable[[str], bool] | None = None,
@@ -225,14 +220,7 @@ class QueueCollection:
         now = self.clock.now_ms()
         children = self._children.get(name)
         if children:
-            queues = self._queues
-            undo = self.undo
-            ctx, undo.ctx = undo.ctx, None     # the reply is the master's: a lost copy fails no reply
-            for child in children:
-                cq = queues.get(child)
-                if cq is not None and cq.add(data, expiry_ms, now):
-                    self.total_items += 1
-            undo.ctx = ctx
+            return self._add_fanout(q, children, data, expiry_ms, now)
         ok = q.add(data, expiry_ms, now, now_ms=now)
         if ok:
             self.total_items += 1
@@ -240,17 +228,42 @@ class QueueCollection:
             self.flush_storages()
         return ok
 
-    def add_forwarded(self, name: str, data: bytes, now_ms: int) -> bool:
-        """An expire_to_queue move into `name`: no client expiry (the target's
-        max_age applies), add time now, no fanout, no global total_items."""
-        ok = self._move(name, data, now_ms)
+    def _add_fanout(self, q: PersistentQueue, children: list[str], data: bytes, expiry_ms, now: int) -> bool:
+        """`add` to a master with children: the copies first (a lost copy fails no reply: the
+        reply is the master's), tied to the master's record (undo.FanoutCopy)."""
+        queues = self._queues
+        undo = self.undo
+        ctx, undo.ctx = undo.ctx, FanoutCopy()
+        copies = undo.ctx
+        undo.copies = True
+        for child in children:
+            cq = queues.get(child)
+            if cq is not None and cq.add(data, expiry_ms, now):
+                self.total_items += 1
+        undo.ctx = ctx
+        n = len(undo.entries)
+        ok = q.add(data, expiry_ms, now, now_ms=now)
+        for e in undo.entries[n:]:
+            if e[2] is q and e[3] == ADD:
+                copies.master = (e[0], e[1])
+        if ok:
+            self.total_items += 1
         if self.autoflush:
             self.flush_storages()
         return ok
 
-    def _move(self, name: str, data: bytes, now_ms: int) -> bool:
+    def add_forwarded(self, name: str, data: bytes, now_ms: int, ack: tuple | None = None) -> bool:
+        """An expire_to_queue move into `name`: no client expiry (the target's max_age applies),
+        add time now, no fanout, no global total_items.  `ack`: the key of the reply that
+        acknowledges it to its sender, which a rollback must fail (server/moves.py)."""
+        ok = self._move(name, data, now_ms, MOVE if ack is None else ForwardedMove(ack))
+        if self.autoflush:
+            self.flush_storages()
+        return ok
+
+    def _move(self, name: str, data: bytes, now_ms: int, why=MOVE) -> bool:
         undo = self.undo
-        ctx, undo.ctx = undo.ctx, MOVE
+        ctx, undo.ctx = undo.ctx, why
         try:
             return self.queue(name).add(data, None, now_ms)
         finally:
@@ -526,47 +539,6 @@ class QueueCollection:
         self.undo.trim()
         if error is not None:
             raise error
-
-    def rollback(self, storage, *, unsynced: bool = False) -> list[Undone]:
-        """`storage` could not write its buffer (or, `unsynced`, fsync what it wrote): undo
-        every change whose record is lost, newest first, and drop those records.  Returns
-        the changes undone, for the owner to correct what it told its clients."""
-        medium = getattr(storage, "medium", None)
-        if medium is None:
-            return []
-        mark = medium.durable_mark if unsynced else medium.written_mark
-        undone = self.undo.rollback(medium, mark)
-        medium.rollback(mark)
-        self.total_items -= counted_adds(undone)     # the queues' own figures: Queue.revert
-        if undone:
-            log.warning("rolled back %d changes whose records could not be %s: %s", len(undone),
-                        "made durable" if unsynced else "written",
-                        ", ".join(sorted({u.queue for u in undone})))
-        return undone
-
-    def strand(self, name: str, xid: int) -> None:
-        """An open read whose confirm or abort was undone and that no client holds any more."""
-        self.stranded.setdefault(name, []).append(xid)
-
-    def abort_stranded(self) -> int:
-        """Abort every stranded open read again (its item goes back to the head)."""
-        stranded, self.stranded = self.stranded, {}
-        undo = self.undo
-        ctx, undo.ctx = undo.ctx, None
-        n = 0
-        try:
-            for name, xids in stranded.items():
-                q = self._queues.get(name)
-                if q is None:
-                    continue
-                for xid in xids:
-                    if q.unremove(xid):
-                        n += 1
-        finally:
-            undo.ctx = ctx
-        if n and self.autoflush:
-            self.flush_storages()
-        return n
 
     def close(self) -> None:
         """Evict every waiter, flush and sync every storage.  Every storage is closed even if

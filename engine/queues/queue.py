@@ -420,14 +420,20 @@ class PersistentQueue:
         if undo is not None and mark is not None:
             undo.entries.append((self.medium, mark, self, kind, item, xid, undo.ctx if primary else None))
 
-    def revert(self, kind: int, item: QItem, xid: int) -> None:
-        """Take back one recorded change whose record was lost.  The owner calls this newest
-        change first, so the queue is exactly as that change left it: an added item is the
-        last one, a removed or aborted one is at the head."""
+    def revert(self, kind: int, item: QItem, xid: int, mark: int | None = None) -> None:
+        """Take back one recorded change whose record (at `mark`) was lost.  The owner calls
+        this newest change first, so the queue is exactly as that change left it: an added
+        item is the last one, a removed or aborted one is at the head."""
         n = len(item.data)
         if kind == ADD:
             items = self._items
             if items and items[-1] is item:
+                items.pop()
+                self._mem_bytes -= n
+            elif items and mark is not None and self.storage.read_back(mark):
+                # Added in read-behind, and read back from the file (the journal wrote its buffer
+                # early to do so) as another object: that copy is the last item, as the original
+                # would be (records after it were undone first).
                 items.pop()
                 self._mem_bytes -= n
             # else it was counted only, waiting on disk for read-behind, beyond its reader
@@ -541,7 +547,7 @@ class _Undrop:
     def name(self) -> str:
         return self.queue.name
 
-    def revert(self, kind: int, item, xid: int) -> None:
+    def revert(self, kind: int, item, xid: int, mark: int | None = None) -> None:
         q = self.queue
         q._length += self.n
         q._bytes += self.nbytes

@@ -42,8 +42,33 @@ from operator import itemgetter
 
 ADD, REMOVE, OPEN, UNREMOVE, CONFIRM = range(5)
 #: The ctx of an expire_to_queue move: nobody's request, and an add the global total_items
-#: never counted; the collection's rollback tells it apart from a fanout copy's None by it.
+#: never counted; a worker makes a rolled-back move again (server/moves.py).
 MOVE = object()
+
+
+class FanoutCopy:
+    """The ctx of the copies a write to a fanout master puts in its children (§5.6): nobody's
+    reply (the set's is the master's), but they go with the master's add when that is rolled
+    back, so a set answered SERVER_ERROR leaves no copy anywhere.  `master`: (medium, mark) of
+    the master's ADD record once made (None: it made none, and the copies just stay)."""
+    __slots__ = ("master",)
+
+    def __init__(self) -> None:
+        self.master: tuple | None = None
+
+    def pending(self) -> bool:
+        """The master's record may still be rolled back: its copies' entries are kept."""
+        m = self.master
+        return m is not None and m[1] >= m[0].committed_mark
+
+
+class ForwardedMove(tuple):
+    """The ctx of a move another worker sent (OP_FORWARD_ADD): the (peer, conn, req) key of the
+    ack a rollback must turn into SERVER_ERROR, so the sender sends the item again; like
+    MOVE's, an add total_items never counted."""
+    __slots__ = ()
+
+
 KIND_NAMES = ("add", "remove", "open", "abort", "confirm")
 _MEDIUM = itemgetter(0)
 
@@ -59,11 +84,12 @@ class Undone:
 
 
 class UndoLog:
-    __slots__ = ("entries", "ctx")
+    __slots__ = ("entries", "ctx", "copies")
 
     def __init__(self) -> None:
         self.entries: list[tuple] = []
         self.ctx: object = None
+        self.copies = False      # FanoutCopy entries may be here (trim looks for them only then)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -85,15 +111,18 @@ class UndoLog:
         medium = None
         committed = 0
         keep = None
+        copies = self.copies
         for e in entries:
             if e[0] is not medium:
                 medium = e[0]
                 committed = medium.committed_mark
-            if e[1] >= committed:
+            if e[1] >= committed or (copies and e[6].__class__ is FanoutCopy and e[6].pending()):
                 if keep is None:
                     keep = []
                 keep.append(e)
         self.entries = keep if keep is not None else []
+        if copies:
+            self.copies = any(e[6].__class__ is FanoutCopy for e in self.entries)
 
     def rollback(self, medium, mark: int) -> list[Undone]:
         """Undo, newest first, every change recorded in `medium` at or after `mark`."""
@@ -102,13 +131,26 @@ class UndoLog:
         for e in reversed(self.entries):
             if e[0] is medium and e[1] >= mark:
                 queue, kind, item, xid = e[2], e[3], e[4], e[5]
-                queue.revert(kind, item, xid)
+                queue.revert(kind, item, xid, e[1])
                 out.append(Undone(e[6], kind, queue.name, item, xid))
             else:
                 keep.append(e)
         keep.reverse()
         self.entries = keep
         return out
+
+    def copies_of(self, medium, mark: int) -> list[tuple]:
+        """(medium, mark) to roll back, the earliest per medium, for the fanout copies whose
+        master's ADD in `medium` at or after `mark` was just rolled back."""
+        first: dict[int, tuple] = {}
+        for e in self.entries:
+            ctx = e[6]
+            if ctx.__class__ is FanoutCopy and ctx.master is not None and ctx.master[0] is medium \
+                    and ctx.master[1] >= mark:
+                m = e[0]
+                if id(m) not in first or e[1] < first[id(m)][1]:
+                    first[id(m)] = (m, e[1])
+        return list(first.values())
 
     def forget(self, medium) -> None:
         """`medium` is gone (its queue was deleted): nothing of it can be rolled back any more."""
@@ -117,11 +159,15 @@ class UndoLog:
 
 def counted_adds(undone: list[Undone]) -> int:
     """How many of `undone` are adds the collection's total_items counted: every add but a
-    MOVE's (a master's and each fanout copy).  A MOVE's ctx becomes None on the way: nobody's."""
+    move's (a master's and each fanout copy).  A copy's ctx becomes None on the way (nobody's
+    reply); a MOVE's stays, for the owner to make the move again (server/moves.py)."""
     n = 0
     for u in undone:
-        if u.ctx is MOVE:
+        ctx = u.ctx
+        if ctx is MOVE or ctx.__class__ is ForwardedMove:
+            continue
+        if ctx.__class__ is FanoutCopy:
             u.ctx = None
-        elif u.kind == ADD:
+        if u.kind == ADD:
             n += 1
     return n

@@ -21,7 +21,7 @@ import select
 
 from lanner.errors import describe_os_error
 from lanner.ipc.messages import (R_SERVER_ERROR, RF_CLOSE, pack_resp, resp_fields, send)
-from lanner.queues.undo import CONFIRM, OPEN, UNREMOVE
+from lanner.queues.undo import ADD, CONFIRM, MOVE, OPEN, UNREMOVE
 from lanner.server.waiting import STRAND_RETRY_MS, Pending
 
 log = logging.getLogger(__name__)
@@ -245,6 +245,10 @@ class GroupCommit:
             if u.kind == UNREMOVE or u.kind == CONFIRM:
                 coll.strand(u.queue, u.xid)
             if ctx is None:
+                continue
+            if ctx is MOVE:         # an expired item's move: nobody's reply, but it must not be lost
+                if u.kind == ADD:
+                    self.move_failed(u.queue, u.item.data)
                 continue
             if type(ctx) is Pending:
                 thrift.setdefault(ctx, set()).add(id(u.item.data))

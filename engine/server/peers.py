@@ -18,7 +18,8 @@ log = logging.getLogger(__name__)
 class PeerOps:
     """Worker methods; the attributes they use are set in Worker.__init__.
 
-    Filled by Worker: coll, config, epoch, peers, sessions, down_peers, control, send_parked.
+    Filled by Worker: coll, config, epoch, peers, sessions, down_peers, control, send_parked,
+    moves, drain.
     """
 
     # -- stats, config ---------------------------------------------------------------------------
@@ -91,14 +92,21 @@ class PeerOps:
         return [peer]
 
     def peer_down(self, peer: int) -> None:
-        """A front or worker died: whatever it left unread in our rings is void (a
-        half-sent large message included), its connections' open reads roll back, and
+        """A front or worker died: whatever a front left unread in our rings is void (a
+        half-sent large message included; a worker's whole messages are run first), its
+        connections' open reads roll back, and
         nothing more is sent to it until its replacement shows up.  Acknowledged at once
         (on_control): the supervisor starts the replacement only after every peer has, so
         everything in our rings after this point comes from the replacement (ring.py,
         "Crashed peers")."""
-        self.down_peers.add(peer)
         ring = self.inbound[peer]
+        if ring is not None and not self.peers.is_front(peer):
+            # A worker's moves and acks that it published are whole and still wanted: its moves
+            # exist nowhere else now; ours it did not acknowledge go again when it is back.
+            self.down_peers.discard(peer)
+            self.drain([(peer, ring)])
+            self.moves.peer_down(peer)
+        self.down_peers.add(peer)
         statsjob.cancel(self, peer)
         if ring is not None:
             ring.resync_consumer(discard=True)
@@ -118,8 +126,8 @@ class PeerOps:
                 self.disconnect(*key)
             for key in [k for k in self.pending_by_conn if k[0] == peer]:
                 self.disconnect(*key)
-            for replies in self.waiting_replies():
-                replies[:] = [r for r in replies if r[0] != peer]
+        for replies in self.waiting_replies():      # (a worker's: acks its replacement never sent for)
+            replies[:] = [r for r in replies if r[0] != peer]
 
     def peer_back(self, peer: int) -> None:
         """A record from a peer we marked down: its replacement is running (it may send

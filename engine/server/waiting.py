@@ -313,6 +313,7 @@ class Waiting:
         if due:
             self.syncer.later(due)
         self.storage_factory.tick(now)
+        self.retry_moves(now)
         if self.coll.stranded and now >= self.next_strand_ms:
             n = sum(len(x) for x in self.coll.stranded.values())
             log.info("worker %d: aborting %d open reads whose abort could not be written before",

@@ -48,7 +48,7 @@ from lanner.ipc.messages import (F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_STREAM, F_T
                        OP_ALIAS_PUT, OP_CONFIRM, OP_DELETE, OP_DISCONNECT, OP_DUMP_CONFIG, OP_FLUSH,
                        OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED, OP_FLUSH_EXPIRED, OP_FORWARD_ADD, OP_GET,
                        OP_MONITOR, OP_PUT_MANY, OP_RELOAD, OP_SET, OP_SET_DATA, OP_STATS, OP_TABORT,
-                       OP_TCONFIRM, OP_TGET, OP_TPEEK, OP_HANDOFF, R_CLIENT_ERROR, R_DATA, R_ERROR,
+                       OP_TCONFIRM, OP_TGET, OP_TPEEK, OP_HANDOFF, FWD_ACK_CONN, R_CLIENT_ERROR, R_DATA, R_ERROR,
                        R_NOT_STORED, R_OK, R_SERVER_ERROR, R_VALUE, REQ_SIZE, RF_CLOSE, Reassembler, pack_req, pack_resp, send, unpack_req)
 from lanner.queues.placement import worker_of
 from lanner.queues.sessions import Session
@@ -62,6 +62,7 @@ from lanner.server.heartbeat import MAX_BEAT_INTERVAL
 from lanner.server.local import attach_front
 from lanner.server.opencounts import OpenReadCounts
 from lanner.server.commit import GroupCommit
+from lanner.server.moves import ACK_HEAD, Moves
 from lanner.server.peers import PeerOps
 from lanner.server.shardloop import NO_DEADLINE, ShardLoop
 from lanner.server import statsjob
@@ -114,13 +115,14 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         # Other workers' rings: what they send (expire_to_queue moves) goes before any front's
         # request read after it, so a client that saw the move's cause sees the move (drain).
         self.worker_rings = [(src, r) for src, r in self.rings if not self.peers.is_front(src)]
+        self.worker_srcs = frozenset(src for src, _ in self.worker_rings)   # their acks: from_worker
         self.in_rings = [r for _, r in self.rings]
         self.outs = [r for r in outbound if r is not None]
         self.asm = {src: Reassembler() for src, _ in self.rings}
         self.sessions: dict[tuple[int, int], Session] = {}
         self.pending_by_conn: dict[tuple[int, int], set[Pending]] = defaultdict(set)
         self.down_peers: set[int] = set()
-        self.parked: dict[int, list[tuple[str, bytes]]] = {}   # worker peer -> moves waiting for it
+        self.moves = Moves()              # expire_to_queue moves to other workers, until acked
         self.stats_jobs: set = set()          # stats answers being built in slices (statsjob.py)
         self.replies: list[tuple[int, bytes, bytes]] = []
         self.held: list[tuple[int, bytes, bytes]] = []
@@ -192,6 +194,7 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         worker_rings = self.worker_rings
         for src, ring in rings:
             asm = self.asm[src]
+            handle = self.from_worker if src in self.worker_srcs else self.handle
             while True:
                 batch = ring.read_batch()
                 if not batch:
@@ -208,7 +211,7 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
                     if msg is None:
                         continue
                     try:
-                        self.handle(src, msg)
+                        handle(src, msg)
                     except Exception as e:   # one bad request must not take the shard down
                         conn, req, _, _, qlen = unpack_req(msg, 0)[:5]
                         self.request_failed(src, conn, req, bytes(msg[REQ_SIZE:REQ_SIZE + qlen]), e)
@@ -223,7 +226,7 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         syncs, stranded aborts, thrift auto-aborts, the storage's own deadlines."""
         coll = self.coll
         best = coll.timers.next_deadline()
-        for d in (self.next_expire_ms, coll.sync_schedule.next_deadline(),
+        for d in (self.next_expire_ms, coll.sync_schedule.next_deadline(), self.moves.retry_ms or None,
                   self.next_strand_ms if coll.stranded else None,
                   self.taborts[0][0] if self.taborts else None,
                   *self.storage_factory.next_deadlines()):
@@ -343,7 +346,13 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         elif op == OP_ALIAS_PUT:
             coll.count_alias_put(queue, a, b)
         elif op == OP_FORWARD_ADD:
-            coll.add_forwarded(queue, bytes(payload), self.clock.now_ms())
+            ack = (src, FWD_ACK_CONN, req)     # leaves with the batch: once the add is written
+            try:
+                coll.add_forwarded(queue, bytes(payload), self.clock.now_ms(), ack)
+            except Exception as e:     # its SERVER_ERROR ack: the sender tries again later
+                self.request_failed(src, FWD_ACK_CONN, req, queue, e)
+            else:
+                self.reply(*ack, R_OK)
         elif op == OP_RELOAD:
             err = self.reload()
             if err is None:
@@ -432,24 +441,60 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
 
     # -- cross-shard -----------------------------------------------------------------------------
     def forward_add(self, target: str, data: bytes, now_ms: int) -> None:
-        """expire_to_queue into a queue another worker owns.  While that worker is down the
-        item waits here and goes when it is back (`send_parked`): the source has already
-        logged its removal, so dropping it would lose an item a client was promised."""
+        """expire_to_queue into a queue another worker owns.  The source has already logged
+        the removal, so the item stays here until that worker acknowledges the add (moves.py);
+        while it is down the item waits and goes when it is back (`send_parked`)."""
         dst = self.peers.of_worker(worker_of(target, self.nworkers))
         ring = self.outbound[dst]
         if ring is None or dst in self.down_peers:
             log.warning("worker %d: an expired item for %r waits for its worker, which is down",
                         self.index, target)
-            self.parked.setdefault(dst, []).append((target, data))
+            self.moves.wait(dst, target, data)
             return
         q = target.encode("latin-1")
-        send(ring, pack_req(0, 0, OP_FORWARD_ADD, 0, len(q), 0, 0) + q, data)
+        seq = self.moves.sent(dst, target, data)
+        send(ring, pack_req(0, seq, OP_FORWARD_ADD, 0, len(q), 0, 0) + q, data)
         ring.publish()
 
     def send_parked(self, peer: int) -> None:
-        """`peer` is back: the moves that waited for it go, in their order."""
-        for target, data in self.parked.pop(peer, ()):
+        """`peer` is back (or failed moves are due again): the moves that waited for it go,
+        in their order."""
+        for target, data in self.moves.take(peer):
             self.forward_add(target, data, 0)
+
+    def retry_moves(self, now_ms: int) -> None:
+        """Moves a target could not write (its SERVER_ERROR ack, or a rollback here) go again,
+        RETRY_MS later."""
+        moves = self.moves
+        if moves.retry_ms and now_ms >= moves.retry_ms:
+            moves.retry_ms = 0
+            own = self.peers.of_worker(self.index)
+            for peer in list(moves.waiting):
+                if peer == own:
+                    for target, data in moves.take(own):
+                        try:
+                            self.coll.add_forwarded(target, data, now_ms)
+                        except Exception as e:    # (its queue cannot even be made): again later
+                            log.error("worker %d: moving an expired item to %r: %s", self.index, target, e)
+                            self.move_failed(target, data)
+                elif peer not in self.down_peers:
+                    self.send_parked(peer)
+
+    def move_failed(self, target: str, data: bytes) -> None:
+        """A move into a queue of this worker was rolled back (its write failed)."""
+        self.moves.failed(self.peers.of_worker(self.index), target, data, self.clock.now_ms())
+        self.note_deadline(self.moves.retry_ms)
+
+    def from_worker(self, src: int, msg) -> None:
+        """A message on another worker's ring: a request it sends (a move), or the ack of one
+        of ours."""
+        if msg[:4] == ACK_HEAD:
+            moves = self.moves
+            moves.acked(src, msg, self.clock.now_ms())
+            if moves.retry_ms:
+                self.note_deadline(moves.retry_ms)
+        else:
+            self.handle(src, msg)
 
     def shutdown(self) -> int:
         """Write and fsync what is left, retry stranded aborts once, close every storage.
@@ -486,6 +531,9 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
             log.error("worker %d: queue %r: %d open reads could not be returned to the queue (their "
                       "abort could not be written); the journal still holds them open, so they come "
                       "back when the server starts again", self.index, name, len(xids))
+        if self.moves.pending():
+            log.error("worker %d: %d expired items moving to queues of other workers were not "
+                      "acknowledged by them; they may be lost", self.index, self.moves.pending())
         if failures or coll.stranded:
             return EXIT_UNSAVED
         log.info("worker %d: everything written", self.index)

@@ -124,6 +124,7 @@ class QueueStorage(Protocol):
     def fill_read_behind(self, max_bytes: int, now_ms: int) -> list[QItem]: ...
     def drop_behind(self, n: int) -> tuple[int | None, object] | None: ...
     def undrop_behind(self, token) -> None: ...
+    def read_back(self, mark: int) -> bool: ...   # read-behind returned the record at `mark`
 
     @property
     def dirty(self) -> bool: ...           # has buffered or unsynced records
@@ -189,6 +190,9 @@ class MemoryStorage:
 
     def undrop_behind(self, token) -> None:
         raise RuntimeError("memory storage cannot read behind")
+
+    def read_back(self, mark: int) -> bool:
+        return False
 
     def flush(self) -> None:
         pass

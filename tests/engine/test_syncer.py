@@ -518,7 +518,8 @@ def test_a_failed_fsync_under_way_fails_its_round_and_stops_the_rotation(uring_s
     s.poll()
     assert s.done_prefix() == [first] and [e.errno for _, e in first.failed] == [errno.EIO]
     assert j.rotations == 0                         # an archive must be durable: none was made
-    j.close()
+    with pytest.raises(OSError):                    # not rolled back: nor can a close vouch for it
+        j.close()
 
 
 def test_an_inline_fsync_that_fails_fails_the_rounds_of_its_file_until_rolled_back(uring_syncer, tmp_path):
@@ -550,6 +551,7 @@ def test_an_inline_fsync_that_fails_fails_the_rounds_of_its_file_until_rolled_ba
     k.complete(fd)
     s.poll()
     assert s.done_prefix() == [third] and not third.failed
+    j._sys_fsync = lambda f: None
     j.close()
 
 
@@ -634,3 +636,49 @@ def test_a_periodic_rewrite_fsyncs_the_old_file_on_the_writer_after_the_fsync_un
     j._adopt_rewrite(block=True)
     assert order[0] == (True, True)                 # main: (True, False), both at once
     j.close()
+
+
+def test_a_journal_closed_by_a_delete_fsyncs_only_after_the_group_commit_fsync_under_way(
+        uring_syncer, tmp_path):
+    """`delete` closes (and erases) the journal while a round's fdatasync of it may be under way:
+    the close's fsync waits for it, and the round is still reaped."""
+    s, k = uring_syncer
+    j = written_journal(tmp_path)
+    fd = j._fd
+    first = s.start([j], [1])                       # its fdatasync is under way ...
+    j.record_add(QItem(0, 0, b"y" * 100))
+    seen = []
+    j._sys_fsync = lambda f: seen.append((f, under_way(k, f)))
+    j.close()                                       # ... when the queue is deleted
+    assert seen == [(fd, False)]                    # main: [(fd, True)], two at once
+    assert s.done_prefix() == [first] and not first.failed
+
+
+def test_a_journal_close_after_a_failed_fsync_under_way_raises_it(uring_syncer, tmp_path):
+    """The error of the fsync under way reaches the round that waited for it and the close (whose
+    own fsync could succeed over the lost bytes)."""
+    s, k = uring_syncer
+    j = written_journal(tmp_path)
+    first = s.start([j], [1])
+    k.complete(j._fd, errno.EIO)                    # returned, not yet reaped
+    j._sys_fsync = lambda f: None
+    with pytest.raises(OSError):
+        j.close()
+    s.poll()
+    assert s.done_prefix() == [first] and [e.errno for _, e in first.failed] == [errno.EIO]
+
+
+def test_a_cmdlog_partition_close_waits_for_the_fsync_under_way(uring_syncer, tmp_path, monkeypatch):
+    from lanner.storage.cmdlog import partition as P       # (the journal tests above need none of it)
+    s, k = uring_syncer
+    plog = P.PartitionLog(str(tmp_path / "p"), Clock(), sync_policy="always")
+    st = plog.storage_for("q")
+    st.record_add(QItem(0, 0, b"x" * 100))
+    plog.flush()
+    fd = plog._fd
+    first = s.start([plog], [1])
+    seen = []
+    monkeypatch.setattr(P.os, "fsync", lambda f: seen.append((f, under_way(k, f))))
+    plog.close()
+    assert seen == [(fd, False)]                    # main: [(fd, True)]
+    assert s.done_prefix() == [first]

@@ -8,7 +8,7 @@ import threading
 
 import msgpack
 
-from lanner.ipc.messages import (F_OPEN, OP_DISCONNECT, OP_GET, OP_SET, OP_TGET, R_DATA, R_ITEM, R_OK,
+from lanner.ipc.messages import (F_OPEN, OP_DISCONNECT, OP_GET, OP_SET, OP_TGET, R_DATA, R_EMPTY, R_ITEM, R_OK,
                                  R_SERVER_ERROR, RF_CLOSE, pack_req, unpack_resp)
 from lanner.storage.uring import open_uring
 from lanner.storage.journal import journal as J
@@ -290,3 +290,117 @@ def test_rounds_finished_together_after_a_failed_fsync_all_reply_errors(worker, 
     assert replies(w) == {1: [(R_SERVER_ERROR, RF_CLOSE, why)], 2: [(R_SERVER_ERROR, RF_CLOSE, why)]}
     assert queue_datas(w, "q") == [] and os.path.getsize(q_path) == 0
     w.syncer.close()
+
+
+def test_a_rolled_back_add_read_back_by_read_behind_leaves_no_copy(worker, monkeypatch):
+    """Read-behind caught up with the writer reads a record of this very batch back from the file
+    (the journal writes its buffer to do so) as a new object; the add's fsync then fails.  The
+    set is answered SERVER_ERROR, and that copy must go with the rollback: before, `revert` only
+    looked for the original object, so the copy stayed and a later get returned it."""
+    w = worker(sync_journal="always", uring=None, max_memory_size=1)
+    for n, data in enumerate((b"a", b"b"), 1):
+        w.handle(0, req(1, OP_SET, "q", payload=data, n=n))
+    w.handle(0, req(1, OP_GET, "q", n=3))              # takes a; read-behind reads b in
+    w.finish_batch()
+    w.wait_for_sync()
+    assert replies(w) == {1: [(R_OK, 0, b""), (R_OK, 0, b""), (R_ITEM, 0, b"a")]}
+    q = w.coll.queue("q")
+    assert q.storage.in_read_behind and queue_datas(w, "q") == [b"b"]
+
+    def eio(fd):
+        raise OSError(errno.EIO, "Input/output error")
+    monkeypatch.setattr(J, "_fsync", eio)
+    w.handle(0, req(2, OP_SET, "q", payload=b"x"))     # read-behind: recorded, not in memory
+    w.handle(0, req(3, OP_GET, "q"))                   # takes b; the refill reads x back
+    w.finish_batch()
+    w.wait_for_sync()
+    got = replies(w)
+    assert got[2][0][0] == R_SERVER_ERROR and got[3][0][0] == R_SERVER_ERROR
+    monkeypatch.setattr(J, "_fsync", os.fsync)
+    assert (q.length, q.size_bytes) == (1, 1)
+    w.handle(0, req(4, OP_SET, "q", payload=b"y"))
+    for n in (2, 3, 4):
+        w.handle(0, req(4, OP_GET, "q", n=n))
+    w.finish_batch()
+    w.wait_for_sync()
+    # before: x (refused) came back instead of y, and y was never served
+    assert replies(w) == {4: [(R_OK, 0, b""), (R_ITEM, 0, b"b"), (R_ITEM, 0, b"y"), (R_EMPTY, 0, b"")]}
+    assert queue_datas(w, "q") == [] and q.length == 0
+
+
+def test_a_rolled_back_add_read_back_as_read_behind_ended_leaves_no_copy(worker, monkeypatch):
+    """As above, but the refill that read the record back also caught up with the writer and
+    left read-behind, so the journal must remember how far it had read."""
+    w = worker(sync_journal="always", uring=None, max_memory_size=4)
+    w.handle(0, req(1, OP_SET, "q", payload=b"aaaa"))
+    w.handle(0, req(1, OP_SET, "q", payload=b"b", n=2))      # read-behind: b stays on disk
+    w.finish_batch()
+    w.wait_for_sync()
+    q = w.coll.queue("q")
+    assert q.storage.in_read_behind and queue_datas(w, "q") == [b"aaaa"]
+
+    def eio(fd):
+        raise OSError(errno.EIO, "Input/output error")
+    monkeypatch.setattr(J, "_fsync", eio)
+    w.handle(0, req(2, OP_SET, "q", payload=b"x"))
+    w.handle(0, req(3, OP_GET, "q"))        # takes aaaa; the refill reads b and x, and ends
+    assert not q.storage.in_read_behind and queue_datas(w, "q") == [b"b", b"x"]
+    w.finish_batch()
+    w.wait_for_sync()
+    got = replies(w)
+    assert got[2][0][0] == R_SERVER_ERROR and got[3][0][0] == R_SERVER_ERROR
+    monkeypatch.setattr(J, "_fsync", os.fsync)
+    for n in (1, 2, 3):
+        w.handle(0, req(4, OP_GET, "q", n=n))
+    w.finish_batch()
+    w.wait_for_sync()
+    assert replies(w) == {4: [(R_ITEM, 0, b"aaaa"), (R_ITEM, 0, b"b"), (R_EMPTY, 0, b"")]}
+    assert queue_datas(w, "q") == [] and q.length == 0
+
+
+def test_a_master_whose_fsync_fails_takes_the_fanout_copies_with_it(worker, monkeypatch):
+    """Under sync "always" the child's fsync succeeds and the master's fails: the set is answered
+    SERVER_ERROR, so the child's copy (already durable) goes too, with its record.  Before, the
+    child kept it and served it."""
+    w = worker(sync_journal="always", uring=None)
+    w.handle(0, req(1, OP_GET, "m+c"))                       # registers the child
+    w.handle(0, req(1, OP_SET, "m", payload=b"a", n=2))
+    w.finish_batch()
+    w.wait_for_sync()
+    replies(w)
+    master_fd = w.coll.queue("m").storage._fd
+    child = w.coll.queue("m+c")
+    size = child.storage.flushed_size
+
+    def fsync(fd):
+        if fd == master_fd:
+            raise OSError(errno.EIO, "Input/output error")
+        os.fsync(fd)
+    monkeypatch.setattr(J, "_fsync", fsync)
+    w.handle(0, req(2, OP_SET, "m", payload=b"x"))
+    w.finish_batch()
+    w.wait_for_sync()
+    assert replies(w)[2][0][0] == R_SERVER_ERROR
+    monkeypatch.setattr(J, "_fsync", os.fsync)
+    assert queue_datas(w, "m+c") == [b"a"] and child.length == 1
+    assert child.storage.flushed_size == size                # its record is gone too
+    assert w.coll.stats()["total_items"] == 2                # a and its copy
+
+
+def test_a_child_whose_write_fails_loses_only_its_copy(worker, monkeypatch):
+    """The other way round the reply is the master's: STORED, and the master holds the item; the
+    child that could not write its copy does not have it (and tells nobody)."""
+    w = worker()
+    w.handle(0, req(1, OP_GET, "m+c"))
+    w.finish_batch()
+    replies(w)
+    child_fd = w.coll.queue("m+c").storage._fd
+    real_write = J._write
+    monkeypatch.setattr(J, "_write", lambda fd, data: enospc(fd, data) if fd == child_fd else
+                        real_write(fd, data))
+    w.handle(0, req(2, OP_SET, "m", payload=b"x"))
+    w.finish_batch()
+    monkeypatch.setattr(J, "_write", real_write)
+    assert replies(w) == {2: [(R_OK, 0, b"")]}
+    assert queue_datas(w, "m") == [b"x"] and queue_datas(w, "m+c") == []
+    assert w.coll.stats()["total_items"] == 1

@@ -171,3 +171,34 @@ def test_a_refused_set_counts_in_no_item_figure_only_in_cmd_set(tmp_path, fs):
             assert after[key] == before[key], (key, before[key], after[key])   # main: total_items 12
     finally:
         h.stop()
+
+
+def test_a_refused_set_leaves_no_fanout_copy(tmp_path, fs):
+    """The child's journal has room left in its last block and takes the copy; the master's is
+    full and refuses the set.  The client is told SERVER_ERROR, so no queue may hold the item:
+    before, the child kept its copy and served it (and a retry put a second one there)."""
+    qp = os.path.join(fs.path, "queues")
+    h = start_server(tmp_path, queue_path=qp)
+    try:
+        c = Client(h.connect())
+        assert c.ask(b"get q+copy\r\n") == b"END\r\n"       # the fanout child, registered
+        for i in range(10):
+            assert setq(c, b"q", item(i)) == b"STORED\r\n"
+        assert setq(c, b"q+copy", b"pad") == b"STORED\r\n"    # the child's last block has room
+        assert os.path.getsize(os.path.join(qp, "q")) == 10 * BLOCK
+        fs.fill()
+        r = setq(c, b"q", b"refused")
+        assert r.startswith(b"SERVER_ERROR"), r
+        st = stats_of(Client(h.connect()))
+        assert (st["queue_q+copy_items"], st["queue_q_items"]) == ("11", "10")
+        os.unlink(os.path.join(fs.path, "filler"))
+        assert drain(h, b"q+copy") == [item(i) for i in range(10)] + [b"pad"]
+        assert drain(h, b"q") == [item(i) for i in range(10)]
+    finally:
+        code = h.stop()
+    assert code == 0, h.log()[-3000:]
+    h = start_server(tmp_path, queue_path=qp)
+    try:
+        assert drain(h, b"q+copy") == [] and drain(h, b"q") == []
+    finally:
+        assert h.stop() == 0

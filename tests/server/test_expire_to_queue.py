@@ -5,13 +5,15 @@ empty finds the item in the target at once.  With the target on another worker t
 message between workers; this holds the server to Kestrel's order in every layout.  (A move
 while the target's worker is down: tests/engine/test_worker_loop.py.)
 """
+import signal
 import time
 
 import pytest
 
 from lanner.queues.placement import worker_of
-from tests.helpers import LAYOUTS, start_server
+from tests.helpers import LAYOUTS, start_server, wait_for
 from tests.server.conftest import Client
+from tests.server.test_local import clients_on, worker_procs
 
 pytestmark = pytest.mark.integration
 
@@ -56,3 +58,49 @@ def test_a_client_finds_the_moved_item_right_after_the_source_came_back_empty(tm
     finally:
         assert h.stop() == 0
 
+
+
+def pair_from(src_worker: int) -> tuple[str, str]:
+    """A (source, target) pair: the source on worker `src_worker` of two, the target on the other."""
+    i = 0
+    while not (worker_of(f"ks{i}", 2) == src_worker and worker_of(f"kd{i}", 2) != src_worker):
+        i += 1
+    return f"ks{i}", f"kd{i}"
+
+
+def drain_queue(c: Client, q: str) -> list[bytes]:
+    got = []
+    while True:
+        r = c.ask(b"get %s\r\n" % q.encode(), b"END\r\n")
+        if r == b"END\r\n":
+            return got
+        got.append(r.split(b"\r\n")[1])
+
+
+def test_moves_in_flight_survive_the_death_of_the_target_worker(tmp_path):
+    """Items expire off a source queue while the worker of their target queue is stopped (their
+    moves wait in the ring between the workers), then that worker is killed: every item ends up in
+    the target once its replacement runs.  Before, the source had logged the removals and the
+    replacement started with the ring emptied: the items were in neither queue."""
+    src, dst = pair_from(0)
+    n = 40
+    h = start_server(tmp_path, workers=2, config=config_for([(src, dst)]))
+    try:
+        procs = worker_procs(h)
+        [c] = clients_on(h, 0, 1)
+        for i in range(n):
+            assert c.ask(b"set %s 0 0 3\r\n%03d\r\n" % (src.encode(), i)) == b"STORED\r\n"
+        target = procs[1]
+        target.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(2 * MAX_AGE_MS / 1000)       # the items' own max_age runs out
+            assert c.ask(b"get %s\r\n" % src.encode(), b"END\r\n") == b"END\r\n"   # all moved out
+        finally:
+            target.send_signal(signal.SIGKILL)
+        assert wait_for(lambda: len(worker_procs(h)) == 2 and target not in worker_procs(h)), h.log()
+        d = Client(h.connect())
+        got = []
+        assert wait_for(lambda: got.extend(drain_queue(d, dst)) or len(got) >= n, timeout=20), got
+        assert sorted(got) == [b"%03d" % i for i in range(n)], got
+    finally:
+        assert h.stop() == 0

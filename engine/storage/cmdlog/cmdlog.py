@@ -245,6 +245,9 @@ class CmdlogStorage:
     def fill_read_behind(self, max_bytes: int, now_ms: int) -> list[QItem]:
         return []
 
+    def read_back(self, mark: int) -> bool:
+        return False
+
     @property
     def dirty(self) -> bool:
         return self._log.dirty

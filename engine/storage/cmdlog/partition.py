@@ -338,14 +338,19 @@ class PartitionLog:
     def _rotate(self) -> None:
         self.flush()
         old = self._fd
-        if self.sync_gate is None:
-            os.fsync(old)
-        else:       # never while the syncer fsyncs the segment (syncer.py, `exclusive`)
-            self.sync_gate.exclusive(self, partial(os.fsync, old))
+        self._fsync_fd(old)
         self._synced = self._flushed
         self._create_segment(self._active_seq + 1)
         os.close(old)
         self.rotations += 1
+
+    def _fsync_fd(self, fd: int) -> None:
+        """The owner's own fsync of the active segment (rotation, close): never while the syncer
+        fsyncs it (syncer.py, `exclusive`)."""
+        if self.sync_gate is None:
+            os.fsync(fd)
+        else:
+            self.sync_gate.exclusive(self, partial(os.fsync, fd))
 
     def _prepare_append(self) -> None:
         """Open the active segment, or rotate, before buffering a record.  A failure here is
@@ -548,7 +553,7 @@ class PartitionLog:
         try:
             if self._fd is not None and not self._broken:
                 self.flush()
-                os.fsync(self._fd)
+                self._fsync_fd(self._fd)
                 self._synced = self._flushed
         finally:
             self._closed = True

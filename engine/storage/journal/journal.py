@@ -32,10 +32,11 @@ import threading
 from typing import Callable
 
 from lanner.queues.item import QItem
-from lanner.storage.journal.codec import ADD_OPS, pack_addx, pack_xaddx, pack_xid, Cursor, JournalCorrupt
+from lanner.storage.journal.codec import pack_addx, pack_xaddx, pack_xid, Cursor
 from lanner.storage.journal.files import (JournalError, archived_files, check_name, erase_files, fsync_dir,
                                           journal_files, parse_archive)
 from lanner.storage.journal.compaction import JournalCompaction
+from lanner.storage.journal.readbehind import JournalReadBehind
 from lanner.storage.journal.replay import replay_files
 from lanner.storage.seam import ReplayState
 from lanner.storage.writer import write_all
@@ -55,9 +56,10 @@ WRITE_BEHIND_MAX = 256 << 20    # pending bytes, behind a write under way, that 
 _WFLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT
 
 
-class Journal(JournalCompaction):
+class Journal(JournalCompaction, JournalReadBehind):
     """The storage seam (seam.py) over Kestrel journal files; it is its own `medium`.
-    Rotation, rewrite and checkpoint packs are its base class's (compaction.py).
+    Rotation, rewrite and checkpoint packs are a base class's (compaction.py), read-behind
+    another's (readbehind.py).
 
     Writes are buffered in a bytearray; `flush()` hands them to the OS in one
     write.  Write-failure policy: a failed flush truncates the file back to its
@@ -109,6 +111,7 @@ class Journal(JournalCompaction):
         self._inflight_n = 0             # bytes of the jobs under way: after _disk_size, before _pending
         self._chain: list = []           # the WriteJobs under way, oldest first (big items: _add_behind)
         self._rb: Cursor | None = None
+        self._read_mark = 0              # end of the current file's records read-behind returned
         self._closed = False
         self._erased = False
         self._init_compaction()
@@ -179,6 +182,8 @@ class Journal(JournalCompaction):
         if rb is not None and rb.name == self.name and rb.pos > off:
             rb.pos = off
             rb.drop_buffer()
+        if self._read_mark > mark:
+            self._read_mark = mark
 
     def undo_record(self, kind: int, item: QItem, xid: int) -> None:
         """Nothing: a journal keeps no state per record besides the bytes."""
@@ -495,7 +500,7 @@ class Journal(JournalCompaction):
                 self.settle_write()
             if self._fd >= 0:
                 self.flush()
-                _fsync(self._fd)
+                self._fsync_current()     # never beside a group-commit fsync of it (syncer.py)
                 self._synced_size = self._disk_size
         except OSError as e:
             log.error("queue %r: closing journal %s: %s", self.name, self._path, e)
@@ -529,72 +534,3 @@ class Journal(JournalCompaction):
     def erase_all(queue_path: str, name: str) -> None:
         """Delete every journal file of `name` (`keep_journal = false`, delete)."""
         erase_files(queue_path, name)
-
-    # -------------------------------------------------------- read-behind
-    def start_read_behind(self) -> None:
-        """Read-behind starts where the next record will be written, so the buffer must be
-        written first; if it cannot be, the queue stays in memory for now."""
-        if self._rb is not None or not self._flush_quietly():
-            return
-        self._rb = Cursor(self._path, self.name, self._disk_size)
-        log.info("queue %r: dropping to read-behind at %s:%d", self.name, self.name, self._disk_size)
-
-    def fill_read_behind(self, max_bytes: int, now_ms: int) -> list[QItem]:
-        """Items from the reader until their bytes reach `max_bytes` (the last may
-        overshoot) or the reader catches up with the writer (leaving read-behind)."""
-        rb = self._rb
-        out: list[QItem] = []
-        if rb is None:
-            return out
-        got = 0
-        while got < max_bytes:
-            if rb.name == self.name:
-                if rb.pos >= self._disk_size:
-                    if self._pending or self._chain:
-                        if self._flush_quietly():
-                            continue
-                        break                 # the owner's flush fails too and rolls back
-                    self._leave_read_behind()
-                    break
-                limit = self._disk_size
-            else:
-                limit = -1
-            try:
-                r = rb.read(now_ms, limit)
-            except JournalCorrupt as e:
-                log.error("queue %r: read-behind hit a broken record in %s at offset %d (%s); "
-                          "DATA MAY HAVE BEEN LOST! Skipping the rest of that file.",
-                          self.name, e.file, e.offset, e.reason)
-                if rb.name == self.name:
-                    self._leave_read_behind()
-                    break
-                r = None
-            if r is None:
-                if rb.name == self.name:
-                    self._leave_read_behind()
-                    break
-                left = rb.name
-                nxt = self._file_after(left)
-                rb.close()
-                rb = self._rb = Cursor(os.path.join(self._dir, nxt), nxt)
-                log.info("queue %r: read-behind moves from %s to %s", self.name, left, nxt)
-                if self.checkpoint is not None and self.checkpoint.file == left:
-                    self._maybe_inline_pack()
-                continue
-            if r[0] in ADD_OPS:
-                out.append(r[1])
-                got += len(r[1].data)
-        return out
-
-    def _leave_read_behind(self) -> None:
-        if self._rb is not None:
-            self._rb.close()
-            self._rb = None
-            log.info("queue %r: coming out of read-behind", self.name)
-
-    def _file_after(self, fname: str) -> str:
-        ts = parse_archive(self.name, fname)[0]
-        for a in archived_files(self._dir, self.name):
-            if parse_archive(self.name, a)[0] > ts:
-                return a
-        return self.name

@@ -1,0 +1,151 @@
+"""expire_to_queue moves between workers (server/moves.py), in one process: the source keeps
+each move until the target acknowledges that its add was written, so neither a failed write
+at the target nor the death of either worker loses the item."""
+from __future__ import annotations
+
+import errno
+
+from lanner.ipc.messages import OP_GET, OP_SET, R_EMPTY, R_ITEM, R_OK
+from lanner.queues.placement import worker_of
+from lanner.server.moves import RETRY_MS
+from lanner.storage.journal import journal as J
+from tests.engine.test_worker_loop import harness, statuses  # noqa: F401 (a fixture)
+
+
+def pair():
+    return next((f"s{i}", f"d{i}") for i in range(100)
+                if worker_of(f"s{i}", 2) == 0 and worker_of(f"d{i}", 2) == 1)
+
+
+def moved_out(h, src: str, data: bytes = b"moved"):
+    """Store `data` in `src` (worker 0), let it expire and have worker 0 alone sweep it, so its
+    move is in the ring to worker 1, unread."""
+    f = h.fronts[0]
+    f.send(0, 1, 1, OP_SET, src.encode(), payload=data)
+    h.settle()
+    assert statuses(f.replies(0)) == [(1, R_OK, b"")]
+    h.clock.advance(5000)
+    f.send(0, 1, 2, OP_GET, src.encode(), 0, a=-1)
+    h.workers[0].step(wait=0)
+    assert statuses(f.replies(0)) == [(2, R_EMPTY, b"")]
+
+
+def target_holds(h, dst: str, req: int) -> list:
+    f = h.fronts[0]
+    f.send(1, 2, req, OP_GET, dst.encode(), 0, a=-1)
+    h.settle()
+    return statuses(f.replies(1))
+
+
+def config(src, dst):
+    return f'[queues.{src}]\nexpire_to_queue = "{dst}"\nmax_age = "1s"\n'
+
+
+def test_a_move_is_kept_until_the_target_acknowledges_it(harness):
+    src, dst = pair()
+    h = harness(workers=2, config=config(src, dst))
+    moved_out(h, src)
+    target = h.peers.of_worker(1)
+    assert list(h.workers[0].moves.unacked[target].values()) == [(dst, b"moved")]
+    h.settle()
+    assert not h.workers[0].moves.pending()
+    assert target_holds(h, dst, 3) == [(3, R_ITEM, b"moved")]
+
+
+def test_a_move_the_target_could_not_write_is_sent_again(harness, monkeypatch):
+    """The target's journal write fails (disk full): its add is rolled back and its ack says
+    SERVER_ERROR, so the source sends the item again later.  Before, the item was gone."""
+    src, dst = pair()
+    h = harness(workers=2, config=config(src, dst))
+    moved_out(h, src)
+
+    def enospc(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(J, "_write", enospc)
+    h.workers[1].step(wait=0)                      # runs the move; its write fails
+    monkeypatch.undo()
+    h.settle()
+    assert target_holds(h, dst, 3) == [(3, R_EMPTY, b"")]
+    assert h.workers[0].moves.pending() == 1       # waiting for its retry
+    h.clock.advance(RETRY_MS)
+    h.settle()
+    assert target_holds(h, dst, 4) == [(4, R_ITEM, b"moved")]
+    assert not h.workers[0].moves.pending()
+
+
+def test_moves_unread_by_a_target_that_died_go_again_when_it_is_back(harness):
+    src, dst = pair()
+    h = harness(workers=2, config=config(src, dst))
+    moved_out(h, src)
+    target = h.peers.of_worker(1)
+    h.tell(0, {"cmd": "peer_down", "peer": target})
+    h.workers[0].step(wait=0)                      # polls control
+    h.mesh.discard_unread("worker", 1)             # what the supervisor does for the replacement
+    assert h.workers[0].moves.waiting[target] == [(dst, b"moved")]
+    h.tell(0, {"cmd": "peer_up", "peer": target})
+    h.settle()
+    assert target_holds(h, dst, 3) == [(3, R_ITEM, b"moved")]
+
+
+def test_moves_a_dead_source_published_are_run_by_the_target(harness):
+    """The source dies with its move in the ring (its removal is in its journal): the target
+    runs the move before it discards what the dead worker left.  Before, it was discarded."""
+    src, dst = pair()
+    h = harness(workers=2, config=config(src, dst))
+    moved_out(h, src)
+    h.tell(1, {"cmd": "peer_down", "peer": h.peers.of_worker(0)})
+    h.workers[1].poll_control()                    # before its loop reads the ring
+    assert target_holds(h, dst, 3) == [(3, R_ITEM, b"moved")]
+
+
+def test_a_move_whose_add_raised_is_sent_again(harness, monkeypatch):
+    """The target cannot even create the queue (its journal file cannot be opened): the ack
+    says SERVER_ERROR, not a response the source would read as a request."""
+    src, dst = pair()
+    h = harness(workers=2, config=config(src, dst))
+    moved_out(h, src)
+    coll = h.workers[1].coll
+
+    def refuse(*a, **kw):
+        raise OSError(errno.EMFILE, "Too many open files")
+    monkeypatch.setattr(coll, "add_forwarded", refuse)
+    h.workers[1].step(wait=0)
+    monkeypatch.undo()
+    h.settle()
+    assert h.workers[0].moves.pending() == 1
+    h.clock.advance(RETRY_MS)
+    h.settle()
+    assert target_holds(h, dst, 3) == [(3, R_ITEM, b"moved")]
+
+
+def test_a_move_within_one_worker_whose_write_failed_is_made_again(harness, monkeypatch):
+    """Source and target on one worker, separate journals: the source's removal is written, the
+    target's add is not (disk full) and is rolled back.  The move is made again RETRY_MS later;
+    before, the item was in neither queue."""
+    src, dst = next((f"s{i}", f"d{i}") for i in range(100)
+                    if worker_of(f"s{i}", 2) == 0 and worker_of(f"d{i}", 2) == 0)
+    h = harness(workers=2, config=config(src, dst))
+    f = h.fronts[0]
+    f.send(0, 1, 1, OP_SET, src.encode(), payload=b"moved")
+    f.send(0, 1, 2, OP_GET, dst.encode(), 0, a=-1)          # the target's journal exists
+    h.settle()
+    assert statuses(f.replies(0)) == [(1, R_OK, b""), (2, R_EMPTY, b"")]
+    h.clock.advance(5000)
+    target_fd = h.workers[0].coll.queue(dst).storage._fd
+    real_write = J._write
+
+    def write(fd, data):
+        if fd == target_fd:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+    monkeypatch.setattr(J, "_write", write)
+    f.send(0, 1, 3, OP_GET, src.encode(), 0, a=-1)          # the sweep moves the item
+    h.settle()
+    monkeypatch.undo()
+    assert statuses(f.replies(0)) == [(3, R_EMPTY, b"")]
+    assert h.workers[0].coll.queue(dst).length == 0
+    h.clock.advance(RETRY_MS)
+    h.settle()
+    f.send(0, 1, 4, OP_GET, dst.encode(), 0, a=-1)
+    h.settle()
+    assert statuses(f.replies(0)) == [(4, R_ITEM, b"moved")]
