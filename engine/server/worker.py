@@ -157,6 +157,7 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
                                     expire_forward=self.forward_add, autoflush=False)
         self.storage_factory = factory
         factory.collection = self.coll
+        factory.on_deadline = self.note_deadline
 
         def progress(name, i, n):
             log.info("worker %d: replaying queue %r (%d/%d)", self.index, name, i, n)

@@ -97,6 +97,9 @@ class StorageFactory:
         # `_checkpointed`): the only ones `tick` looks at, so a tick costs what needs packing,
         # not one step per queue (issue 8: 10,000 queues made it 10,000 steps ten times a second)
         self._attention: dict[str, object] = {}
+        # the worker's `note_deadline`: a journal that registers wants a tick soon, and the
+        # worker's timer is re-armed only for what announces itself (shardloop.py arm_timer)
+        self.on_deadline = None
         self._packs: dict[int, tuple] = {}        # request id -> (journal, sent at ms)
         self._next_pack = 1
         self._next_pack_check = 0
@@ -197,6 +200,8 @@ class StorageFactory:
         pack from now on until the checkpoint is gone."""
         if self._journals.get(journal.name) is journal:
             self._attention[journal.name] = journal
+            if self.on_deadline is not None:
+                self.on_deadline(self._next_pack_check)
 
     def request_pack(self, journal, req) -> None:
         rid = self._next_pack

@@ -80,3 +80,28 @@ def test_tick_visits_only_journals_with_a_checkpoint(tmp_path, reads):
     coll.close()
     mine.close()
     cleaner.close()
+
+
+def test_a_checkpoint_announces_the_tick_to_the_worker(tmp_path):
+    """The worker re-arms its timer only for deadlines that announce themselves: a journal that
+    sets a checkpoint tells it (`on_deadline`), or its pack waited for the next heartbeat and a
+    short-lived server stopped before its cleaner ever packed (tests/server/test_storage_server.py
+    `test_read_behind_with_cleaner_packs_keeps_order` failed that way)."""
+    clock = FakeClock(NOW)
+    cfg = Config(server=ServerConfig(queue_path=str(tmp_path / "q")), default=QueueConfig(),
+                 queue_overrides={"big": dict(SMALL)}, aliases={})
+    mine, cleaner = socket.socketpair()
+    factory = StorageFactory(cfg, clock, 0, 1, cleaner_sock=mine)
+    coll = QueueCollection(cfg, clock, storage_factory=factory)
+    factory.collection = coll
+    announced: list[int] = []
+    factory.on_deadline = announced.append
+    coll.add("idle", b"x")
+    assert announced == []
+    for i in range(200):
+        coll.add("big", b"%03d" % i + b"." * 197)
+    assert coll.queue("big").storage.medium.checkpoint is not None
+    assert announced and announced[0] <= min(factory.next_deadlines())
+    coll.close()
+    mine.close()
+    cleaner.close()
