@@ -135,7 +135,9 @@ class PutStream:
             except _Bad as e:
                 raise in_field("put", fid, key, e) from None
 
-    def _binary(self):
+    def _length(self):
+        """A string's 4-byte length, checked against the frame as thrift.py checks it: how many
+        bytes follow it (the length itself stays in `buf`)."""
         buf, flen, pos = self.buf, self.flen, self.pos
         if pos + 4 > flen:
             raise truncated(4, pos, flen)
@@ -146,11 +148,16 @@ class PutStream:
             raise negative_length(n, pos)
         if pos + 4 + n > flen:
             raise truncated_string(n, pos + 4, flen)
+        return n
+
+    def _binary(self):
+        n = yield from self._length()
+        buf = self.buf
         if len(buf) < 4 + n:
             yield 4 + n
         raw = bytes(buf[4:4 + n])
         del buf[:4 + n]
-        self.pos = pos + 4 + n
+        self.pos += 4 + n
         return raw
 
     def _items(self, bound: int):
@@ -235,15 +242,7 @@ class PutStream:
             yield from self._drop(width)
             return
         if ttype == T_STRING:
-            if pos + 4 > flen:
-                raise truncated(4, pos, flen)
-            if len(buf) < 4:
-                yield 4
-            n = _I32.unpack_from(buf, 0)[0]
-            if n < 0:
-                raise negative_length(n, pos)
-            if pos + 4 + n > flen:
-                raise truncated_string(n, pos + 4, flen)
+            n = yield from self._length()
             yield from self._drop(4 + n)
             return
         if depth >= _MAX_DEPTH:
