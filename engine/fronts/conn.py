@@ -23,6 +23,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from lanner.fronts.counters import C_CURR, C_HERE, C_READ, C_TOTAL, C_WRITTEN
+from lanner.fronts.flow import MAX_INFLIGHT, SMALL_REPLY, room_for
 from lanner.fronts.inline import InlineReplies
 from lanner.fronts.servercmds import ServerCommands
 from lanner.fronts.spill import REPLY_BUDGET, WRITE_CHUNK, WRITE_LOW, SpillWriter  # noqa: F401 (WRITE_LOW: tests)
@@ -30,8 +31,6 @@ from lanner.ops.latency import BY_TYPE, family_of
 from lanner.queues.names import validate_queue_name
 from lanner.ipc.messages import OP_DISCONNECT, OP_SET_DATA, R_SERVER_ERROR, RF_CLOSE, RF_MORE
 
-#: Commands in flight (sent, reply not yet written) per connection, whatever their size.
-MAX_INFLIGHT = 1024
 #: Unparsed bytes a connection holds while it cannot take commands, before it stops reading.
 INPUT_LIMIT = 64 << 10
 
@@ -73,20 +72,6 @@ class Slot:
                                   # the key a memcache `get` echoes
         self.fam = fam            # latency family (ops/latency.py); -1: not measured
         self.t0 = t0              # monotonic time its command's bytes were read
-
-
-def room_for(n: int, free: int, size: int) -> int:
-    """How many more commands flow control allows with `n` replies in flight, `free` bytes of
-    REPLY_BUDGET left and replies of about `size` bytes (Conn.room; Conn class doc)."""
-    # reply m = n, n + 1, ... in flight is allowed while m < MAX_INFLIGHT, m * size < free
-    k = MAX_INFLIGHT - n
-    if size > 0:
-        by_size = (free - 1) // size + 1 - n if free > 0 else -n
-        if by_size < k:
-            k = by_size
-    elif free <= 0:
-        k = 0
-    return k if k > 0 else (1 if n == 0 else 0)      # the first one always is
 
 
 def expiry_at(ms: int) -> int:
@@ -437,6 +422,14 @@ class Conn(InlineReplies, SpillWriter, ServerCommands, asyncio.Protocol, abc.ABC
         if slot.remaining == 0:
             self.complete(slot)
 
+    def note_reply(self, n: int) -> None:
+        """A reply of `n` bytes moves the running estimate flow control uses (class doc).  Fused
+        replies (inline.py) count too: without them a connection that only sets and gets kept
+        the first, pessimistic estimate and took 16 pipelined commands a turn, not 32."""
+        size = self.reply_size = self.reply_size + ((n - self.reply_size) >> 3)
+        if size > SMALL_REPLY or self.idle_room != MAX_INFLIGHT:
+            self.idle_room = room_for(0, REPLY_BUDGET, size)
+
     def complete(self, slot: Slot) -> None:
         before = len(slot.out)
         if slot.finish is not None:
@@ -446,8 +439,7 @@ class Conn(InlineReplies, SpillWriter, ServerCommands, asyncio.Protocol, abc.ABC
         slot.done = True
         n = len(slot.out)
         self.held += n - before
-        self.reply_size += (n - self.reply_size) >> 3
-        self.idle_room = room_for(0, REPLY_BUDGET, self.reply_size)
+        self.note_reply(n)
         if slot.fam >= 0:
             self.front.latency.observe(slot.fam, time.monotonic() - slot.t0)
         if slot.close:

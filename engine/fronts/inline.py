@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import time
 
+from lanner.fronts.flow import MAX_INFLIGHT, SMALL_REPLY
+
 
 class InlineReplies:
     """Conn methods; `fast`, `early`, `worker`, `local` and the rest are set in Conn.__init__."""
@@ -55,6 +57,11 @@ class InlineReplies:
             if not (fast and self.early and fast[0][0] in self.early):
                 break
             status, flags, payload = self.early.pop(fast[0][0])
+        # the last one's size is estimate enough; below SMALL_REPLY with full room it would
+        # change nothing (Conn.note_reply), and skipping only keeps the estimate higher
+        n = len(out)
+        if n > SMALL_REPLY or self.idle_room != MAX_INFLIGHT:
+            self.note_reply(n)
         if not fast and self.slots:
             self.drain_slots()
         f.write_pending.add(self)

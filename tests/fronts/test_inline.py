@@ -195,3 +195,28 @@ def test_room_with_nothing_out_follows_the_reply_size_estimate(rig):
     out(c)
     assert c.reply_size < before and not (c.slots or c.fast or c.held or c.spilled)
     assert c.room() == room_for(0, REPLY_BUDGET, c.reply_size) > room_for(0, REPLY_BUDGET, before)
+
+
+def test_fused_replies_move_the_size_estimate_so_a_pipeline_of_32_takes_one_turn(rig):
+    """Only slot replies moved `reply_size`, so a connection that only sets and gets kept the
+    first, pessimistic estimate (REPLY_BUDGET / 16): 16 commands a turn, and 32 pipelined
+    requests took two turns and two journal writes.  Fused replies now move it too; a big one
+    raises it again, so flow control still bounds what big replies may pile up."""
+    r = rig()
+    c = r.conns[0]
+    first = c.room()
+    assert first == 16
+    for _ in range(40):                  # small fused replies: the estimate falls
+        c.data_received(b"set q 0 0 1\r\nx\r\nget q\r\n")
+        r.turn()
+    out(c)
+    assert c.room() > 32
+    c.data_received(b"set q 0 0 1\r\nx\r\nget q\r\n" * 16)     # 32 requests in one write
+    r.turn()
+    assert out(c) == b"STORED\r\nVALUE q 0 1\r\nx\r\nEND\r\n" * 16     # all in the one turn
+    big = b"b" * (1 << 20)
+    for _ in range(8):                   # big fused replies: the estimate climbs back
+        c.data_received(b"set q 0 0 %d\r\n%s\r\nget q\r\n" % (len(big), big))
+        r.turn()
+    out(c)
+    assert c.reply_size > 64 << 10 and c.idle_room == room_for(0, REPLY_BUDGET, c.reply_size) < 64
