@@ -22,7 +22,7 @@ import os
 from lanner.ipc import control
 from lanner.queues.placement import partition_of, partitions_of_worker
 from lanner.storage.cmdlog.partition import open_partition_logs, partition_dir
-from lanner.storage.journal.files import stored_items
+from lanner.storage.journal.files import files_by_queue, stored_items
 from lanner.storage.journal.journal import Journal
 from lanner.storage.seam import MemoryStorage
 
@@ -104,24 +104,46 @@ class StorageFactory:
         self._next_pack = 1
         self._next_pack_check = 0
         self.collection = None                     # set by the worker once it exists
+        # The queue directory listed once, at the first journal opened (`_listing`): per name,
+        # its files then.  A name's entry goes to the journal that opens it; from then on the
+        # journal's own rotations and packs change its files, so a name opened (or erased)
+        # again is listed afresh (`_touched`).  Issue 8: listing 10,000 files per new queue made
+        # creating 10,000 queues quadratic.
+        self._boot_files: dict[str, list[str]] | None = None
+        self._touched: set[str] = set()
 
     # -- the factory the QueueCollection calls -------------------------------------------------
     def check_home(self, name: str, qc) -> None:
         p = partition_of(name)
         plog = self.partition_log(p) if os.path.isdir(partition_dir(self.queue_path, p)) else None
+        if storage_home(qc) == "cmdlog":
+            self._touched.add(name)      # check_home may erase its journal files
         check_home(name, qc, self.queue_path, plog)
+
+    def _listing(self, name: str) -> list[str] | None:
+        """The files of journal queue `name` as the start-up listing found them ([] if none),
+        or None (list the directory) if the name was opened or erased since."""
+        if name in self._touched or "." in name:
+            return None
+        self._touched.add(name)
+        if self._boot_files is None:
+            try:
+                self._boot_files = files_by_queue(self.queue_path)
+            except FileNotFoundError:
+                self._boot_files = {}
+        return self._boot_files.pop(name, [])
 
     def __call__(self, name: str, qc):
         home = storage_home(qc)
         if home == "memory":
-            if qc.storage == "journal":
-                Journal.erase_all(self.queue_path, name)     # Kestrel drops old journals (§6.1)
+            if qc.storage == "journal":                      # Kestrel drops old journals (§6.1)
+                Journal.erase_all(self.queue_path, name, self._listing(name))
             return MemoryStorage()
         if home == "cmdlog":
             return self.partition_log(partition_of(name)).storage_for(name)
         os.makedirs(self.queue_path, exist_ok=True)
         j = Journal(self.queue_path, name, self.clock, qc.sync_journal,
-                    inline_pack=self.cleaner is None)
+                    inline_pack=self.cleaner is None, listing=self._listing(name))
         if self.cleaner is not None:
             j.on_checkpoint = self._checkpointed
         self._journals[name] = j

@@ -695,12 +695,12 @@ def fake_backends(monkeypatch):
     calls = []
 
     class Journal(RecordingStorage):
-        def __init__(self, queue_path, name, clock, sync_policy="never", inline_pack=True):
+        def __init__(self, queue_path, name, clock, sync_policy="never", inline_pack=True, listing=None):
             super().__init__(sync_policy=sync_policy)
             calls.append(("Journal", queue_path, name, sync_policy))
 
         @staticmethod
-        def erase_all(queue_path, name):
+        def erase_all(queue_path, name, listing=None):
             calls.append(("erase_all", queue_path, name))
 
     class PartitionLog:

@@ -75,16 +75,18 @@ def parse_archive(name: str, fname: str) -> tuple[int, bool] | None:
     return int(m.group(1)), m.group(2) is not None
 
 
-def archived_files(queue_path: str, name: str, discard=None) -> list[str]:
+def archived_files(queue_path: str, name: str, discard=None, listing: list[str] | None = None) -> list[str]:
     """Archive file names of `name` in replay order, after finishing any pack:
     a `<name>.<ts>.pack` deletes every archive with t <= ts, then becomes `<name>.<ts>`.
-    `discard(path)` deletes instead of os.unlink (the worker's journals: off the loop)."""
+    `discard(path)` deletes instead of os.unlink (the worker's journals: off the loop).
+    `listing`: the regular files of `name` known to be in the directory (`files_by_queue`),
+    so opening one queue among thousands costs no listing of them all (issue 8)."""
     check_name(name)
     while True:
         entries = []
-        for fname in os.listdir(queue_path):
+        for fname in os.listdir(queue_path) if listing is None else listing:
             p = parse_archive(name, fname)
-            if p is not None and os.path.isfile(os.path.join(queue_path, fname)):
+            if p is not None and (listing is not None or os.path.isfile(os.path.join(queue_path, fname))):
                 entries.append((p[0], p[1], fname))
         packs = sorted(e for e in entries if e[1])
         if not packs:
@@ -96,6 +98,9 @@ def archived_files(queue_path: str, name: str, discard=None) -> list[str]:
                 log.info("queue %r: deleting packed file %s", name, fname)
                 (discard or os.unlink)(os.path.join(queue_path, fname))
         os.rename(os.path.join(queue_path, pack), os.path.join(queue_path, f"{name}.{ts}"))
+        if listing is not None:      # what the directory holds now, as a new listing would say
+            listing = [f for t, is_pack, f in entries if f != pack and (is_pack or t > ts)]
+            listing.append(f"{name}.{ts}")
 
 
 def journal_files(queue_path: str, name: str) -> list[str]:
@@ -173,6 +178,25 @@ def queue_names_in(queue_path: str) -> list[str]:
     return sorted(names)
 
 
+def files_by_queue(queue_path: str) -> dict[str, list[str]]:
+    """One listing of `queue_path` for a worker's start (storage/factory.py): the regular
+    files under each name they could belong to, i.e. the part before the first `.` (the
+    journal and its archives, and any `<name>.<junk>` that archived_files calls a stray)
+    and the part before the first `~~` (temporaries).  Raises FileNotFoundError."""
+    out: dict[str, list[str]] = {}
+    with os.scandir(queue_path) as it:
+        for entry in it:
+            if not entry.is_file():
+                continue
+            fname = entry.name
+            key = fname.partition(".")[0]
+            out.setdefault(key, []).append(fname)
+            tmp = fname.partition("~~")[0]
+            if tmp != fname and tmp != key:
+                out.setdefault(tmp, []).append(fname)
+    return out
+
+
 def zeros_from(path: str, offset: int) -> bool:
     """True if every byte of `path` from `offset` on is zero."""
     with open(path, "rb") as f:
@@ -193,13 +217,15 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def erase_files(queue_path: str, name: str) -> None:
-    """Delete every journal file of `name` (`keep_journal = false`, delete)."""
+def erase_files(queue_path: str, name: str, listing: list[str] | None = None) -> None:
+    """Delete every journal file of `name` (`keep_journal = false`, delete); `listing` as
+    for archived_files."""
     check_name(name)
-    try:
-        listing = os.listdir(queue_path)
-    except FileNotFoundError:
-        return
+    if listing is None:
+        try:
+            listing = os.listdir(queue_path)
+        except FileNotFoundError:
+            return
     for fname in listing:
         if fname == name or fname.startswith(name + ".") or fname.startswith(name + "~~"):
             path = os.path.join(queue_path, fname)

@@ -88,7 +88,9 @@ class Journal(JournalCompaction, JournalReadBehind):
     can_read_behind = True
 
     def __init__(self, queue_path: str, name: str, clock, sync_policy: str | int = "never",
-                 *, inline_pack: bool = True) -> None:
+                 *, inline_pack: bool = True, listing: list[str] | None = None) -> None:
+        """`listing`: the files of `name` in the directory as its factory knows them
+        (files.files_by_queue), for `replay` instead of listing the whole directory."""
         check_name(name)
         self._dir = queue_path
         self._path = os.path.join(queue_path, name)
@@ -114,6 +116,7 @@ class Journal(JournalCompaction, JournalReadBehind):
         self._read_mark = 0              # end of the current file's records read-behind returned
         self._closed = False
         self._erased = False
+        self._listing = listing
         self._init_compaction()
 
     # -------------------------------------------------------- stats, state
@@ -202,11 +205,12 @@ class Journal(JournalCompaction, JournalReadBehind):
         """Rebuild the queue from its files (§6.3, replay.py), entering read-behind as
         Kestrel does (§5.8), then open the writer on `<queue>`."""
         os.makedirs(self._dir, exist_ok=True)
+        listing, self._listing = self._listing, None     # from now on its own files change it
         tmp_prefix = self.name + "~~"
-        for fname in os.listdir(self._dir):
+        for fname in os.listdir(self._dir) if listing is None else listing:
             if fname.startswith(tmp_prefix):
                 os.unlink(os.path.join(self._dir, fname))
-        archives = archived_files(self._dir, self.name)
+        archives = archived_files(self._dir, self.name, listing=listing)
         if archives:
             self._last_ts = max(parse_archive(self.name, a)[0] for a in archives)
         new = not archives and not os.path.exists(self._path)
@@ -531,6 +535,6 @@ class Journal(JournalCompaction, JournalReadBehind):
         Journal.erase_all(self._dir, self.name)
 
     @staticmethod
-    def erase_all(queue_path: str, name: str) -> None:
+    def erase_all(queue_path: str, name: str, listing: list[str] | None = None) -> None:
         """Delete every journal file of `name` (`keep_journal = false`, delete)."""
-        erase_files(queue_path, name)
+        erase_files(queue_path, name, listing)
