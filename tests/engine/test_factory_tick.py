@@ -34,7 +34,9 @@ def reads(monkeypatch):
     return seen
 
 
-def test_tick_visits_only_journals_with_a_checkpoint(tmp_path, reads):
+def with_cleaner(tmp_path):
+    """A worker's storage as the server makes it: a factory with a cleaner socket (the other
+    end returned), its collection, queue "big" small enough to rotate and set checkpoints."""
     clock = FakeClock(NOW)
     cfg = Config(server=ServerConfig(queue_path=str(tmp_path / "q")), default=QueueConfig(),
                  queue_overrides={"big": dict(SMALL)}, aliases={})
@@ -42,6 +44,11 @@ def test_tick_visits_only_journals_with_a_checkpoint(tmp_path, reads):
     factory = StorageFactory(cfg, clock, 0, 1, cleaner_sock=mine)
     coll = QueueCollection(cfg, clock, storage_factory=factory)
     factory.collection = coll
+    return clock, factory, coll, mine, cleaner
+
+
+def test_tick_visits_only_journals_with_a_checkpoint(tmp_path, reads):
+    clock, factory, coll, mine, cleaner = with_cleaner(tmp_path)
     for i in range(300):
         coll.add(f"idle{i}", b"x")
     assert factory.next_deadlines() == []          # nothing to pack: no 100 ms wake-ups
@@ -87,13 +94,7 @@ def test_a_checkpoint_announces_the_tick_to_the_worker(tmp_path):
     sets a checkpoint tells it (`on_deadline`), or its pack waited for the next heartbeat and a
     short-lived server stopped before its cleaner ever packed (tests/server/test_storage_server.py
     `test_read_behind_with_cleaner_packs_keeps_order` failed that way)."""
-    clock = FakeClock(NOW)
-    cfg = Config(server=ServerConfig(queue_path=str(tmp_path / "q")), default=QueueConfig(),
-                 queue_overrides={"big": dict(SMALL)}, aliases={})
-    mine, cleaner = socket.socketpair()
-    factory = StorageFactory(cfg, clock, 0, 1, cleaner_sock=mine)
-    coll = QueueCollection(cfg, clock, storage_factory=factory)
-    factory.collection = coll
+    clock, factory, coll, mine, cleaner = with_cleaner(tmp_path)
     announced: list[int] = []
     factory.on_deadline = announced.append
     coll.add("idle", b"x")
