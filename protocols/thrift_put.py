@@ -182,20 +182,10 @@ class PutStream:
             if i == n:
                 break
             i += 1
-            pos = self.pos
-            if pos + 4 > flen:
-                raise truncated(4, pos, flen)
-            if len(buf) < 4:
-                yield 4
-            size = _I32.unpack_from(buf, 0)[0]
-            if size < 0:
-                raise negative_length(size, pos)
-            end = pos + 4 + size
-            if end > flen:
-                raise truncated_string(size, pos + 4, flen)
+            size = yield from self._length()
             if size > bound:
                 del buf[:4]
-                self.pos = pos + 4
+                self.pos += 4
                 yield from self._drop(size)
                 append(Oversized(size))
             else:
@@ -204,7 +194,7 @@ class PutStream:
                 with memoryview(buf) as view:         # one copy, not two
                     append(bytes(view[4:4 + size]))
                 del buf[:4 + size]
-                self.pos = end
+                self.pos += 4 + size
                 self.kept += size
         return out
 
