@@ -5,6 +5,7 @@ import socket
 import pytest
 
 from lanner.config import Config, QueueConfig, ServerConfig
+from lanner.ipc.messages import pack_req
 from lanner.server import worker as W
 from lanner.server.worker import Worker
 from lanner.storage.writer import Writer
@@ -53,3 +54,9 @@ def worker(tmp_path, clock, monkeypatch):
             w.coll.close()
         a.close()
         b.close()
+
+
+def req(conn, op, queue, flags=0, a=0, b=0, payload=b"", n=1):
+    """A request record as a front puts it in a worker's ring (ipc/messages.py)."""
+    q = queue.encode()
+    return pack_req(conn, n, op, flags, len(q), a, b) + q + payload

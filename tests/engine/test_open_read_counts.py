@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import msgpack
 
-from lanner.ipc.messages import F_THRIFT, OP_DISCONNECT, OP_SET, OP_TCONFIRM, OP_TGET, R_DATA, pack_req, unpack_resp
+from lanner.ipc.messages import F_THRIFT, OP_DISCONNECT, OP_SET, OP_TCONFIRM, OP_TGET, R_DATA, unpack_resp
 from lanner.server.opencounts import OpenReadCounts
-
-
-def req(conn, op, queue, flags=0, a=0, b=0, payload=b"", n=1):
-    q = queue.encode()
-    return pack_req(conn, n, op, flags, len(q), a, b) + q + payload
+from tests.engine.conftest import req
 
 
 def replies(w):

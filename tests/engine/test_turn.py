@@ -159,14 +159,16 @@ def test_a_deadline_earlier_than_the_armed_timer_re_arms_it_and_a_later_one_does
         b.data_received(b"get q/t=10000\r\n")        # later: the armed timer stays
         rig.turn()
         assert w.timer_ms == first
-        c.data_received(b"get r/t=1\r\n")            # earlier: re-armed for it
+        # earlier: re-armed for it (300 ms, not 1: a 1 ms timer could fire inside the turn, and
+        # the check below then saw no timer armed at all)
+        c.data_received(b"get r/t=300\r\n")
         rig.turn()
         assert w.timer_ms < first
         loop = w.loop
         deadline = loop.time() + 5
         while not c.transport.written and loop.time() < deadline:
             loop.run_until_complete(asyncio.sleep(0.005))
-        assert b"".join(c.transport.written) == b"END\r\n"         # the 1 ms get, on time
+        assert b"".join(c.transport.written) == b"END\r\n"         # the 300 ms get, on time
         assert not a.transport.written and not b.transport.written
         while w.turn_scheduled:                 # the turn the timer scheduled, if still to come
             rig.turn()

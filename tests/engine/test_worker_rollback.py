@@ -9,14 +9,10 @@ import threading
 import msgpack
 
 from lanner.ipc.messages import (F_OPEN, OP_DISCONNECT, OP_GET, OP_SET, OP_TGET, R_DATA, R_EMPTY, R_ITEM, R_OK,
-                                 R_SERVER_ERROR, RF_CLOSE, pack_req, unpack_resp)
+                                 R_SERVER_ERROR, RF_CLOSE, unpack_resp)
 from lanner.storage.uring import open_uring
 from lanner.storage.journal import journal as J
-
-
-def req(conn, op, queue, flags=0, a=0, b=0, payload=b"", n=1):
-    q = queue.encode()
-    return pack_req(conn, n, op, flags, len(q), a, b) + q + payload
+from tests.engine.conftest import req
 
 
 def replies(w):
