@@ -46,8 +46,6 @@ from lanner.queues.waiters import Waiter, WaitList
 log = logging.getLogger(__name__)
 
 _XID_MAX = 0x7FFFFFFF     # journal xids are i32; wrap to 1 (0 is never used)
-#: What a storage is told a move's undo kind was (it knows only client reads').
-_STORAGE_KIND = {MOVE_OPEN: OPEN, MOVE_CONFIRM: CONFIRM}
 
 
 class PersistentQueue:
@@ -368,6 +366,8 @@ class PersistentQueue:
         storage = self.storage
         record = storage.record_remove
         hold = self.hold_moves and sink is not None
+        if hold:
+            record_move = getattr(storage, "record_move_open", storage.record_open)
         is_expired = self.is_expired
         while n < cap and items and is_expired(items[0], now):
             item = self._pop_head()
@@ -375,7 +375,7 @@ class PersistentQueue:
                 xid = self._next_xid()
                 item.xid = xid
                 self._moving[xid] = item
-                self._log(storage.record_open(item, xid), MOVE_OPEN, item, xid, False)
+                self._log(record_move(item, xid), MOVE_OPEN, item, xid, False)
                 moved.append((item.data, xid))
             else:
                 self._log(record(item), REMOVE, item, 0, False)
@@ -513,7 +513,7 @@ class PersistentQueue:
         elif kind == MOVE_CONFIRM:
             item.xid = xid
             self._moving[xid] = item
-        self.storage.undo_record(_STORAGE_KIND.get(kind, kind), item, xid)
+        self.storage.undo_record(kind, item, xid)
 
     # -- internals -----------------------------------------------------------------------------
     def _pop_head(self) -> QItem:

@@ -16,6 +16,7 @@ from lanner.ipc import control
 from lanner.queues.collection import QueueCollection
 from lanner.storage.factory import StorageFactory
 from lanner.storage.journal import journal as J
+from lanner.storage.cmdlog.replay import Replayer, replay_directory
 from lanner.storage.journal.packer import pack_files
 
 NOW = 1_795_000_000_000
@@ -55,16 +56,19 @@ def expire_one(s: Source, clock, name: str = "src", data: bytes = b"moving") -> 
     return s.sent.pop()
 
 
-def test_an_open_move_is_replayed_into_its_source_and_moved_again(tmp_path, clock):
-    """The source stops (or dies) before the target acknowledged: the journal holds the item as
+@pytest.mark.parametrize("storage", ["journal", "cmdlog"])
+def test_an_open_move_is_replayed_into_its_source_and_moved_again(tmp_path, clock, storage):
+    """The source stops (or dies) before the target acknowledged: its storage holds the item as
     an open read, replay puts it back and the next sweep moves it again.  Before, the sweep
-    logged a plain remove and the item was gone from the source's journal."""
-    s = Source(tmp_path, clock)
+    logged a plain remove and the item was gone from the source's journal; a command log kept
+    the read open, but its replay drops a job past its TTL, as this one is."""
+    s = Source(tmp_path, clock, storage=storage)
     target, data, _, q, xid = expire_one(s, clock)
     assert (target, data, q.moves_open) == ("far", b"moving", 1) and xid
     s.coll.close()
+    clock.advance(1000)
 
-    s = Source(tmp_path, clock)
+    s = Source(tmp_path, clock, storage=storage)
     q = s.coll.queue("src")
     assert q.length == 1 and q.moves_open == 0          # rolled back into the queue
     assert s.coll.flush_all_expired() == 1              # still expired: it moves again
@@ -73,7 +77,7 @@ def test_an_open_move_is_replayed_into_its_source_and_moved_again(tmp_path, cloc
     assert s.coll.confirm_move(q, xid)                  # the target acknowledged it this time
     s.coll.close()
 
-    s = Source(tmp_path, clock)
+    s = Source(tmp_path, clock, storage=storage)
     assert s.coll.queue("src").length == 0
     assert s.coll.flush_all_expired() == 0 and s.sent == []
     s.coll.close()
@@ -145,36 +149,61 @@ def test_a_checkpoint_pack_carries_an_open_move(tmp_path, clock, caplog):
     s.coll.close()
 
 
-def test_a_move_whose_open_record_is_lost_goes_back_to_its_source(tmp_path, clock, monkeypatch):
-    """The source's write of the open move fails: the item is back at the head of the source
-    (moved again by a later sweep: at least once), and the target's late acknowledgement
-    confirms nothing."""
-    s = Source(tmp_path, clock)
-    s.coll.add("src", b"moving", clock.now_ms() + 1)
-    clock.advance(2)
+def no_job_left(q) -> bool:
+    """For a command-log queue: its partition's log, replayed as if nothing had expired yet,
+    leaves no job (every add it wrote was deleted or completed); True for a journal."""
+    if q.medium is q.storage:
+        return True
+    r = Replayer(0)
+    replay_directory(q.medium.dir, r)
+    return not r.jobs
 
+
+def write_fails(monkeypatch, q) -> None:
+    """Every write of `q`'s storage fails (disk full) until monkeypatch.undo()."""
     def enospc(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(J, "_write", enospc)
+    if q.medium is q.storage:
+        monkeypatch.setattr(J, "_write", enospc)
+    else:                                   # a command log's partition
+        monkeypatch.setattr(q.medium, "_write", enospc)
+
+
+@pytest.mark.parametrize("storage", ["journal", "cmdlog"])
+def test_a_move_whose_open_record_is_lost_goes_back_to_its_source(tmp_path, clock, monkeypatch, storage):
+    """The source's write of the open move fails: the item is back at the head of the source
+    (moved again by a later sweep: at least once), and the target's late acknowledgement
+    confirms nothing.  The storage's own bookkeeping is back too: the later move and its
+    confirm leave nothing after a restart."""
+    s = Source(tmp_path, clock, storage=storage)
+    s.coll.add("src", b"moving", clock.now_ms() + 1)
+    clock.advance(2)
+    q = s.coll.queue("src")
+    write_fails(monkeypatch, q)
     with pytest.raises(OSError):
         s.coll.flush_all_expired()
     monkeypatch.undo()
-    *_, q, xid = s.sent.pop()
-    assert q.length == 1 and q.moves_open == 0
+    *_, source, xid = s.sent.pop()
+    assert source is q and q.length == 1 and q.moves_open == 0
     assert not s.coll.confirm_move(q, xid)
-    assert s.coll.flush_all_expired() == 1 and s.sent.pop()[1] == b"moving"
+    assert s.coll.flush_all_expired() == 1
+    *_, data, _, _, xid = s.sent.pop()
+    assert data == b"moving" and s.coll.confirm_move(q, xid)
+    s.coll.close()
+    assert no_job_left(q)
+
+    s = Source(tmp_path, clock, storage=storage)
+    assert s.coll.queue("src").length == 0
     s.coll.close()
 
 
-def test_a_move_whose_confirm_is_lost_is_confirmed_again(tmp_path, clock, monkeypatch):
+@pytest.mark.parametrize("storage", ["journal", "cmdlog"])
+def test_a_move_whose_confirm_is_lost_is_confirmed_again(tmp_path, clock, monkeypatch, storage):
     """The write of a move's confirm fails: the move is open again and stranded, and the retry
     of stranded reads writes the confirm (the target has the item: no second move)."""
-    s = Source(tmp_path, clock)
+    s = Source(tmp_path, clock, storage=storage)
     *_, q, xid = expire_one(s, clock)
-
-    def enospc(fd, data):
-        raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(J, "_write", enospc)
+    write_fails(monkeypatch, q)
     with pytest.raises(OSError):
         s.coll.confirm_move(q, xid)
     monkeypatch.undo()
@@ -182,7 +211,8 @@ def test_a_move_whose_confirm_is_lost_is_confirmed_again(tmp_path, clock, monkey
     assert s.coll.abort_stranded() == 1
     assert q.moves_open == 0 and q.length == 0
     s.coll.close()
+    assert no_job_left(q)
 
-    s = Source(tmp_path, clock)
+    s = Source(tmp_path, clock, storage=storage)
     assert s.coll.queue("src").length == 0
     s.coll.close()
