@@ -177,14 +177,17 @@ def every_item_reaches(h, src: str, dst: str, n: int) -> list[bytes]:
     return got
 
 
-def test_moves_held_by_a_source_worker_that_is_killed_reach_their_target(tmp_path):
+@pytest.mark.parametrize("storage", ["journal", "cmdlog"])
+def test_moves_held_by_a_source_worker_that_is_killed_reach_their_target(tmp_path, storage):
     """Items expire off a source queue while the target's worker is stopped (the ring between
     them fills; the other moves wait in the source), then the SOURCE worker is killed: every
     item ends up in the target, after the source's replacement replays its journal (the moves
     were open reads there) and moves them again.  Before, the source had logged plain removals,
-    so the moves that had not reached the ring were in neither queue."""
+    so the moves that had not reached the ring were in neither queue (a command log's replay
+    dropped the expired jobs)."""
     src, dst = pair_from(0)
-    h = start_server(tmp_path, workers=2, config=config_for([(src, dst)]))
+    h = start_server(tmp_path, workers=2, config=config_for([(src, dst)]).replace(
+        "\n", f'\nstorage = "{storage}"\n', 1))
     try:
         source, target = expire_into_a_stopped_target(h, src, N_HELD)
         try:

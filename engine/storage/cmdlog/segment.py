@@ -160,7 +160,9 @@ def held_past_ttl(cmd: JobCommand) -> bool:
     worker (server/moves.py): the job is logged again as an add with max-fails 254, so that
     Lanner's replay and cleaner keep it, open, past its TTL until the move is confirmed (a
     replay rolls it back into its queue, where it expires and moves again).  workq ignores
-    max-fails and drops it at its TTL, as it drops every expired job."""
+    max-fails and drops it at its TTL, as it drops every expired job.  A workq-written add with
+    max-fails 254 is kept too, until Lanner's queue expires it (the item carries its real
+    expiry): like never_expires, the marker errs on keeping data."""
     return cmd.max_fails == HELD_MAX_FAILS and cmd.type == ADD
 
 
