@@ -519,6 +519,10 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         failures = []
         try:
             self.settle_writes(block=True)
+            if self.worker_rings:
+                # acks of our moves that came in: their confirms go into the last batch (a move
+                # still unacknowledged stays open in its source's journal: moves.py)
+                self.drain(self.worker_rings)
             self.finish_batch()
             self.wait_for_sync()
             if coll.stranded:
