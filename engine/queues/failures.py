@@ -74,7 +74,7 @@ class WriteFailures:
                 if q is None:
                     continue
                 for xid in xids:
-                    if q.confirm_move(xid) if q.is_moving(xid) else q.unremove(xid):
+                    if q.confirm_move(xid) or q.unremove(xid):
                         n += 1
         finally:
             undo.ctx = ctx

@@ -14,12 +14,10 @@ State and invariants:
 * `_open` maps xid -> reserved item, in the order the reads were opened, so
   its first key is the oldest open transaction (the one
   `open_transaction_timeout` recycles, §5.9).
-* `_moving` maps xid -> an expired item on its way to an expire_to_queue target of
-  another worker (`hold_moves`): recorded as an open read of its own (REMOVE_TENTATIVE
-  under an xid reserved here, never a client's), confirmed when the target has it
-  (`confirm_move`), so until then the journal holds it and replay rolls it back into the
-  queue, to expire and move again (server/moves.py).  Storage sees these with the client
-  reads (`open_items`: checkpoints and rewrites carry both); clients and stats do not.
+* `_moving` maps xid -> an expired item moving to another worker's queue (`hold_moves`):
+  an open read of the queue's own (xid reserved here) until `confirm_move`, so replay rolls
+  it back to expire and move again (server/moves.py).  Storage sees these with the client
+  reads (`open_items`: compaction carries both); clients and stats do not.
 * The journal order equals the order of the in-memory changes: every mutation
   is recorded before the call returns, so replaying the records rebuilds
   exactly this state.
@@ -63,9 +61,7 @@ class PersistentQueue:
         self.clock = clock
         self.is_fanout_child = is_fanout_child
         self.expire_sink = expire_sink
-        # Expired items leave as open moves, confirmed later (the target is another worker's):
-        # set by the collection with the sink.
-        self.hold_moves = False
+        self.hold_moves = False    # expired items leave as open moves (set by the collection)
         self.on_wake = on_wake
         # The owner's set of queues whose storage may hold unflushed records: every entry
         # point that can write a record adds the queue, so the owner's batch flush visits
@@ -113,8 +109,7 @@ class PersistentQueue:
         return self._items
 
     def open_items(self) -> dict[int, QItem]:
-        """xid -> reserved item, the open moves' included: what the storage must keep open
-        (a live view, or a copy while moves are open: do not mutate)."""
+        """xid -> reserved item, open moves included (a live view or a copy: do not mutate)."""
         if self._moving:
             return {**self._open, **self._moving}
         return self._open
@@ -391,8 +386,7 @@ class PersistentQueue:
         return n
 
     def confirm_move(self, xid: int) -> bool:
-        """The target of the open move `xid` has the item: it leaves this queue's journal.
-        False if no such move is open (rolled back, or the queue was replayed since)."""
+        """The target of open move `xid` has the item; False if no such move is open."""
         if self.touched is not None:
             self.touched[self] = None
         item = self._moving.pop(xid, None) if not self.closed else None
@@ -400,9 +394,6 @@ class PersistentQueue:
             return False
         self._log(self.storage.record_confirm(item, xid), MOVE_CONFIRM, item, xid, False)
         return True
-
-    def is_moving(self, xid: int) -> bool:
-        return xid in self._moving
 
     # -- life cycle ----------------------------------------------------------------------------
     def reload(self, config) -> None:
