@@ -28,8 +28,10 @@ Rules kept here rather than in a queue (reference §4.3, §5):
   does not redirect.  Moved items are added without client expiry, with add
   time now, without feeding the target's fanout children and without counting
   in the global total_items.  A target owned by another worker is reached
-  through `expire_forward(target, data, now_ms)`; that worker calls
-  `add_forwarded`.  Unlike Kestrel, which kept a reference to the target
+  through `expire_forward(target, data, now_ms, source, xid)`; that worker calls
+  `add_forwarded`.  The source queue keeps such an item as an open move (xid) in
+  its journal until the owner calls `confirm_move(source, xid)` on the target's
+  acknowledgement (server/moves.py).  Unlike Kestrel, which kept a reference to the target
   object, a deleted target is re-created by the next move instead of
   swallowing it.
 * Global counters (§4.3): total_items +1 per accepted add into a real queue
@@ -74,7 +76,7 @@ class QueueCollection(WriteFailures):
     def __init__(self, config, clock=SYSTEM_CLOCK, *,
                  storage_factory: Callable[[str, object], object] | None = None,
                  owns: Callable[[str], bool] | None = None,
-                 expire_forward: Callable[[str, bytes, int], None] | None = None,
+                 expire_forward: Callable[[str, bytes, int, object, int], None] | None = None,
                  autoflush: bool = True) -> None:
         """`storage_factory(name, queue_config)` makes a queue's storage (default: a
         storage.factory.StorageFactory over every partition, the one that decides
@@ -200,9 +202,11 @@ class QueueCollection(WriteFailures):
             q.children = self._children.setdefault(name, [])
         target = qc.expire_to_queue
         if target:
-            q.expire_sink = partial(self._expire_into, target)
+            q.expire_sink = partial(self._expire_into, target, q)
             if self._owns is None or self._owns(target):
                 self.queue(target)          # looked up and created with the source (§5.2)
+            else:
+                q.hold_moves = self._expire_forward is not None
         return q
 
     def woken_append(self, w: Waiter) -> None:
@@ -269,13 +273,22 @@ class QueueCollection(WriteFailures):
         finally:
             undo.ctx = ctx
 
-    def _expire_into(self, target: str, data: bytes, now_ms: int) -> None:
+    def _expire_into(self, target: str, source: PersistentQueue, data: bytes, now_ms: int, xid: int) -> None:
+        """`source`'s sweep expired an item (`xid`: its open move, when `source.hold_moves`)."""
         if self._owns is None or self._owns(target):
             self._move(target, data, now_ms)
         elif self._expire_forward is not None:
-            self._expire_forward(target, data, now_ms)
+            self._expire_forward(target, data, now_ms, source, xid)
         else:
             log.error("cannot move an expired item to %r: no worker serves it here", target)
+
+    def confirm_move(self, source: PersistentQueue, xid: int) -> bool:
+        """The target of `source`'s open move `xid` acknowledged it.  False if that move is not
+        open any more (the queue deleted meanwhile, or its open record rolled back)."""
+        ok = self._queues.get(source.name) is source and source.confirm_move(xid)
+        if ok and self.autoflush:
+            self.flush_storages()
+        return ok
 
     def remove(self, name: str, transactional: bool = False) -> QItem | None:
         item = (self._queues.get(name) or self.queue(name)).remove(transactional)
@@ -388,7 +401,8 @@ class QueueCollection(WriteFailures):
         now = self.clock.now_ms()
         for name, q in list(self._queues.items()):
             max_age = q.config.max_queue_age
-            if max_age is not None and not q.memory_items() and now > q.created_ms + max_age:
+            if max_age is not None and not q.memory_items() and not q.moves_open and \
+                    now > q.created_ms + max_age:
                 log.info("queue %r: expired after %d ms (max_queue_age)", name, now - q.created_ms)
                 self.delete(name)
                 self.queue_expires += 1

@@ -8,7 +8,8 @@ nothing).  The worker does the same per batch and fixes its replies.  A master's
 rolled back takes its fanout children's copies with it, written or not (undo.FanoutCopy): the
 set is answered SERVER_ERROR, so no queue may hold the item.  A confirm or abort taken back
 leaves its item reserved with nobody holding it in the server: the worker `strand`s it and
-`abort_stranded` retries the abort.
+`abort_stranded` retries the abort.  The confirm of an expired item's move (undo.MOVE_CONFIRM:
+its target has the item) is stranded here, and `abort_stranded` writes the confirm again.
 
 `WriteFailures` is a base class of `QueueCollection` (collection.py) and nothing else.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from lanner.queues.undo import Undone, UndoLog, counted_adds
+from lanner.queues.undo import MOVE_CONFIRM, Undone, UndoLog, counted_adds
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,9 @@ class WriteFailures:
             m.rollback(p)
             cuts += self.undo.copies_of(m, p)
         self.total_items -= counted_adds(undone)     # the queues' own figures: Queue.revert
+        for u in undone:
+            if u.kind == MOVE_CONFIRM:      # the target has it: confirmed again later
+                self.strand(u.queue, u.xid)
         if undone:
             log.warning("rolled back %d changes whose records could not be %s: %s", len(undone),
                         "made durable" if unsynced else "written",
@@ -58,7 +62,8 @@ class WriteFailures:
         self.stranded.setdefault(name, []).append(xid)
 
     def abort_stranded(self) -> int:
-        """Abort every stranded open read again (its item goes back to the head)."""
+        """Abort every stranded open read again (its item goes back to the head); confirm a
+        stranded move again (its target has the item)."""
         stranded, self.stranded = self.stranded, {}
         undo = self.undo
         ctx, undo.ctx = undo.ctx, None
@@ -69,7 +74,7 @@ class WriteFailures:
                 if q is None:
                     continue
                 for xid in xids:
-                    if q.unremove(xid):
+                    if q.confirm_move(xid) or q.unremove(xid):
                         n += 1
         finally:
             undo.ctx = ctx

@@ -14,6 +14,10 @@ State and invariants:
 * `_open` maps xid -> reserved item, in the order the reads were opened, so
   its first key is the oldest open transaction (the one
   `open_transaction_timeout` recycles, §5.9).
+* `_moving` maps xid -> an expired item moving to another worker's queue (`hold_moves`):
+  an open read of the queue's own (xid reserved here) until `confirm_move`, so replay rolls
+  it back to expire and move again (server/moves.py).  Storage sees these with the client
+  reads (`open_items`: compaction carries both); clients and stats do not.
 * The journal order equals the order of the in-memory changes: every mutation
   is recorded before the call returns, so replaying the records rebuilds
   exactly this state.
@@ -34,7 +38,7 @@ from collections import deque
 from typing import Callable
 
 from lanner.queues.item import QItem
-from lanner.queues.undo import ADD, CONFIRM, OPEN, REMOVE, UNREMOVE
+from lanner.queues.undo import ADD, CONFIRM, MOVE_CONFIRM, MOVE_OPEN, OPEN, REMOVE, UNREMOVE
 from lanner.queues.waiters import Waiter, WaitList
 
 log = logging.getLogger(__name__)
@@ -44,17 +48,20 @@ _XID_MAX = 0x7FFFFFFF     # journal xids are i32; wrap to 1 (0 is never used)
 
 class PersistentQueue:
     def __init__(self, name: str, config, storage, clock, *, is_fanout_child: bool = False,
-                 expire_sink: Callable[[bytes, int], None] | None = None,
+                 expire_sink: Callable[[bytes, int, int], None] | None = None,
                  on_wake: Callable[[Waiter], None] | None = None) -> None:
-        """`expire_sink(data, now_ms)` receives expired items when the queue was
+        """`expire_sink(data, now_ms, xid)` receives expired items when the queue was
         created with `expire_to_queue` set (the collection binds the target at
-        creation, §5.2); `on_wake(waiter)` receives every waiter this queue wakes."""
+        creation, §5.2); `xid` is 0, or with `hold_moves` the open move's, for the
+        owner to `confirm_move` once the target has the item.  `on_wake(waiter)`
+        receives every waiter this queue wakes."""
         self.name = name
         self.config = config
         self.storage = storage
         self.clock = clock
         self.is_fanout_child = is_fanout_child
         self.expire_sink = expire_sink
+        self.hold_moves = False    # expired items leave as open moves (set by the collection)
         self.on_wake = on_wake
         # The owner's set of queues whose storage may hold unflushed records: every entry
         # point that can write a record adds the queue, so the owner's batch flush visits
@@ -74,6 +81,7 @@ class PersistentQueue:
         self._mem_bytes = 0
         self._open: dict[int, QItem] = {}
         self._open_deadline: dict[int, int] = {}   # xid -> ms, only under open_transaction_timeout
+        self._moving: dict[int, QItem] = {}        # xid -> expired item whose move is not confirmed
         self._xid = 0
         self._last_removed_add_time: int | None = None
         self.total_items = 0
@@ -101,8 +109,15 @@ class PersistentQueue:
         return self._items
 
     def open_items(self) -> dict[int, QItem]:
-        """xid -> reserved item (live view: do not mutate)."""
+        """xid -> reserved item, open moves included (a live view or a copy: do not mutate)."""
+        if self._moving:
+            return {**self._open, **self._moving}
         return self._open
+
+    @property
+    def moves_open(self) -> int:
+        """Expired items sent to another worker's queue and not yet confirmed there."""
+        return len(self._moving)
 
     # -- start-up -----------------------------------------------------------------------------
     def replay(self) -> None:
@@ -123,6 +138,7 @@ class PersistentQueue:
         self.total_items = st.replayed_adds
         self._open = {}
         self._open_deadline = {}
+        self._moving = {}       # an open move of the last run is among the rollbacks below
         record = self.storage.record_unremove
         for xid in sorted(st.open_transactions, reverse=True):
             item = st.open_transactions[xid]
@@ -340,23 +356,44 @@ class PersistentQueue:
         if limit is not None and limit < cap:
             cap = limit
         sink = self.expire_sink
-        moved: list[bytes] = []
+        moved: list[tuple[bytes, int]] = []
         n = 0
-        record = self.storage.record_remove
+        storage = self.storage
+        record = storage.record_remove
+        hold = self.hold_moves and sink is not None
+        if hold:
+            record_move = getattr(storage, "record_move_open", storage.record_open)
         is_expired = self.is_expired
         while n < cap and items and is_expired(items[0], now):
             item = self._pop_head()
-            self._log(record(item), REMOVE, item, 0, False)
+            if hold:        # an open move: the journal keeps the item until it is confirmed
+                xid = self._next_xid()
+                item.xid = xid
+                self._moving[xid] = item
+                self._log(record_move(item, xid), MOVE_OPEN, item, xid, False)
+                moved.append((item.data, xid))
+            else:
+                self._log(record(item), REMOVE, item, 0, False)
+                if sink is not None:
+                    moved.append((item.data, 0))
             self._refill(now)
             n += 1
-            if sink is not None:
-                moved.append(item.data)
         self.expired_items += n
         # Moves run after the sweep, as Kestrel's do (outside its lock), so a
         # target that is this very queue sees a consistent state.
-        for data in moved:
-            sink(data, now)
+        for data, xid in moved:
+            sink(data, now, xid)
         return n
+
+    def confirm_move(self, xid: int) -> bool:
+        """The target of open move `xid` has the item; False if no such move is open."""
+        if self.touched is not None:
+            self.touched[self] = None
+        item = self._moving.pop(xid, None) if not self.closed else None
+        if item is None:
+            return False
+        self._log(self.storage.record_confirm(item, xid), MOVE_CONFIRM, item, xid, False)
+        return True
 
     # -- life cycle ----------------------------------------------------------------------------
     def reload(self, config) -> None:
@@ -460,6 +497,13 @@ class PersistentQueue:
         elif kind == CONFIRM:
             item.xid = xid
             self._open[xid] = item
+        elif kind == MOVE_OPEN:
+            self._moving.pop(xid, None)
+            item.xid = 0
+            self._push_head(item)
+        elif kind == MOVE_CONFIRM:
+            item.xid = xid
+            self._moving[xid] = item
         self.storage.undo_record(kind, item, xid)
 
     # -- internals -----------------------------------------------------------------------------
@@ -515,9 +559,10 @@ class PersistentQueue:
     def _next_xid(self) -> int:
         xid = self._xid
         open_ = self._open
+        moving = self._moving
         while True:
             xid = xid + 1 if xid < _XID_MAX else 1
-            if xid not in open_:
+            if xid not in open_ and xid not in moving:
                 break
         self._xid = xid
         return xid

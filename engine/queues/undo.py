@@ -41,6 +41,11 @@ from dataclasses import dataclass
 from operator import itemgetter
 
 ADD, REMOVE, OPEN, UNREMOVE, CONFIRM = range(5)
+#: An expired item's move to another worker's queue opened (its REMOVE_TENTATIVE), and
+#: confirmed (its CONFIRM_REMOVE): an open read of the queue's own (queue.py `_moving`).
+#: Undone, the first puts the item back at the head (it expires and moves again), the
+#: second reopens the move; the collection strands it, to be confirmed again (failures.py).
+MOVE_OPEN, MOVE_CONFIRM = 5, 6
 #: The ctx of an expire_to_queue move: nobody's request, and an add the global total_items
 #: never counted; a worker makes a rolled-back move again (server/moves.py).
 MOVE = object()
@@ -69,7 +74,7 @@ class ForwardedMove(tuple):
     __slots__ = ()
 
 
-KIND_NAMES = ("add", "remove", "open", "abort", "confirm")
+KIND_NAMES = ("add", "remove", "open", "abort", "confirm", "move", "move confirm")
 _MEDIUM = itemgetter(0)
 
 

@@ -1,21 +1,32 @@
-"""expire_to_queue moves into a queue another worker owns, kept until that worker has them.
+"""expire_to_queue moves into a queue another worker owns: held open in the source's journal
+until that worker has them.
 
-The source worker logs the item's removal before the move leaves (queue.py's expiry sweep),
-so from then on the item exists only in the message to the target worker (OP_FORWARD_ADD).
-That message can die with the target: unread in the ring (a new process starts with its
-rings emptied, mesh.discard_unread) or read but not yet in its journal.  So the source keeps
-every move, in order, until the target acknowledges it (an ack on the worker→worker ring,
-sent with the target's batch replies: after the add's record was written, and fsynced under
-sync "always"); a target that died gets the unacknowledged ones again when it is back, in
-their order, ahead of the moves that waited for it.  A target whose write failed (disk full)
-answers SERVER_ERROR and the move is sent again after RETRY_MS; so is a move into a queue of
-this worker whose add was rolled back (the source's removal stays: its journal is another).
+The source queue's expiry sweep (queue.py) logs such an item as an open read of its own: a
+REMOVE_TENTATIVE under an xid the queue reserves (never a client's, and not counted in any
+client-visible stat), and the move leaves as a message to the target worker (OP_FORWARD_ADD).
+The target acknowledges it (an ack on the worker→worker ring, sent with the target's batch
+replies: after the add's record was written, and fsynced under sync "always"); only then does
+the source log the move's CONFIRM_REMOVE (`QueueCollection.confirm_move`).  Until then this
+process keeps every move, in order, per target: a target that died gets the unacknowledged
+ones again when it is back, in their order, ahead of the moves that waited for it; a target
+whose write failed (disk full) answers SERVER_ERROR and the move is sent again after RETRY_MS.
 
-At least once, not exactly once: a target killed after writing the add but before its ack
-left (or before the source read it) gets the item twice.  Losing it is the one thing not
-allowed.  What this does not cover: moves still only here when the source itself dies or
-stops (unacknowledged, or waiting for a target that is down); the ones already in the ring
-are run by the target even when the source is dead (peers.py, peer_down).
+The journal is what makes a move survive the SOURCE: killed (kill -9) or stopped (a graceful
+stop leaves its unconfirmed moves open, and logs how many) while a move is unacknowledged
+(target slow, its ring full, target down, a retry due), the item is still an open read in the
+source's journal, so replay rolls it back into the source queue like any open read; already
+expired, it is moved again by the next sweep.  Checkpoints, packs and rewrites carry these open
+reads like a client's (queue.open_items).
+
+At least once, not exactly once: an item reaches its target twice when a crash falls between
+the target's write and the source's confirm (a target killed before its ack left, a source
+killed before it wrote the confirm, or a move the dead source had left in the ring, which the
+target still runs: peers.py, peer_down), or when the source's open record could not be written
+(the item goes back to the source's head, and the move already left).  Losing it is the one
+thing not allowed.  What this does not cover: a source queue whose storage keeps nothing
+(keep_journal = false), and a move into a queue of this worker whose add was rolled back while
+its source's removal was written (`failed` with this worker's own number: retried from memory
+only, as before; the source's removal and the target's add are in one batch otherwise).
 """
 from __future__ import annotations
 
@@ -26,6 +37,11 @@ RETRY_MS = 1000
 
 ACK_HEAD = FWD_ACK_CONN.to_bytes(4, "little")     # how an ack starts (a request never does)
 
+#: A move: (target queue name, data, source queue or None, the source's move xid or 0).
+#: With a source, the source's journal holds the item until `confirm_move`; without one
+#: (a move into this worker's own queue, retried) it exists only here.
+Move = tuple
+
 
 class Moves:
     """The moves of one source worker, per target peer: sent and not yet acknowledged (in send
@@ -35,30 +51,33 @@ class Moves:
 
     def __init__(self) -> None:
         self.seq = 0
-        self.unacked: dict[int, dict[int, tuple[str, bytes]]] = {}   # peer -> seq -> move
-        self.waiting: dict[int, list[tuple[str, bytes]]] = {}        # peer -> moves to send
+        self.unacked: dict[int, dict[int, Move]] = {}   # peer -> seq -> move
+        self.waiting: dict[int, list[Move]] = {}        # peer -> moves to send
         self.retry_ms = 0        # when failed moves go again (0: none failed)
 
-    def sent(self, peer: int, target: str, data: bytes) -> int:
+    def sent(self, peer: int, move: Move) -> int:
         """Note a move handed to `peer`'s ring; returns the sequence number its ack carries."""
         self.seq = seq = (self.seq + 1) & 0xFFFFFFFF
-        self.unacked.setdefault(peer, {})[seq] = (target, data)
+        self.unacked.setdefault(peer, {})[seq] = move
         return seq
 
-    def wait(self, peer: int, target: str, data: bytes) -> None:
-        self.waiting.setdefault(peer, []).append((target, data))
+    def wait(self, peer: int, move: Move) -> None:
+        self.waiting.setdefault(peer, []).append(move)
 
-    def acked(self, peer: int, ack, now_ms: int) -> None:
-        """An ack record from `peer`: the move is done, or (SERVER_ERROR) waits for a retry."""
+    def acked(self, peer: int, ack, now_ms: int) -> Move | None:
+        """An ack record from `peer`: returns the move it completes (for its source to confirm),
+        or None (unknown, or SERVER_ERROR: the move waits for a retry)."""
         _, seq, status = RESP.unpack_from(ack, 0)[:3]
         move = self.unacked.get(peer, {}).pop(seq, None)
         if move is not None and status == R_SERVER_ERROR:
-            self.failed(peer, *move, now_ms)
+            self.failed(peer, move, now_ms)
+            return None
+        return move
 
-    def failed(self, peer: int, target: str, data: bytes, now_ms: int) -> None:
+    def failed(self, peer: int, move: Move, now_ms: int) -> None:
         """A move whose add was rolled back (by `peer`, or here: `peer` is then this worker's
         own number) goes again RETRY_MS from now."""
-        self.wait(peer, target, data)
+        self.wait(peer, move)
         if not self.retry_ms:
             self.retry_ms = now_ms + RETRY_MS
 
@@ -68,11 +87,21 @@ class Moves:
         if lost:
             self.waiting[peer] = list(lost.values()) + self.waiting.get(peer, [])
 
-    def take(self, peer: int) -> list[tuple[str, bytes]]:
+    def take(self, peer: int) -> list[Move]:
         """The moves waiting for `peer`, in order (they are sent again, or wait again)."""
         return self.waiting.pop(peer, [])
 
     def pending(self) -> int:
-        """Moves not yet known to be in their target (for the shutdown's warning)."""
+        """Moves not yet known to be in their target."""
         return sum(map(len, self.unacked.values())) + sum(map(len, self.waiting.values()))
 
+    def held(self) -> int:
+        """How many of those the journal of their source queue holds open (they move again
+        after a restart); the rest exist only here (the shutdown logs both)."""
+        n = 0
+        for moves in (*(d.values() for d in self.unacked.values()), *self.waiting.values()):
+            for move in moves:
+                source = move[2]
+                if source is not None and source.medium is not None:
+                    n += 1
+        return n

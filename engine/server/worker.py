@@ -441,27 +441,32 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
             self.coll.abort_session(sess)
 
     # -- cross-shard -----------------------------------------------------------------------------
-    def forward_add(self, target: str, data: bytes, now_ms: int) -> None:
-        """expire_to_queue into a queue another worker owns.  The source has already logged
-        the removal, so the item stays here until that worker acknowledges the add (moves.py);
-        while it is down the item waits and goes when it is back (`send_parked`)."""
+    def forward_add(self, target: str, data: bytes, now_ms: int, source=None, xid: int = 0) -> None:
+        """expire_to_queue into a queue another worker owns.  The source queue logged the item
+        as its open move `xid`, so it stays open there (and here) until that worker
+        acknowledges the add (moves.py); while it is down the move waits and goes when it is
+        back (`send_parked`)."""
+        self.send_move((target, data, source, xid))
+
+    def send_move(self, move) -> None:
+        target, data = move[0], move[1]
         dst = self.peers.of_worker(worker_of(target, self.nworkers))
         ring = self.outbound[dst]
         if ring is None or dst in self.down_peers:
             log.warning("worker %d: an expired item for %r waits for its worker, which is down",
                         self.index, target)
-            self.moves.wait(dst, target, data)
+            self.moves.wait(dst, move)
             return
         q = target.encode("latin-1")
-        seq = self.moves.sent(dst, target, data)
+        seq = self.moves.sent(dst, move)
         send(ring, pack_req(0, seq, OP_FORWARD_ADD, 0, len(q), 0, 0) + q, data)
         ring.publish()
 
     def send_parked(self, peer: int) -> None:
         """`peer` is back (or failed moves are due again): the moves that waited for it go,
         in their order."""
-        for target, data in self.moves.take(peer):
-            self.forward_add(target, data, 0)
+        for move in self.moves.take(peer):
+            self.send_move(move)
 
     def retry_moves(self, now_ms: int) -> None:
         """Moves a target could not write (its SERVER_ERROR ack, or a rollback here) go again,
@@ -472,7 +477,7 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
             own = self.peers.of_worker(self.index)
             for peer in list(moves.waiting):
                 if peer == own:
-                    for target, data in moves.take(own):
+                    for target, data, _, _ in moves.take(own):
                         try:
                             self.coll.add_forwarded(target, data, now_ms)
                         except Exception as e:    # (its queue cannot even be made): again later
@@ -483,7 +488,7 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
 
     def move_failed(self, target: str, data: bytes) -> None:
         """A move into a queue of this worker was rolled back (its write failed)."""
-        self.moves.failed(self.peers.of_worker(self.index), target, data, self.clock.now_ms())
+        self.moves.failed(self.peers.of_worker(self.index), (target, data, None, 0), self.clock.now_ms())
         self.note_deadline(self.moves.retry_ms)
 
     def from_worker(self, src: int, msg) -> None:
@@ -491,7 +496,15 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         of ours."""
         if msg[:4] == ACK_HEAD:
             moves = self.moves
-            moves.acked(src, msg, self.clock.now_ms())
+            done = moves.acked(src, msg, self.clock.now_ms())
+            if done is not None and done[2] is not None:
+                # the target has it: the source's journal lets it go (nobody's reply)
+                undo = self.coll.undo
+                ctx, undo.ctx = undo.ctx, None
+                try:
+                    self.coll.confirm_move(done[2], done[3])
+                finally:
+                    undo.ctx = ctx
             if moves.retry_ms:
                 self.note_deadline(moves.retry_ms)
         else:
@@ -506,6 +519,10 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         failures = []
         try:
             self.settle_writes(block=True)
+            if self.worker_rings:
+                # acks of our moves that came in: their confirms go into the last batch (a move
+                # still unacknowledged stays open in its source's journal: moves.py)
+                self.drain(self.worker_rings)
             self.finish_batch()
             self.wait_for_sync()
             if coll.stranded:
@@ -532,9 +549,15 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
             log.error("worker %d: queue %r: %d open reads could not be returned to the queue (their "
                       "abort could not be written); the journal still holds them open, so they come "
                       "back when the server starts again", self.index, name, len(xids))
-        if self.moves.pending():
-            log.error("worker %d: %d expired items moving to queues of other workers were not "
-                      "acknowledged by them; they may be lost", self.index, self.moves.pending())
+        held = self.moves.held()
+        only_here = self.moves.pending() - held
+        if held:
+            log.info("worker %d: %d expired items moving to queues of other workers were not "
+                     "acknowledged yet; their queues' journals hold them, and they move again "
+                     "after the next start", self.index, held)
+        if only_here:
+            log.error("worker %d: %d expired items moving to queues of this worker after a failed "
+                      "write were not moved again; they may be lost", self.index, only_here)
         if failures or coll.stranded:
             return EXIT_UNSAVED
         log.info("worker %d: everything written", self.index)

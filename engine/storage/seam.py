@@ -19,7 +19,10 @@ Call protocol, as the queue uses it:
 2. Every state change, after the in-memory change and before the reply:
    `record_add`, `record_remove` (the head item leaves for good: plain get,
    expiry, discard, flush), `record_open` (reserved under xid),
-   `record_unremove`, `record_confirm`.
+   `record_unremove`, `record_confirm`.  An expired item moving to another
+   worker's queue is an open read too (server/moves.py), recorded through
+   `record_move_open` where a storage has it (a command log: its replay must keep
+   the expired job) and `record_open` otherwise.
 3. `before_add(view)` runs before an add is recorded and `after_remove(view)`
    after a remove that returned an item; that is where a journal rotates,
    rewrites or checkpoints (§6.4).  `view` is the queue (see `QueueView`).

@@ -159,12 +159,14 @@ def test_expiration_rule_and_no_expiry_marker():
     JobCommand(sg.ADD, ID, b"q", 1, sg.MAX_TTL_MS, 0, 0, 254, b"", sg.ZERO_TIME_NS, 10**18),
 ])
 def test_replay_skips_exactly_what_expires_at_ns_says(cmd):
+    """...but for an add held past its TTL (max-fails 254: an expired item's open move)."""
     from lanner.storage.cmdlog.replay import Replayer
     exp = sg.expires_at_ns(cmd)
     for now in ((10**18, 10**19) if exp is None else (exp - 1, exp, exp + 1)):
         r = Replayer(now)
         r.apply(cmd, "f", 8)
-        assert (cmd.id in r.jobs) == (exp is None or now <= exp)
+        assert (cmd.id in r.jobs) == (exp is None or now <= exp or sg.held_past_ttl(cmd))
+    assert sg.held_past_ttl(cmd) == (cmd.max_fails == 254 and cmd.type == sg.ADD)
 
 
 @pytest.mark.parametrize("name,seq", [

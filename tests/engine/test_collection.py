@@ -251,7 +251,12 @@ def test_expire_to_a_queue_of_another_worker_is_forwarded(make, clock):
     assert c.queue("far", create=False) is None             # not created here
     clock.advance(2)
     c.flush_all_expired()
-    assert sent == [("far", b"x", clock.now_ms())]
+    src = c.queue("src")
+    assert sent == [("far", b"x", clock.now_ms(), src, 1)]
+    assert src.moves_open == 1 and src.stats() == c.queue_stats("src")
+    assert dict(src.stats())["open_transactions"] == "0"       # not a client's read
+    assert c.confirm_move(src, 1) and src.moves_open == 0
+    assert not c.confirm_move(src, 1)
 
 
 def test_add_forwarded(make, clock):

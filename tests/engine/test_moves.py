@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 
 from lanner.ipc.messages import OP_GET, OP_SET, R_EMPTY, R_ITEM, R_OK
+from lanner.queues.collection import QueueCollection
 from lanner.queues.placement import worker_of
 from lanner.server.moves import RETRY_MS
 from lanner.storage.journal import journal as J
@@ -46,9 +47,12 @@ def test_a_move_is_kept_until_the_target_acknowledges_it(harness):
     h = harness(workers=2, config=config(src, dst))
     moved_out(h, src)
     target = h.peers.of_worker(1)
-    assert list(h.workers[0].moves.unacked[target].values()) == [(dst, b"moved")]
+    assert [m[:2] for m in h.workers[0].moves.unacked[target].values()] == [(dst, b"moved")]
+    source = h.workers[0].coll.queue(src)
+    assert source.moves_open == 1                  # open in the source's journal meanwhile
     h.settle()
     assert not h.workers[0].moves.pending()
+    assert source.moves_open == 0                  # the ack confirmed it there
     assert target_holds(h, dst, 3) == [(3, R_ITEM, b"moved")]
 
 
@@ -81,7 +85,7 @@ def test_moves_unread_by_a_target_that_died_go_again_when_it_is_back(harness):
     h.tell(0, {"cmd": "peer_down", "peer": target})
     h.workers[0].step(wait=0)                      # polls control
     h.mesh.discard_unread("worker", 1)             # what the supervisor does for the replacement
-    assert h.workers[0].moves.waiting[target] == [(dst, b"moved")]
+    assert [m[:2] for m in h.workers[0].moves.waiting[target]] == [(dst, b"moved")]
     h.tell(0, {"cmd": "peer_up", "peer": target})
     h.settle()
     assert target_holds(h, dst, 3) == [(3, R_ITEM, b"moved")]
@@ -149,3 +153,22 @@ def test_a_move_within_one_worker_whose_write_failed_is_made_again(harness, monk
     f.send(0, 1, 4, OP_GET, dst.encode(), 0, a=-1)
     h.settle()
     assert statuses(f.replies(0)) == [(4, R_ITEM, b"moved")]
+
+
+def test_a_move_acknowledged_while_its_source_stops_is_confirmed_in_its_journal(harness):
+    """The target has written the move and acknowledged it, and the source stops before its
+    loop read the ack: its shutdown reads it, so the confirm is in the source's journal and the
+    next start does not move the item a second time."""
+    src, dst = pair()
+    h = harness(workers=2, config=config(src, dst))
+    moved_out(h, src)
+    h.workers[1].step(wait=0)                      # the target writes it and acknowledges it
+    source = h.workers[0]
+    assert source.coll.queue(src).moves_open == 1
+    source.shutdown()
+    assert source.coll.queue(src, create=False).moves_open == 0
+    h.workers = h.workers[1:]                      # (stopped: the harness must not stop it again)
+    again = QueueCollection(h.config, h.clock, owns=lambda n: worker_of(n, 2) == 0)
+    again.load()
+    assert again.queue(src).length == 0 and again.queue(src).moves_open == 0
+    again.close()

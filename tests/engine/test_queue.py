@@ -241,7 +241,7 @@ def test_max_expire_sweep_caps_every_sweep(clock):
 
 def test_expire_to_queue_sink_gets_data_after_the_sweep(clock):
     moved = []
-    q = make(clock, sink=lambda data, now: moved.append((data, now, q.length)))
+    q = make(clock, sink=lambda data, now, xid: moved.append((data, now, q.length)))
     q.add(b"a", clock.now_ms() + 1)
     q.add(b"b", clock.now_ms() + 1)
     q.add(b"c")
@@ -254,7 +254,7 @@ def test_expire_to_queue_sink_gets_data_after_the_sweep(clock):
 
 def test_expire_sink_into_the_same_queue(clock):
     q = make(clock)
-    q.expire_sink = lambda data, now: q.add(data, None, now)
+    q.expire_sink = lambda data, now, xid: q.add(data, None, now)
     q.add(b"a", clock.now_ms() + 1)
     clock.advance(5)
     q.add(b"b")

@@ -8,6 +8,7 @@ while the target's worker is down: tests/engine/test_worker_loop.py.)
 import signal
 import time
 
+import psutil
 import pytest
 
 from lanner.queues.placement import worker_of
@@ -120,3 +121,107 @@ def test_moves_in_flight_survive_the_death_of_the_target_worker(tmp_path):
         assert sorted(got) == [b"%03d" % i for i in range(n)], got
     finally:
         assert h.stop() == 0
+
+
+# -- moves held open in the SOURCE's journal (server/moves.py) ------------------------------------
+#: Items this big fill the ring between the workers (mesh.FWD_RING_CAPACITY, 256 KiB) with
+#: fewer than N_HELD moves, so the rest wait in the source process itself.
+BIG = 8 << 10
+N_HELD = 48
+
+
+def big_item(i: int) -> bytes:
+    return b"%03d" % i + b"." * (BIG - 3)
+
+
+def gone(p) -> bool:
+    try:
+        return p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def expire_into_a_stopped_target(h, src: str, n: int):
+    """Store `n` big items in `src` (worker 0), stop the target's worker (1) and let them
+    expire: their moves are sent (the ring fills) or wait in the source.  Returns the
+    worker processes (source, target), the target stopped."""
+    source, target = worker_procs(h)
+    [c] = clients_on(h, 0, 1)
+    for i in range(n):
+        assert c.ask(b"set %s 0 0 %d\r\n%s\r\n" % (src.encode(), BIG, big_item(i))) == b"STORED\r\n"
+    target.send_signal(signal.SIGSTOP)
+    time.sleep(2 * MAX_AGE_MS / 1000)           # the items' own max_age runs out
+    assert c.ask(b"get %s\r\n" % src.encode(), b"END\r\n") == b"END\r\n"    # all moving out
+    c.close()
+    return source, target
+
+
+def every_item_reaches(h, src: str, dst: str, n: int) -> list[bytes]:
+    """Drain `dst` until it gave every item (duplicates allowed: at least once); each round
+    first reads `src`, whose sweep moves what the source's replay put back.  Returns the
+    three-byte numbers got."""
+    got: list[bytes] = []
+
+    def drained() -> bool:
+        d = Client(h.connect())
+        try:
+            assert d.ask(b"get %s\r\n" % src.encode(), b"END\r\n") == b"END\r\n"
+            drain_queue(d, dst, got)
+        except ConnectionError:
+            pass                       # (a connection the replacement closed: made again)
+        finally:
+            d.close()
+        return len({g[:3] for g in got}) >= n
+    assert wait_for(drained, timeout=20), sorted({g[:3] for g in got})
+    assert {g[:3] for g in got} == {b"%03d" % i for i in range(n)}
+    return got
+
+
+@pytest.mark.parametrize("storage", ["journal", "cmdlog"])
+def test_moves_held_by_a_source_worker_that_is_killed_reach_their_target(tmp_path, storage):
+    """Items expire off a source queue while the target's worker is stopped (the ring between
+    them fills; the other moves wait in the source), then the SOURCE worker is killed: every
+    item ends up in the target, after the source's replacement replays its journal (the moves
+    were open reads there) and moves them again.  Before, the source had logged plain removals,
+    so the moves that had not reached the ring were in neither queue (a command log's replay
+    dropped the expired jobs)."""
+    src, dst = pair_from(0)
+    h = start_server(tmp_path, workers=2, config=config_for([(src, dst)]).replace(
+        "\n", f'\nstorage = "{storage}"\n', 1))
+    try:
+        source, target = expire_into_a_stopped_target(h, src, N_HELD)
+        try:
+            source.send_signal(signal.SIGKILL)
+            assert wait_for(lambda: gone(source)), h.log()
+        finally:
+            target.send_signal(signal.SIGCONT)
+        assert wait_for(lambda: h.log().count("worker 0 ready") >= 2, timeout=20), h.log()
+        every_item_reaches(h, src, dst, N_HELD)
+    finally:
+        assert h.stop() == 0
+
+
+def test_moves_held_at_a_graceful_stop_reach_their_target_after_the_restart(tmp_path):
+    """The same with a graceful stop of the whole server while the target's worker is stopped:
+    the source leaves its unacknowledged moves open in its journal (and says so), and the next
+    start moves them.  Before, it logged that they may be lost, and they were."""
+    src, dst = pair_from(0)
+    conf = config_for([(src, dst)])
+    h = start_server(tmp_path, workers=2, config=conf)
+    try:
+        source, target = expire_into_a_stopped_target(h, src, N_HELD)
+        try:
+            h.proc.send_signal(signal.SIGTERM)
+            assert wait_for(lambda: gone(source)), h.log()
+        finally:
+            target.send_signal(signal.SIGCONT)
+        assert h.stop() == 0, h.log()
+    finally:
+        h.stop()
+    stopped = h.log()
+    h = start_server(tmp_path, workers=2, config=conf, queue_path=h.queue_path)
+    try:
+        every_item_reaches(h, src, dst, N_HELD)
+    finally:
+        assert h.stop() == 0
+    assert "move again after the next start" in stopped and "may be lost" not in stopped, stopped

@@ -25,6 +25,14 @@ Queue operations as workq commands (one record per seam call):
                             Replay treats the two alike: the job is gone.
     record_open(item, xid)  start-attempt (xids are not logged: replay numbers
                             leased jobs 1..n in lease order).
+    record_move_open        an expired item's move to another worker's queue
+                            (server/moves.py): a job that expires is first
+                            logged again, delete + add under a new id with
+                            max-fails 254 (segment.held_past_ttl), which
+                            Lanner's replay and cleaner keep past its TTL;
+                            then start-attempt, and complete once the move is
+                            confirmed.  A replay before that rolls the job
+                            back into the queue (it expires and moves again).
     record_confirm          complete with an empty result.
     record_unremove         timeout-attempt; the job is PENDING and goes back to
                             the head of the ready list.  For a workq job with
@@ -49,7 +57,8 @@ from dataclasses import replace
 
 from lanner.queues.item import QItem
 from lanner.storage.cmdlog.replay import Job
-from lanner.storage.cmdlog.segment import (COMPLETE, DELETE, EXPIRE, MAX_TTL_MS, NO_EXPIRY_MAX_FAILS, START_ATTEMPT,
+from lanner.storage.cmdlog.segment import (ADD as ADD_CMD, COMPLETE, DELETE, EXPIRE, HELD_MAX_FAILS, MAX_TTL_MS, NO_EXPIRY_MAX_FAILS,
+                                           START_ATTEMPT,
                                            TIMEOUT_ATTEMPT, ZERO_TIME, put_uvarint, put_varint)
 from lanner.storage.seam import ReplayState
 
@@ -57,6 +66,7 @@ LANNER_TTR_MS = 60_000
 
 _TTR = put_uvarint(LANNER_TTR_MS)
 _NO_EXPIRY_TAIL = put_uvarint(MAX_TTL_MS) + b"\x00\x00" + put_uvarint(NO_EXPIRY_MAX_FAILS)
+_HELD = b"\x00" + put_uvarint(HELD_MAX_FAILS)         # max-attempts 0, max-fails 254
 _CONFIRM = bytes((18, COMPLETE))
 _ADD_FIXED = 1 + 16 + len(_TTR) + 2 * 15        # type, id, TTR, JOB_TIME, JOB_CREATED
 
@@ -109,13 +119,21 @@ class CmdlogStorage:
             self._live.add(jid)
             return None
         mark = plog._flushed + len(plog._buf)
+        self._put_add(item)
+        return mark
+
+    def _put_add(self, item: QItem, held: bool = False) -> None:
+        """The add of `item` under a fresh job id (`held`: kept past its TTL, see
+        record_move_open)."""
+        plog = self._log
         jid = plog._new_job_id()
         item.job_id = jid
         expiry = item.expiry
         prio = item.priority
         if expiry:
             ttl = expiry - item.add_time
-            mid = put_uvarint(ttl if ttl > 0 else 1) + (put_varint(prio) if prio else b"\x00") + b"\x00\x00"
+            mid = put_uvarint(ttl if ttl > 0 else 1) + (put_varint(prio) if prio else b"\x00") + \
+                (_HELD if held else b"\x00\x00")
         elif not prio:
             mid = _NO_EXPIRY_TAIL
         else:
@@ -128,7 +146,6 @@ class CmdlogStorage:
         plog._put(b"".join((plog._now_time(), put_uvarint(size), b"\x01", jid, name_field, _TTR, mid, dlen, data,
                             ZERO_TIME, plog._created_time(item.add_time))))
         self._live.add(jid)
-        return mark
 
     def record_remove(self, item: QItem) -> int | None:
         if (started := self._start(item)) is None:
@@ -142,7 +159,34 @@ class CmdlogStorage:
     def record_open(self, item: QItem, xid: int) -> int | None:
         if (started := self._start(item)) is None:
             return None
-        jid, plog, mark = started
+        _, plog, mark = started
+        return self._start_attempt(item, plog, mark)
+
+    def record_move_open(self, item: QItem, xid: int) -> int | None:
+        """An expired item leaves for another worker's queue, open until that worker has it
+        (module docstring): a job with an expiry is logged again as held, once."""
+        if (started := self._start(item)) is None:
+            return None
+        old, plog, mark = started
+        if item.expiry and old not in plog._held:
+            job = plog._limited.pop(old, None) if plog._limited else None
+            plog._append_id(DELETE, old)
+            self._live.discard(old)
+            if job is None:
+                self._put_add(item, held=True)
+            else:                          # a workq job: its own command, max-attempts kept
+                new = plog._new_job_id()
+                cmd = replace(job.cmd, type=ADD_CMD, id=new, payload=item.data, max_fails=HELD_MAX_FAILS)
+                plog.append_command(cmd)
+                plog._limited[new] = Job(cmd, job.expire_ns, job.seq, attempts=job.attempts)
+                self._live.add(new)
+                item.job_id = new
+            plog._held.add(item.job_id)
+            self._note_relog(item.job_id, old, job)
+        return self._start_attempt(item, plog, mark)
+
+    def _start_attempt(self, item: QItem, plog, mark: int) -> int:
+        jid = item.job_id
         plog._append_id(START_ATTEMPT, jid)
         if plog._limited:
             job = plog._limited.get(jid)
@@ -182,34 +226,56 @@ class CmdlogStorage:
     def undo_record(self, kind: int, item: QItem, xid: int) -> None:
         """A record of this queue was rolled back (queues/undo.py): put the partition's
         bookkeeping back as it was before it.  (Kinds as in undo.py: 0 add, 1 remove,
-        2 open, 3 abort, 4 confirm.)"""
+        2 open, 3 abort, 4 confirm, 5 a move's open, 6 a move's confirm.)"""
         jid = item.job_id
         if jid is None:
             return
         plog = self._log
         if kind == 0:
             self._live.discard(jid)
-        elif kind == 1 or kind == 4:
+        elif kind == 1 or kind == 4 or kind == 6:
             self._live.add(jid)
-        elif kind == 2:
+            if kind == 6 and item.expiry:
+                plog._held.add(jid)         # (held when its move opened: the confirm forgot it)
+        elif kind == 2 or kind == 5:
             job = plog._limited.get(jid) if plog._limited else None
             if job is not None and job.attempts:
                 job.attempts -= 1
+            if kind == 5:                   # the move's open had re-logged the job as held
+                plog._held.discard(jid)
+                self._unrelog(item)
         elif kind == 3:
-            old = plog._relogged.pop(jid, None)
-            if old is not None:             # the abort had re-logged the job under a new id
-                old_id, job = old
-                self._live.discard(jid)
-                self._live.add(old_id)
-                plog._limited.pop(jid, None)
-                plog._limited[old_id] = job
-                item.job_id = old_id
+            self._unrelog(item)             # the abort had re-logged the job under a new id
+
+    def _note_relog(self, new: bytes, old: bytes, job: Job | None) -> None:
+        """Job `old` was logged again as `new`: remembered while a rollback could undo it."""
+        relogged = self._log._relogged
+        if len(relogged) >= 1024:             # long committed: only the newest can roll back
+            del relogged[next(iter(relogged))]
+        relogged[new] = (old, job)
+
+    def _unrelog(self, item: QItem) -> None:
+        """Undo `_note_relog`'s re-log: the item is its old job again."""
+        jid = item.job_id
+        plog = self._log
+        old = plog._relogged.pop(jid, None)
+        if old is None:
+            return
+        old_id, job = old
+        self._live.discard(jid)
+        self._live.add(old_id)
+        plog._limited.pop(jid, None)
+        if job is not None:
+            plog._limited[old_id] = job
+        item.job_id = old_id
 
     def _discard(self, jid: bytes) -> None:
         self._live.discard(jid)
         plog = self._log
         if plog._limited:
             plog._limited.pop(jid, None)
+        if plog._held:
+            plog._held.discard(jid)
         if plog._handed:
             plog._handed.discard(jid)
 
@@ -224,10 +290,7 @@ class CmdlogStorage:
         plog.append_command(cmd)
         plog._limited.pop(old, None)
         plog._limited[new] = Job(cmd, job.expire_ns, job.seq)
-        relogged = plog._relogged
-        if len(relogged) >= 1024:             # long committed: only the newest can roll back
-            del relogged[next(iter(relogged))]
-        relogged[new] = (old, job)
+        self._note_relog(new, old, job)
         self._live.discard(old)
         self._live.add(new)
         item.job_id = new
@@ -281,6 +344,7 @@ class CmdlogStorage:
             plog._scheduled.pop(jid, None)
             plog._limited.pop(jid, None)
             plog._handed.discard(jid)
+            plog._held.discard(jid)
         self._live.clear()
         self._state = None
         plog._forget(self.name)

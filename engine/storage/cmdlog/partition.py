@@ -44,7 +44,8 @@ from lanner.storage.cmdlog.crc import crc32c
 from lanner.queues.item import QItem
 from lanner.storage.cmdlog.cmdlog import CmdlogStorage, name_str
 from lanner.storage.cmdlog.replay import Job, ReplayInfo, Replayer, replay_directory
-from lanner.storage.cmdlog.segment import (CORRUPT, DELETE, EXPIRE, HEADER, HEADER_SIZE, IO, LOCKED, START_ATTEMPT,
+from lanner.storage.cmdlog.segment import (CORRUPT, DELETE, EXPIRE, HEADER, HEADER_SIZE, HELD_MAX_FAILS, IO, LOCKED,
+                                           START_ATTEMPT,
                                            TIMEOUT_ATTEMPT, CmdlogError, CmdlogIOError, encode_command,
                                            encode_time, fsync_dir, put_uvarint, segment_name)
 from lanner.storage.seam import ReplayState
@@ -142,6 +143,7 @@ class PartitionLog:
         self._limited: dict[bytes, Job] = {}
         self._relogged: dict[bytes, tuple[bytes, Job]] = {}   # new id -> (old id, job): undo of a re-log
         self._handed: set[bytes] = set()
+        self._held: set[bytes] = set()       # live jobs logged as held (segment.held_past_ttl)
         self._cut_gen = 0               # bumped when rollback cuts written bytes (see sync)
         os.makedirs(directory, exist_ok=True)
         self._lock_fd = flock_path(os.path.join(directory, APPEND_LOCK), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -183,6 +185,8 @@ class PartitionLog:
                 for job in group:
                     if job.cmd.max_attempts:
                         self._limited[job.cmd.id] = job
+                    if job.cmd.max_fails == HELD_MAX_FAILS:
+                        self._held.add(job.cmd.id)
             st = ReplayState(items=items, total_items=len(items), total_bytes=sum(len(i.data) for i in items),
                              open_transactions=opens, xid_counter=len(leased),
                              replayed_adds=replayer.applied.get(nb, 0))

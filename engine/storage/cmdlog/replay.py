@@ -2,7 +2,7 @@
 
 Replay (workq §2.5, one pass per partition for all its queues, clock injected):
 add/schedule records whose expiration (segment.expires_at_ns) is before now are
-skipped; complete/fail/delete/expire/start-attempt on an absent or finished job
+skipped, but for an add marked held (segment.held_past_ttl: an expired item's move); complete/fail/delete/expire/start-attempt on an absent or finished job
 are no-ops (workq's NOT-FOUND), and so, unlike workq, are the other impossible
 transitions (a second complete, a start-attempt of a leased job); a second add
 of a live id is fatal (CmdlogError), as in workq.  Lanner does not re-run workq's
@@ -41,7 +41,7 @@ from operator import attrgetter
 from typing import Callable
 
 from lanner.storage.cmdlog.segment import (ADD, COMPLETE, CORRUPT, DELETE, EXPIRE, FAIL, HEADER, HEADER_SIZE,
-                                           MAX_TTL_MS, NO_EXPIRY_MAX_FAILS, REPLAY, SCHEDULE, START_ATTEMPT,
+                                           HELD_MAX_FAILS, MAX_TTL_MS, NO_EXPIRY_MAX_FAILS, REPLAY, SCHEDULE, START_ATTEMPT,
                                            TIMEOUT_ATTEMPT, TORN, ZERO_TIME_NS, CmdlogError, JobCommand,
                                            SegmentFile, check_header, decode_command, list_segments,
                                            record_spans, valid_record_after)
@@ -105,7 +105,7 @@ class Replayer:
                 exp = None
             else:
                 exp = (cmd.time_ns if cmd.time_ns != ZERO_TIME_NS else cmd.created_ns) + cmd.ttl * _MS
-                if self.now_ns > exp:
+                if self.now_ns > exp and not (cmd.max_fails == HELD_MAX_FAILS and t == ADD):
                     self.skipped += 1
                     return
             jid = cmd.id

@@ -63,6 +63,7 @@ COMMAND_NAMES = {ADD: "add", SCHEDULE: "schedule", COMPLETE: "complete", FAIL: "
 
 MAX_TTL_MS = 2_592_000_000               # workq's largest TTL (30 days)
 NO_EXPIRY_MAX_FAILS = 255                # with TTL=max and max-attempts 0: Lanner's "never expires"
+HELD_MAX_FAILS = 254                     # an add Lanner's replay keeps past its TTL: see held_past_ttl
 
 # error kinds
 TORN = "torn"            # the file ends inside a record (or inside the header)
@@ -152,6 +153,17 @@ def never_expires(cmd: JobCommand) -> bool:
     with that combination is therefore kept past 30 days: it errs on keeping data."""
     return (cmd.ttl == MAX_TTL_MS and cmd.max_fails == NO_EXPIRY_MAX_FAILS
             and cmd.max_attempts == 0 and cmd.type == ADD)
+
+
+def held_past_ttl(cmd: JobCommand) -> bool:
+    """Lanner's marker for an expired item on its way to its expire_to_queue target in another
+    worker (server/moves.py): the job is logged again as an add with max-fails 254, so that
+    Lanner's replay and cleaner keep it, open, past its TTL until the move is confirmed (a
+    replay rolls it back into its queue, where it expires and moves again).  workq ignores
+    max-fails and drops it at its TTL, as it drops every expired job.  A workq-written add with
+    max-fails 254 is kept too, until Lanner's queue expires it (the item carries its real
+    expiry): like never_expires, the marker errs on keeping data."""
+    return cmd.max_fails == HELD_MAX_FAILS and cmd.type == ADD
 
 
 def expires_at_ns(cmd: JobCommand) -> int | None:
