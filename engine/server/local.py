@@ -32,9 +32,10 @@ ring, behind every earlier request of the connection.  The adopter moves the
 connection's open reads to its own front slot, wraps the fd in a new connection
 of the same protocol and answers R_OK; only then does this front close its
 descriptor, without the disconnect that would roll the open reads back.  If the
-adopter dies first, the connection is closed (the client sees an error, never a
-reply from the wrong place); if it declines, reading resumes here.  Blocking gets
-and monitors are never moved while they wait: they are requests in flight.
+adopter dies first, the connection is closed after an error line (the client sees
+an error, never a silence or a reply from the wrong place); if it declines, reading
+resumes here.  Blocking gets and monitors are never moved while they wait: they
+are requests in flight.
 """
 from __future__ import annotations
 
@@ -178,7 +179,13 @@ class LocalFront(Front):
             c.moving = False
             self.my.incr(C_HERE)
             c.transport.resume_reading()
-        else:                              # the adopter died or failed: the connection ends
+        else:
+            # The adopter died (or lost the socket): the connection ends, but not in silence.
+            # What the client sent meanwhile waits unread, and may have been read and answered
+            # by the adopter before it died; either way an error line is the true answer to
+            # the next command, and it follows every reply already written.
+            c.unavailable(slot, bytes(p.payload).decode("latin-1", "replace")
+                          or "worker %d restarted" % p.worker)
             slot.close = True
 
     def adopt(self, src: int, conn: int, req: int, kind: int, seq: int, unparsed) -> None:
