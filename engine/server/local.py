@@ -78,6 +78,7 @@ class LocalFront(Front):
         self.streak: dict[int, list] = {}         # conn id -> [other worker, requests in a row]
         self.candidates: set[int] = set()          # conn ids that earned a move
         self.handoff_seq = 0
+        self.receive_ends = None    # every worker's handoff receive end (attach_front)
         self.inline_requests = 0    # requests its connections ran by the fused path (Conn.run_inline)
 
     def catch_up_config(self) -> None:
@@ -188,6 +189,16 @@ class LocalFront(Front):
                           or "worker %d restarted" % p.worker)
             slot.close = True
 
+    def worker_down(self, w: int) -> None:
+        """Also: the sockets handed to `w` that it never took are void (their handoffs fail
+        below, and their senders close them).  Each is held open by its copy in `w`'s channel
+        until someone closes that copy, so close them now, not when `w`'s replacement starts
+        (Inbox.drop_all there): a client must not wait out a restart for its close.  Nobody
+        else reads that channel now: the replacement is forked only after this acknowledges."""
+        if self.receive_ends is not None:
+            handoff.Inbox(self.receive_ends[w]).drop_all()
+        Front.worker_down(self, w)
+
     def adopt(self, src: int, conn: int, req: int, kind: int, seq: int, unparsed) -> None:
         """OP_HANDOFF from front slot `src`: take over its connection `conn`."""
         w = self.worker
@@ -257,5 +268,6 @@ def attach_front(worker, parts, control_sock) -> None:
     worker.front = front
     worker.local_src = slot
     if chans:
+        front.receive_ends = [recv for recv, _ in chans]
         worker.inbox = handoff.Inbox(chans[worker.index][0])
         worker.inbox.drop_all()      # a dead predecessor's unclaimed sockets: those clients are gone

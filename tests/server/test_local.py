@@ -253,13 +253,10 @@ def server_recv_queue(h, c: Client) -> int:
     raise AssertionError("no server end for the connection")
 
 
-def test_a_client_whose_adopter_dies_mid_handoff_gets_an_error_line(h):
-    """Worker 0 has handed a connection to worker 1 (stopped, then killed) and stopped reading
-    it; the client's next command waits unread.  When worker 1's death fails the handoff, worker
-    0 answers it with SERVER_ERROR before it closes the connection.  Before, the client's
-    command was met by a silent close."""
+def kill_adopter_mid_handoff(h, c: Client, poke: Client) -> None:
+    """Worker 0 hands `c` to worker 1, stopped, and stops reading it; the client's next command
+    waits unread; then worker 1 is killed.  `poke` (also worker 0's) makes worker 0 turn."""
     q, empty = queue_of(1), queue_of(0, prefix="empty")
-    c, poke = clients_on(h, 0, 2)
     procs = worker_procs(h)
     procs[1].send_signal(signal.SIGSTOP)
     try:
@@ -275,11 +272,41 @@ def test_a_client_whose_adopter_dies_mid_handoff_gets_an_error_line(h):
         assert server_recv_queue(h, c) == len(get)
     finally:
         procs[1].send_signal(signal.SIGKILL)
+
+
+def test_a_client_whose_adopter_dies_mid_handoff_gets_an_error_line(h):
+    """When worker 1's death fails the handoff of a connection, worker 0 answers the command
+    that waited unread with SERVER_ERROR before it closes the connection.  Before, the client's
+    command was met by a silent close."""
+    c, poke = clients_on(h, 0, 2)
+    kill_adopter_mid_handoff(h, c, poke)
     assert c.recv_until(b"\r\n", timeout=20) == b"SERVER_ERROR worker 1 restarted\r\n"
     assert c.is_closed()
     # the server goes on: worker 1's replacement serves the queue
     assert wait_for(lambda: h.log().count("worker 1 ready") >= 2, timeout=20), h.log()
-    assert wait_for(lambda: stored_fresh(h, q))
+    assert wait_for(lambda: stored_fresh(h, queue_of(1)))
+
+
+def test_a_failed_handoff_closes_before_the_adopters_replacement_starts(tmp_path):
+    """The socket's copy in the dead adopter's handoff channel no longer keeps the connection
+    open until the replacement starts (which the stopped admin process holds back here: every
+    front must acknowledge the death first).  Before, the client waited out the restart."""
+    h = start_server(tmp_path, workers=2, admin=True)
+    admin = [p for p in psutil.Process(h.proc.pid).children() if p.name() == "lanner-admin"]
+    try:
+        c, poke = clients_on(h, 0, 2)
+        admin[0].send_signal(signal.SIGSTOP)
+        try:
+            kill_adopter_mid_handoff(h, c, poke)
+            assert c.recv_until(b"\r\n", timeout=20) == b"SERVER_ERROR worker 1 restarted\r\n"
+            assert c.is_closed(timeout=10)
+            assert len(worker_procs(h)) == 1          # no replacement yet: it waits for the admin
+        finally:
+            admin[0].send_signal(signal.SIGCONT)
+        assert wait_for(lambda: h.log().count("worker 1 ready") >= 2, timeout=20), h.log()
+        assert wait_for(lambda: stored_fresh(h, queue_of(1)))
+    finally:
+        assert h.stop() == 0
 
 
 def stored_fresh(h, q: bytes) -> bool:
