@@ -21,9 +21,11 @@ Faults.  A datagram whose record never comes (the sender died in between) is
 closed when the supervisor reports the sender down (`drop_from`).  A datagram whose
 receiver died is void: every serving worker closes what that receiver left unread
 when it hears of the death (server/local.py, `LocalFront.worker_down`), and the
-replacement receiver does again before it says ready (`drop_all`).  While a datagram sits unread its fd keeps the client's socket
-open, so those two rules are what turn a crash mid-handoff into a closed
-connection for the client, never a silent hang or a reply from the wrong place.
+replacement receiver does again before it says ready (`drop_all`).  While a
+datagram sits unread its fd keeps the client's socket open, so those rules are
+what turn a crash mid-handoff into a closed connection for the client (after an
+error line when the sender lives: local.py), never a silent hang or a reply from
+the wrong place.
 """
 from __future__ import annotations
 

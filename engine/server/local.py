@@ -193,8 +193,9 @@ class LocalFront(Front):
         """Also: the sockets handed to `w` that it never took are void (their handoffs fail
         below, and their senders close them).  Each is held open by its copy in `w`'s channel
         until someone closes that copy, so close them now, not when `w`'s replacement starts
-        (Inbox.drop_all there): a client must not wait out a restart for its close.  Nobody
-        else reads that channel now: the replacement is forked only after this acknowledges."""
+        (Inbox.drop_all there): a client must not wait out a restart for its close.  Other
+        workers may drain the channel at the same time (each closes what it reads); the
+        replacement, its reader, is forked only after every one has acknowledged."""
         if self.receive_ends is not None:
             handoff.Inbox(self.receive_ends[w]).drop_all()
         Front.worker_down(self, w)
