@@ -18,11 +18,14 @@ receiver reads the record the fd is already queued in its socket: `Inbox.take`
 never waits.
 
 Faults.  A datagram whose record never comes (the sender died in between) is
-closed when the supervisor reports the sender down (`drop_from`); a replacement
-receiver closes whatever its predecessor left unread before it says ready
-(`drop_all`).  While a datagram sits unread its fd keeps the client's socket
-open, so those two rules are what turn a crash mid-handoff into a closed
-connection for the client, never a silent hang or a reply from the wrong place.
+closed when the supervisor reports the sender down (`drop_from`).  A datagram whose
+receiver died is void: every serving worker closes what that receiver left unread
+when it hears of the death (server/local.py, `LocalFront.worker_down`), and the
+replacement receiver does again before it says ready (`drop_all`).  While a
+datagram sits unread its fd keeps the client's socket open, so those rules are
+what turn a crash mid-handoff into a closed connection for the client (after an
+error line when the sender lives: local.py), never a silent hang or a reply from
+the wrong place.
 """
 from __future__ import annotations
 

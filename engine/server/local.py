@@ -32,9 +32,10 @@ ring, behind every earlier request of the connection.  The adopter moves the
 connection's open reads to its own front slot, wraps the fd in a new connection
 of the same protocol and answers R_OK; only then does this front close its
 descriptor, without the disconnect that would roll the open reads back.  If the
-adopter dies first, the connection is closed (the client sees an error, never a
-reply from the wrong place); if it declines, reading resumes here.  Blocking gets
-and monitors are never moved while they wait: they are requests in flight.
+adopter dies first, the connection is closed after an error line (the client sees
+an error, never a silence or a reply from the wrong place); if it declines, reading
+resumes here.  Blocking gets and monitors are never moved while they wait: they
+are requests in flight.
 """
 from __future__ import annotations
 
@@ -77,6 +78,7 @@ class LocalFront(Front):
         self.streak: dict[int, list] = {}         # conn id -> [other worker, requests in a row]
         self.candidates: set[int] = set()          # conn ids that earned a move
         self.handoff_seq = 0
+        self.receive_ends = None    # every worker's handoff receive end (attach_front)
         self.inline_requests = 0    # requests its connections ran by the fused path (Conn.run_inline)
 
     def catch_up_config(self) -> None:
@@ -178,8 +180,25 @@ class LocalFront(Front):
             c.moving = False
             self.my.incr(C_HERE)
             c.transport.resume_reading()
-        else:                              # the adopter died or failed: the connection ends
+        else:
+            # The adopter died (or lost the socket): the connection ends, but not in silence.
+            # What the client sent meanwhile waits unread, and may have been read and answered
+            # by the adopter before it died; either way an error line is the true answer to
+            # the next command, and it follows every reply already written.
+            c.unavailable(slot, bytes(p.payload).decode("latin-1", "replace")
+                          or "worker %d restarted" % p.worker)
             slot.close = True
+
+    def worker_down(self, w: int) -> None:
+        """Also: the sockets handed to `w` that it never took are void (their handoffs fail
+        below, and their senders close them).  Each is held open by its copy in `w`'s channel
+        until someone closes that copy, so close them now, not when `w`'s replacement starts
+        (Inbox.drop_all there): a client must not wait out a restart for its close.  Other
+        workers may drain the channel at the same time (each closes what it reads); the
+        replacement, its reader, is forked only after every one has acknowledged."""
+        if self.receive_ends is not None:
+            handoff.Inbox(self.receive_ends[w]).drop_all()
+        Front.worker_down(self, w)
 
     def adopt(self, src: int, conn: int, req: int, kind: int, seq: int, unparsed) -> None:
         """OP_HANDOFF from front slot `src`: take over its connection `conn`."""
@@ -250,5 +269,6 @@ def attach_front(worker, parts, control_sock) -> None:
     worker.front = front
     worker.local_src = slot
     if chans:
+        front.receive_ends = [recv for recv, _ in chans]
         worker.inbox = handoff.Inbox(chans[worker.index][0])
         worker.inbox.drop_all()      # a dead predecessor's unclaimed sockets: those clients are gone
