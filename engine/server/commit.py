@@ -23,6 +23,7 @@ from lanner.errors import describe_os_error
 from lanner.ipc.messages import (R_SERVER_ERROR, RF_CLOSE, pack_resp, resp_fields, send)
 from lanner.queues.undo import ADD, CONFIRM, MOVE, OPEN, UNREMOVE
 from lanner.server.waiting import STRAND_RETRY_MS, Pending
+from lanner.storage.journal.journal import Journal
 
 log = logging.getLogger(__name__)
 
@@ -86,18 +87,14 @@ class GroupCommit:
         now = None
         for st in dirty:
             try:
-                if not getattr(st, "write_done", True):    # its next bytes go behind the write under way
-                    st.write_behind()
-                    writing.add(st)
-                    continue
-                if getattr(st, "writer", False) is None:     # a journal: its big buffers go behind too
-                    st.writer = self.writer
-                if getattr(st, "pending_bytes", 0) >= WRITE_BEHIND_BYTES and st.sync_policy != "always":
-                    st.settle_write()
-                    if st.write_behind():
+                # a journal: its next bytes go behind a write under way, and big buffers behind
+                # the writer's thread; anything else (a cmdlog partition) is written at once
+                if st.__class__ is Journal:
+                    if st.flush_turn(self.writer, WRITE_BEHIND_BYTES):
                         writing.add(st)
                         continue
-                st.flush()
+                else:
+                    st.flush()
             except OSError as e:
                 log.error("worker %d: %s", self.index, e)      # the file is named here, not to clients
                 self.undo_replies(coll.rollback(st), describe_os_error(e, getattr(st, "name", None)))
