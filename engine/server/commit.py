@@ -48,7 +48,8 @@ class GroupCommit:
         that cannot write is rolled back, and the replies of what it undid become errors.
         A turn whose requests wrote nothing allocates nothing here."""
         coll = self.coll
-        coll.undo.ctx = None
+        undo = coll.undo
+        undo.ctx = None
         dirty = coll.dirty_storages()
         if self.writing:
             self.settle_writes()
@@ -56,13 +57,13 @@ class GroupCommit:
             dirty = self.take_settled(dirty)
         if dirty:
             self.write_out(dirty)
-        undo = coll.undo
         if undo.entries:
             undo.trim()
         if self.writing or self.write_held:
             self.hold_unwritten()
         syncer = self.syncer
-        if syncer.rounds and syncer.ready():    # an fsync returned during this turn: its replies
+        rounds = syncer.rounds
+        if rounds and syncer.ready():    # an fsync returned during this turn: its replies
             self.take_synced()      # go first, and this batch's round need not wait behind it
         replies = self.replies
         needs_sync = self.sync_queue
@@ -73,17 +74,14 @@ class GroupCommit:
             self.held.extend(replies)
             if len(syncer) < MAX_ROUNDS:
                 self.start_sync()
-        elif syncer.rounds:
-            syncer.rounds[-1].replies.extend(replies)
+        elif rounds:
+            rounds[-1].replies.extend(replies)
         else:
             self.publish(replies)
 
     def write_out(self, dirty) -> None:
         """One write per dirty storage (or a write-behind for a big buffer); under sync
         "always" the storage joins the next fsync round, under a period its fsync is scheduled."""
-        coll = self.coll
-        writing = self.writing
-        schedule = coll.sync_schedule
         now = None
         for st in dirty:
             try:
@@ -91,17 +89,18 @@ class GroupCommit:
                 # the writer's thread; anything else (a cmdlog partition) is written at once
                 if st.__class__ is Journal:
                     if st.flush_turn(self.writer, WRITE_BEHIND_BYTES):
-                        writing.add(st)
+                        self.writing.add(st)
                         continue
                 else:
                     st.flush()
             except OSError as e:
                 log.error("worker %d: %s", self.index, e)      # the file is named here, not to clients
-                self.undo_replies(coll.rollback(st), describe_os_error(e, getattr(st, "name", None)))
+                self.undo_replies(self.coll.rollback(st), describe_os_error(e, getattr(st, "name", None)))
                 continue
             if st.sync_policy != "never":
                 if now is None:
                     now = self.clock.now_ms()
+                    schedule = self.coll.sync_schedule
                     scheduled = len(schedule)
                 if schedule.written(st, now):      # sync "always": replies wait for it
                     self.sync_queue.append(st)
