@@ -190,10 +190,9 @@ class JournalAtWrite(NullTransport):
     """A client's transport that records, at each reply write, how many bytes the queue's
     journal file held then (the commit rule: a reply leaves after its records reached the OS)."""
 
-    folder = ""
-
-    def __init__(self) -> None:
+    def __init__(self, folder: str) -> None:
         super().__init__()
+        self.folder = folder
         self.journal_sizes: list[int] = []
 
     def write(self, data: bytes) -> None:
@@ -218,8 +217,7 @@ def test_the_one_connection_ends_its_turn_in_data_received_journal_first(tmp_pat
     """A worker with one connection: nobody else's requests can join the batch, so the turn
     ends as data_received returns, with no loop callback scheduled for it (issue 8, per turn),
     and still writes the journal before the reply."""
-    JournalAtWrite.folder = str(tmp_path / "q")
-    rig = Rig(str(tmp_path), 1, transport=JournalAtWrite)
+    rig = Rig(str(tmp_path), 1, transport=lambda: JournalAtWrite(str(tmp_path / "q")))
     try:
         w = rig.worker
         c = rig.conns[0]
