@@ -194,7 +194,17 @@ class Conn(InlineReplies, SpillWriter, ServerCommands, asyncio.Protocol, abc.ABC
         f.idle.move_to_end(self.id)              # least recently read first (front.close_idle)
         self.t_in = time.monotonic()
         self.parser.feed(data)
-        self.pump()
+        w = self.worker
+        if w is None or w.turn_scheduled or len(f.conns) != 1:
+            self.pump()
+            return
+        # The worker's one connection: no other client's requests can join this turn's batch,
+        # so it ends here, not in a call_soon handle (ShardLoop.end_turn; issue 8, per turn).
+        w.turn_scheduled = True
+        try:
+            self.pump()
+        finally:
+            w.end_turn()
 
     def connection_lost(self, exc):
         f = self.front

@@ -23,6 +23,7 @@ from lanner.errors import describe_os_error
 from lanner.ipc.messages import (R_SERVER_ERROR, RF_CLOSE, pack_resp, resp_fields, send)
 from lanner.queues.undo import ADD, CONFIRM, MOVE, OPEN, UNREMOVE
 from lanner.server.waiting import STRAND_RETRY_MS, Pending
+from lanner.storage.journal.journal import Journal
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,8 @@ class GroupCommit:
         that cannot write is rolled back, and the replies of what it undid become errors.
         A turn whose requests wrote nothing allocates nothing here."""
         coll = self.coll
-        coll.undo.ctx = None
+        undo = coll.undo
+        undo.ctx = None
         dirty = coll.dirty_storages()
         if self.writing:
             self.settle_writes()
@@ -55,13 +57,13 @@ class GroupCommit:
             dirty = self.take_settled(dirty)
         if dirty:
             self.write_out(dirty)
-        undo = coll.undo
         if undo.entries:
             undo.trim()
         if self.writing or self.write_held:
             self.hold_unwritten()
         syncer = self.syncer
-        if syncer.rounds and syncer.ready():    # an fsync returned during this turn: its replies
+        rounds = syncer.rounds
+        if rounds and syncer.ready():    # an fsync returned during this turn: its replies
             self.take_synced()      # go first, and this batch's round need not wait behind it
         replies = self.replies
         needs_sync = self.sync_queue
@@ -72,39 +74,33 @@ class GroupCommit:
             self.held.extend(replies)
             if len(syncer) < MAX_ROUNDS:
                 self.start_sync()
-        elif syncer.rounds:
-            syncer.rounds[-1].replies.extend(replies)
+        elif rounds:
+            rounds[-1].replies.extend(replies)
         else:
             self.publish(replies)
 
     def write_out(self, dirty) -> None:
         """One write per dirty storage (or a write-behind for a big buffer); under sync
         "always" the storage joins the next fsync round, under a period its fsync is scheduled."""
-        coll = self.coll
-        writing = self.writing
-        schedule = coll.sync_schedule
         now = None
         for st in dirty:
             try:
-                if not getattr(st, "write_done", True):    # its next bytes go behind the write under way
-                    st.write_behind()
-                    writing.add(st)
-                    continue
-                if getattr(st, "writer", False) is None:     # a journal: its big buffers go behind too
-                    st.writer = self.writer
-                if getattr(st, "pending_bytes", 0) >= WRITE_BEHIND_BYTES and st.sync_policy != "always":
-                    st.settle_write()
-                    if st.write_behind():
-                        writing.add(st)
+                # a journal: its next bytes go behind a write under way, and big buffers behind
+                # the writer's thread; anything else (a cmdlog partition) is written at once
+                if st.__class__ is Journal:
+                    if st.flush_turn(self.writer, WRITE_BEHIND_BYTES):
+                        self.writing.add(st)
                         continue
-                st.flush()
+                else:
+                    st.flush()
             except OSError as e:
                 log.error("worker %d: %s", self.index, e)      # the file is named here, not to clients
-                self.undo_replies(coll.rollback(st), describe_os_error(e, getattr(st, "name", None)))
+                self.undo_replies(self.coll.rollback(st), describe_os_error(e, getattr(st, "name", None)))
                 continue
             if st.sync_policy != "never":
                 if now is None:
                     now = self.clock.now_ms()
+                    schedule = self.coll.sync_schedule
                     scheduled = len(schedule)
                 if schedule.written(st, now):      # sync "always": replies wait for it
                     self.sync_queue.append(st)

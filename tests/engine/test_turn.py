@@ -4,13 +4,22 @@ batch's end visits the storages its requests wrote, not every storage that is no
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import threading
 
+import pytest
+
+from lanner.config import QueueConfig
 from lanner.ipc.messages import OP_SET, R_OK, pack_req, unpack_resp
-from lanner.perf.hotloop import Rig
+from lanner.perf.hotloop import NullTransport, Rig
+from lanner.queues.item import QItem
 from lanner.server.commit import WRITE_BEHIND_BYTES
 from lanner.storage import writer as WR
+from lanner.storage.journal import journal as J
+from lanner.storage.journal.files import JournalError
+from lanner.storage.journal.journal import Journal
+from lanner.storage.writer import Writer
 
 
 NO_DEADLINE = float("inf")      # the armed timer's deadline while none is armed (shardloop.py)
@@ -175,3 +184,147 @@ def test_a_deadline_earlier_than_the_armed_timer_re_arms_it_and_a_later_one_does
         assert w.timer_ms == first                                  # back to the 5 s one
     finally:
         rig.close()
+
+
+class JournalAtWrite(NullTransport):
+    """A client's transport that records, at each reply write, how many bytes the queue's
+    journal file held then (the commit rule: a reply leaves after its records reached the OS)."""
+
+    def __init__(self, folder: str) -> None:
+        super().__init__()
+        self.folder = folder
+        self.journal_sizes: list[int] = []
+
+    def write(self, data: bytes) -> None:
+        self.journal_sizes.append(os.path.getsize(os.path.join(self.folder, "q")))
+        super().write(data)
+
+
+def counting_end_turn(w) -> list:
+    """Count the worker's turn ends (instance attribute: the loop and data_received both call it
+    through the instance)."""
+    ends = []
+    real = w.end_turn
+
+    def end_turn():
+        ends.append(1)
+        real()
+    w.end_turn = end_turn
+    return ends
+
+
+def test_the_one_connection_ends_its_turn_in_data_received_journal_first(tmp_path):
+    """A worker with one connection: nobody else's requests can join the batch, so the turn
+    ends as data_received returns, with no loop callback scheduled for it (issue 8, per turn),
+    and still writes the journal before the reply."""
+    rig = Rig(str(tmp_path), 1, transport=lambda: JournalAtWrite(str(tmp_path / "q")))
+    try:
+        w = rig.worker
+        c = rig.conns[0]
+        ends = counting_end_turn(w)
+        c.data_received(b"set q 0 0 3\r\nabc\r\n")
+        assert b"".join(c.transport.written) == b"STORED\r\n"     # before the loop turned
+        assert c.transport.journal_sizes[0] > 3                    # the record was written first
+        assert ends == [1] and not w.turn_scheduled
+        rig.turn()
+        assert ends == [1]                                          # no call_soon turn behind it
+        c.data_received(b"get q\r\nget q\r\n")
+        assert b"".join(c.transport.written) == b"STORED\r\nVALUE q 0 3\r\nabc\r\nEND\r\nEND\r\n"
+        assert ends == [1, 1]
+    finally:
+        rig.close()
+
+
+def test_two_connections_share_the_turn_and_its_one_journal_write(tmp_path, monkeypatch):
+    """With two connections the turn still ends in the loop, after both were read: one journal
+    write for both sets, then both replies."""
+    rig = Rig(str(tmp_path), 2)
+    try:
+        writes = []
+        real = J._write
+
+        def write(fd, data):
+            writes.append(len(data))
+            return real(fd, data)
+        monkeypatch.setattr(J, "_write", write)
+        a, b = rig.conns
+        a.data_received(b"set q 0 0 1\r\nx\r\n")
+        b.data_received(b"set q 0 0 1\r\ny\r\n")
+        assert not a.transport.written and not b.transport.written and rig.worker.turn_scheduled
+        rig.turn()
+        assert len(writes) == 1
+        assert a.transport.written == [b"STORED\r\n"] and b.transport.written == [b"STORED\r\n"]
+    finally:
+        rig.close()
+
+
+def test_a_turn_ended_in_data_received_ends_even_when_a_command_raises(tmp_path):
+    """An exception out of the connection's pump (a bug) still ends the turn it began: the
+    request taken before it is answered, and the next bytes start a turn of their own."""
+    rig = Rig(str(tmp_path), 1)
+    try:
+        w = rig.worker
+        c = rig.conns[0]
+        real = c.process
+
+        def process():
+            real()
+            raise RuntimeError("a handler bug")
+        c.process = process
+        with pytest.raises(RuntimeError):
+            c.data_received(b"set q 0 0 1\r\nx\r\n")
+        assert not w.turn_scheduled
+        del c.process
+        c.data_received(b"get q\r\n")
+        assert b"".join(c.transport.written) == b"STORED\r\nVALUE q 0 1\r\nx\r\nEND\r\n"
+    finally:
+        rig.close()
+
+
+@pytest.mark.parametrize("policy, behind", [("never", True), ("always", False)])
+def test_a_big_buffer_goes_behind_except_under_sync_always(tmp_path, clock, policy, behind):
+    """Journal.flush_turn, the batch's end for one journal: a buffer of `behind` bytes or more
+    goes to the writer's thread, unless the replies wait for an fsync anyway ("always")."""
+    j = Journal(str(tmp_path), "q", clock, sync_policy=policy)
+    j.replay(QueueConfig())
+    notify_r, notify_w = os.pipe()
+    writer = Writer(notify_w)
+    try:
+        j.record_add(QItem(1, 0, b"x" * 100))
+        assert j.flush_turn(writer, 50) is behind
+        if behind:
+            j.settle_write()
+        assert os.path.getsize(tmp_path / "q") > 100 and not j.pending_bytes
+        j.record_add(QItem(2, 0, b"y"))
+        assert j.flush_turn(writer, 50) is False                   # small: written inline
+        assert j.written_mark == j.logsize
+    finally:
+        j.close()
+        writer.close()
+        os.close(notify_r)
+        os.close(notify_w)
+
+
+def test_a_failed_inline_write_keeps_the_records_and_cuts_the_file_back(tmp_path, clock, monkeypatch):
+    """flush_turn's inline write fails as `flush` does: JournalError, the records stay buffered,
+    and the next write (after the file was cut back) carries them."""
+    j = Journal(str(tmp_path), "q", clock)
+    j.replay(QueueConfig())
+    try:
+        j.record_add(QItem(1, 0, b"a"))
+        assert j.flush_turn(None, 1 << 20) is False
+        size = os.path.getsize(tmp_path / "q")
+
+        def torn(fd, data):
+            os.write(fd, bytes(data[:3]))
+            raise OSError(errno.ENOSPC, "No space left on device")
+        monkeypatch.setattr(J, "_write", torn)
+        j.record_add(QItem(2, 0, b"b"))
+        with pytest.raises(JournalError, match="No space left"):
+            j.flush_turn(None, 1 << 20)
+        assert os.path.getsize(tmp_path / "q") == size and j.pending_bytes > 0
+        monkeypatch.setattr(J, "_write", os.write)
+        assert j.flush_turn(None, 1 << 20) is False
+        assert os.path.getsize(tmp_path / "q") > size and not j.pending_bytes
+    finally:
+        j.close()

@@ -89,9 +89,11 @@ def test_a_get_with_ignored_options_takes_the_fused_path_and_echoes_its_key(rig)
 
 
 def test_no_reply_before_the_turn_writes_the_journal(rig):
-    """A reply leaves with its batch, after the journal write, never from the handler."""
-    r = rig()
-    [c] = r.conns
+    """A reply leaves with its batch, after the journal write, never from the handler.  (Two
+    connections: the worker's one connection ends the turn in data_received itself,
+    tests/engine/test_turn.py.)"""
+    r = rig(conns=2)
+    c = r.conns[0]
     c.data_received(b"set q 0 0 1\r\nx\r\n")
     assert c.transport.written == [] and len(c.fast) == 1
     r.turn()
@@ -117,9 +119,10 @@ def test_normal_slots_wait_for_the_inline_replies_before_them(rig):
 
 def test_inline_replies_that_come_back_out_of_order_leave_in_order(rig):
     """A write-behind may hold one queue's reply while a later one on another queue leaves
-    (server/commit.py hold_unwritten): the connection still answers in command order."""
-    r = rig()
-    [c] = r.conns
+    (server/commit.py hold_unwritten): the connection still answers in command order.  (Two
+    connections, so that the turn ends in `r.turn()`, not in data_received.)"""
+    r = rig(conns=2)
+    c = r.conns[0]
     assert run(r, c, b"set a 0 0 1\r\n1\r\nset b 0 0 1\r\n2\r\n") == b"STORED\r\nSTORED\r\n"
     c.data_received(b"get a\r\nget b\r\nget a\r\n")
     assert len(r.worker.replies) == 3
