@@ -7,7 +7,8 @@ from __future__ import annotations
 
 __all__ = [
     "END", "STORED", "NOT_STORED", "DELETED", "ERROR", "CLIENT_ERROR", "SERVER_ERROR",
-    "FLUSHED_ALL", "RELOADED", "value_block", "single_value", "get_reply", "Spliced", "SPLICE_MIN",
+    "FLUSHED_ALL", "RELOADED", "value_block", "single_value", "get_reply", "value_head", "END_TAIL",
+    "Spliced", "SPLICE_MIN",
     "client_error", "server_error", "count_line",
     "version_line", "status_line", "encode_stats", "encode_dump_stats", "encode_dump_config",
 ]
@@ -29,6 +30,24 @@ def value_block(key_raw: str, data: bytes) -> bytes:
 
 
 _SINGLE = b"VALUE %s 0 %d\r\n%s\r\nEND\r\n"
+#: What follows a value in a one-key get's reply.
+END_TAIL = b"\r\nEND\r\n"
+#: The last VALUE line made per key as sent: (value size, line).  Bounded: keys are the clients'.
+_HEADS: dict[str, tuple[int, bytes]] = {}
+_HEADS_MAX = 4096
+
+
+def value_head(key_raw: str, n: int) -> bytes:
+    """`VALUE <key> 0 <n>\\r\\n`, remembered per key: a queue's consumers get values of one size
+    over and over, and formatting the line was a tenth of a fused get's instructions."""
+    h = _HEADS.get(key_raw)
+    if h is not None and h[0] == n:
+        return h[1]
+    head = b"VALUE %s 0 %d\r\n" % (key_raw.encode("latin-1"), n)
+    if len(_HEADS) >= _HEADS_MAX:
+        _HEADS.clear()
+    _HEADS[key_raw] = (n, head)
+    return head
 
 
 def single_value(key_raw: str, data: bytes) -> bytes:

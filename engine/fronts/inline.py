@@ -22,7 +22,8 @@ class InlineReplies:
 
     def inline_req(self, render, call) -> int:
         """Number a request the caller runs inline now (Worker.inline_set / inline_get), keep
-        how to render its reply: `render(status, flags, payload, call)` -> (bytes, close), and
+        how to render its reply: `render(out, status, flags, payload, call)` appends it to the
+        connection's output and says its size, or -1 when it closes the connection; and
         make sure the worker's turn (its batch's end, where the reply comes from) is scheduled.
         The caller checked that no Slot is queued, so replies leave in the order of `fast`."""
         req = self.next_req
@@ -42,24 +43,24 @@ class InlineReplies:
         """The reply of the oldest inline request (then of any that came back before it)."""
         fast = self.fast
         f = self.front
+        out = self.out
         while True:
             _, render, call, fam, t0 = fast.popleft()
-            out, close = render(status, flags, payload, call)
+            n = render(out, status, flags, payload, call)
             f.latency.observe(fam, time.monotonic() - t0)
-            self.out.append(out)
-            if close:
+            if n < 0:                   # the reply closes the connection
                 self.closing = self.stopped = True
                 fast.clear()
                 self.early.clear()
                 self.slots.clear()      # what was sent after the closing command goes unanswered
                 self.held = 0
-                break
+                f.write_pending.add(self)
+                return
             if not (fast and self.early and fast[0][0] in self.early):
                 break
             status, flags, payload = self.early.pop(fast[0][0])
         # the last one's size is estimate enough; below SMALL_REPLY with full room it would
         # change nothing (Conn.note_reply), and skipping only keeps the estimate higher
-        n = len(out)
         if n > SMALL_REPLY or self.idle_room != MAX_INFLIGHT:
             self.note_reply(n)
         if not fast and self.slots:

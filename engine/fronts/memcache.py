@@ -100,7 +100,7 @@ class MemcacheConn(Conn):
             if w is None:
                 w = f.owner(q)
             if w == self.local and not stream and not self.slots and not self.worker.closed_conns:
-                self.worker.inline_set(f.index, self.id, self.inline_req(set_reply, None), q, expiry, payload)
+                self.worker.inline_set(f.index, self.id, self.inline_req(set_fused, None), q, expiry, payload)
                 return True             # fused: one reply in flight and nothing else (Conn.process)
             slot = self.new_slot(_finish_stored)
             part = self.request(slot, w, OP_SET, flags, q, expiry, size, payload)
@@ -148,7 +148,7 @@ class MemcacheConn(Conn):
             if w is None:
                 w = f.owner(q)
             if w == self.local and not self.slots and not self.worker.closed_conns:
-                self.worker.inline_get(f.index, self.id, self.inline_req(get1_reply, k.raw), q)
+                self.worker.inline_get(f.index, self.id, self.inline_req(get1_fused, k.raw), q)
                 return True         # fused: one reply in flight and nothing else (Conn.process)
             slot = self.new_slot(_finish_get1, call=k.raw)
             self.request(slot, w, OP_GET, 0, q, -1)
@@ -388,6 +388,34 @@ def get1_reply(status: int, flags: int, payload, key) -> tuple[bytes, bool]:
         return mr.END, False
     failure = failure_reply(status, flags, payload)
     return failure if failure is not None else (b"", False)
+
+
+def set_fused(out: list, status: int, flags: int, payload, call=None) -> int:
+    """set_reply for the fused path (InlineReplies.fast_reply's `render`): the reply goes to
+    `out`; its size, or -1 if it closes the connection."""
+    if status == R_OK:
+        out.append(mr.STORED)
+        return 8
+    return _fused(out, set_reply(status, flags, payload))
+
+
+def get1_fused(out: list, status: int, flags: int, payload, key) -> int:
+    """get1_reply for the fused path, as set_fused: a value up to SPLICE_MIN goes to `out` as
+    its VALUE line, its own bytes and END, joined only with the rest of the turn's output
+    (Conn.flush_out) instead of copied into one reply first."""
+    if status == R_ITEM and payload.__class__ is bytes:
+        n = len(payload)
+        if n < mr.SPLICE_MIN:
+            head = mr.value_head(key, n)
+            out += (head, payload, mr.END_TAIL)
+            return len(head) + n + 7
+    return _fused(out, get1_reply(status, flags, payload, key))
+
+
+def _fused(out: list, reply: tuple[bytes, bool]) -> int:
+    data, close = reply
+    out.append(data)
+    return -1 if close else len(data)
 
 
 def failure_reply(status: int, flags: int, payload) -> tuple[bytes, bool] | None:
