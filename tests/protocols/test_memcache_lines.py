@@ -73,3 +73,14 @@ def test_the_pure_module_is_not_compiled():
     """Else this file compares the compiled parser with itself."""
     assert pure_mc.COMPILED is False
     assert pure_mc.__file__.endswith(".py")
+
+
+def test_value_heads_are_single_values_line_and_stay_bounded():
+    from lanner.protocols import memcache_replies as mr
+    mr.value_heads.clear()
+    assert mr.value_heads["q/open", 5] + b"hello" + mr.END_TAIL == mr.single_value("q/open", b"hello")
+    assert mr.value_heads["q\xe9", 0] == b"VALUE q\xe9 0 0\r\n"
+    for i in range(5000):
+        mr.value_heads["k%d" % i, i]
+    assert len(mr.value_heads) <= 4096
+    assert mr.value_heads["k4999", 4999] == b"VALUE k4999 0 4999\r\n"
