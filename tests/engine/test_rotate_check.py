@@ -79,6 +79,8 @@ def test_rotations_rewrites_and_checkpoints_fall_where_a_check_per_operation_put
                 item = q.remove(transactional=True)
                 if item is not None:
                     q.confirm_remove(item.xid) if rng.random() < 0.5 else q.unremove(item.xid)
+            elif r < 0.97:
+                q.flush()                   # in read-behind: drop_behind's removes, unread
             else:
                 q.storage.flush()
             rng.setstate(rng_state)

@@ -390,6 +390,7 @@ class JournalCompaction:
         p = self._pending
         mark = self._base + self._disk_size + self._inflight_n + len(p)
         p += b"\x01" * n
+        self.check_due = True         # records past `check_at`, perhaps (journal.py)
         self._leave_read_behind()
         return mark, (rb.name, rb.pos)     # (its `path` is stale once its file is rotated)
 
