@@ -1,6 +1,9 @@
 # C types for the compiled build of memcache.py (setup.py, engine/compiled.py); the .py is the
 # code, this file only declares.
 cimport cython
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.unicode cimport PyUnicode_DecodeLatin1
+from libc.string cimport memchr, memcmp
 from lanner.protocols.stream cimport StreamParser, _c_head
 from lanner.protocols.memcache_commands cimport plain_get, new_set
 
@@ -22,9 +25,79 @@ cdef class MemcacheParser(StreamParser):
 
     @cython.locals(buf=bytearray, state=int, need=Py_ssize_t, n=Py_ssize_t, cmd=object)
     cpdef object next(self)
-    @cython.locals(toks=list, word=bytes, raw=str, key=bytes)
+    @cython.locals(toks=list, word=bytes, raw=str, key=bytes, fields=tuple)
     cpdef object _line(self, bytes line)
     @cython.locals(size=object, exptime=object, flags=object, name=bytes, queue=str, noreply=bint)
     cpdef object _storage(self, bytes word, list toks)
+    cpdef object _set_cmd(self, str queue, object flags, object exptime, object size, bint noreply)
     cpdef object _skip(self, Py_ssize_t n, object after)
     cpdef object _stop(self, object cmd)
+
+
+# The two request lines of nearly every request, read in place (memcache.py calls them under
+# COMPILED only): the Python parse beside them splits the line into new bytes objects and
+# parses each number from one.  Each answers None for any other form, which that parse takes.
+
+cdef inline long _c_digits(const char* s, Py_ssize_t n) noexcept:
+    """The value of 1 to 9 ASCII digits (parse_int's fast case), else -1."""
+    cdef long v = 0
+    cdef Py_ssize_t i
+    if n < 1 or n > 9:
+        return -1
+    for i in range(n):
+        if s[i] < 48 or s[i] > 57:
+            return -1
+        v = v * 10 + (s[i] - 48)
+    return v
+
+cdef inline object _c_get_key(bytes line):
+    """`get <key>`, one key with no space and no `/`: the key (latin-1), else None."""
+    cdef const char* s = PyBytes_AS_STRING(line)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(line)
+    if n < 5 or memcmp(s, b"get ", 4) != 0:
+        return None
+    if memchr(s + 4, 32, n - 4) != NULL or memchr(s + 4, 47, n - 4) != NULL:
+        return None
+    return PyUnicode_DecodeLatin1(s + 4, n - 4, NULL)
+
+cdef inline object _c_set_line(bytes line):
+    """`set <name> <flags> <exptime> <bytes>` and an optional ` noreply`, single spaces, each
+    number 1 to 9 plain digits: (queue, flags, exptime, bytes, noreply), else None."""
+    cdef const char* s = PyBytes_AS_STRING(line)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(line)
+    cdef Py_ssize_t starts[5]
+    cdef Py_ssize_t ends[5]
+    cdef Py_ssize_t i = 4, k = 0
+    cdef const char* sp
+    cdef long flags, exptime, size
+    cdef bint noreply = False
+    if n < 11 or memcmp(s, b"set ", 4) != 0:
+        return None
+    while k < 5:
+        starts[k] = i
+        sp = <const char*>memchr(s + i, 32, n - i) if i < n else NULL
+        if sp == NULL:
+            ends[k] = n
+            i = n
+            k += 1
+            break
+        ends[k] = sp - s
+        i = ends[k] + 1
+        k += 1
+    if k == 5:
+        if ends[4] != n:            # a last token: exactly `noreply`, else the general parse
+            return None
+        noreply = ends[3] == n - 8 and memcmp(s + starts[4], b"noreply", 7) == 0
+        if not noreply:
+            return None
+        k = 4
+    if k != 4 or ends[3] != (n if not noreply else n - 8):
+        return None
+    if ends[0] == starts[0]:
+        return None
+    flags = _c_digits(s + starts[1], ends[1] - starts[1])
+    exptime = _c_digits(s + starts[2], ends[2] - starts[2])
+    size = _c_digits(s + starts[3], ends[3] - starts[3])
+    if flags < 0 or exptime < 0 or size < 0:
+        return None
+    return (PyUnicode_DecodeLatin1(s + starts[0], ends[0] - starts[0], NULL), flags, exptime, size, noreply)

@@ -406,7 +406,16 @@ class MemcacheParser(StreamParser):
 
     def _line(self, line: bytes):
         """Parse one request line; return a command, or None after arming a data block."""
-        if line.startswith(b"get "):
+        if COMPILED:
+            # the hot paths, read in place (memcache.pxd): exactly the lines the parse below
+            # makes ["get", key] (no b"/" in key) or a set of plain numbers
+            raw = _c_get_key(line)
+            if raw is not None:
+                return plain_get(raw)
+            fields = _c_set_line(line)
+            if fields is not None:
+                return self._set_cmd(fields[0], fields[1], fields[2], fields[3], fields[4])
+        elif line.startswith(b"get "):
             # the hot path: `get <key>` with one plain key, which split(" ") below would make
             # exactly ["get", key]: straight to its command, without the split
             key = line[4:]
@@ -455,6 +464,11 @@ class MemcacheParser(StreamParser):
         name = toks[1]
         queue = name.decode("latin-1")
         noreply = _noreply(toks, 4)
+        return self._set_cmd(queue, flags, exptime, size, noreply)
+
+    def _set_cmd(self, queue: str, flags: int, exptime: int, size: int, noreply: bool):
+        """A set line's command once its fields are read: refused over the queue's item limit,
+        announced (SetHead) when its body is streamed, else its body is awaited (None)."""
         limit = self.item_limit(queue) if self.item_limit is not None else None
         if limit is not None and size > limit:
             self._skip(size + 2, None)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 __all__ = [
     "END", "STORED", "NOT_STORED", "DELETED", "ERROR", "CLIENT_ERROR", "SERVER_ERROR",
-    "FLUSHED_ALL", "RELOADED", "value_block", "single_value", "get_reply", "Spliced", "SPLICE_MIN",
+    "FLUSHED_ALL", "RELOADED", "value_block", "single_value", "get_reply", "value_heads", "END_TAIL",
+    "Spliced", "SPLICE_MIN",
     "client_error", "server_error", "count_line",
     "version_line", "status_line", "encode_stats", "encode_dump_stats", "encode_dump_config",
 ]
@@ -29,6 +30,26 @@ def value_block(key_raw: str, data: bytes) -> bytes:
 
 
 _SINGLE = b"VALUE %s 0 %d\r\n%s\r\nEND\r\n"
+#: What follows a value in a one-key get's reply.
+END_TAIL = b"\r\nEND\r\n"
+
+
+class _Heads(dict):
+    """(key as sent, value size) -> `VALUE <key> 0 <size>\\r\\n`: a queue's consumers get values
+    of one size over and over, and formatting the line was a tenth of a fused get's
+    instructions; a hit is one dict lookup, no Python frame.  Bounded: keys are the clients'."""
+
+    __slots__ = ()
+
+    def __missing__(self, key: tuple[str, int]) -> bytes:
+        if len(self) >= 4096:
+            self.clear()
+        head = self[key] = b"VALUE %s 0 %d\r\n" % (key[0].encode("latin-1"), key[1])
+        return head
+
+
+#: value_heads[key_raw, n]: a one-key get's VALUE line (a value of n bytes).
+value_heads = _Heads()
 
 
 def single_value(key_raw: str, data: bytes) -> bytes:

@@ -139,7 +139,7 @@ class Conn(InlineReplies, SpillWriter, ServerCommands, asyncio.Protocol, abc.ABC
         self.cur_fam = -1              # latency family of the command being handled
         self.t_in = 0.0                # monotonic time of the last bytes read (latency start)
         # The fused local path (inline.py): requests this worker ran for the connection
-        # without a Slot, oldest first, as (req, render, call, latency family, t0); replies
+        # without a Slot, oldest first, as (req, ok, render, call, latency family, t0); replies
         # that came back ahead of an older one (a write-behind held it) wait in `early`.
         self.fast: deque[tuple] = deque()
         self.early: dict[int, tuple] = {}

@@ -10,9 +10,8 @@ two in order: `drain_slots` waits while `fast` is not empty).
 """
 from __future__ import annotations
 
-import time
-
 from lanner.fronts.flow import MAX_INFLIGHT, SMALL_REPLY
+from lanner.ipc.messages import R_OK
 
 
 class InlineReplies:
@@ -20,11 +19,14 @@ class InlineReplies:
 
     __slots__ = ()
 
-    def inline_req(self, render, call) -> int:
+    def inline_req(self, ok, render, call) -> int:
         """Number a request the caller runs inline now (Worker.inline_set / inline_get), keep
-        how to render its reply: `render(status, flags, payload, call)` -> (bytes, close), and
-        make sure the worker's turn (its batch's end, where the reply comes from) is scheduled.
-        The caller checked that no Slot is queued, so replies leave in the order of `fast`."""
+        how to render its reply: `ok`, the reply's bytes when the worker answers R_OK (None:
+        none known in advance), else `render(out, status, flags, payload, call)`, which appends
+        it to the connection's output and says its size, or -1 when it closes the connection;
+        and make sure the worker's turn (its batch's end, where the reply comes from) is
+        scheduled.  The caller checked that no Slot is queued, so replies leave in the order of
+        `fast`."""
         req = self.next_req
         self.next_req = (req + 1) & 0xFFFFFFFF or 1
         f = self.front
@@ -32,7 +34,7 @@ class InlineReplies:
         if f.streak:
             f.streak.pop(self.id, None)     # a local request breaks a streak towards a handoff
         f.inline_requests += 1
-        self.fast.append((req, render, call, self.cur_fam, self.t_in))
+        self.fast.append((req, ok, render, call, self.cur_fam, self.t_in))
         w = self.worker
         if not w.turn_scheduled:
             w.schedule_turn()
@@ -42,24 +44,28 @@ class InlineReplies:
         """The reply of the oldest inline request (then of any that came back before it)."""
         fast = self.fast
         f = self.front
+        out = self.out
         while True:
-            _, render, call, fam, t0 = fast.popleft()
-            out, close = render(status, flags, payload, call)
-            f.latency.observe(fam, time.monotonic() - t0)
-            self.out.append(out)
-            if close:
+            _, ok, render, call, fam, t0 = fast.popleft()
+            if status == R_OK and ok is not None:
+                out.append(ok)
+                n = len(ok)
+            else:
+                n = render(out, status, flags, payload, call)
+            f.latency.since(fam, t0)
+            if n < 0:                   # the reply closes the connection
                 self.closing = self.stopped = True
                 fast.clear()
                 self.early.clear()
                 self.slots.clear()      # what was sent after the closing command goes unanswered
                 self.held = 0
-                break
-            if not (fast and self.early and fast[0][0] in self.early):
+                f.write_pending.add(self)
+                return
+            if not (self.early and fast and fast[0][0] in self.early):
                 break
             status, flags, payload = self.early.pop(fast[0][0])
         # the last one's size is estimate enough; below SMALL_REPLY with full room it would
         # change nothing (Conn.note_reply), and skipping only keeps the estimate higher
-        n = len(out)
         if n > SMALL_REPLY or self.idle_room != MAX_INFLIGHT:
             self.note_reply(n)
         if not fast and self.slots:

@@ -63,12 +63,6 @@ class MemcacheConn(Conn):
         ipc/bodies.py)."""
         f = self.front
         q = cmd.queue
-        if type(cmd) is mc.Set:
-            data = cmd.data
-            size = len(data)
-        else:
-            data = None
-            size = cmd.size
         if q not in f.valid_names and self.bad_name(q):
             return
         if (self.refuse_writes or f.status.blocks_writes()) and self.writes_blocked():
@@ -77,38 +71,48 @@ class MemcacheConn(Conn):
             return
         f.my.incr(C_SET)
         exptime = cmd.exptime
-        noreply = cmd.noreply
         if exptime == 0:
             expiry = 0
         elif exptime < 1_000_000:
             expiry = expiry_at(f.clock.now_ms() + exptime * 1000)
         else:
             expiry = exptime * 1000
-        stream = data is None
-        flags = F_STREAM if stream else 0
-        payload = b"" if stream else data
+        stream = type(cmd) is not mc.Set
         dests = f.config.aliases.get(q)
-        if dests is None and noreply:
+        if dests is None and not stream and not cmd.noreply:
+            # the hot path: one queue, one reply, the body whole
+            w = f.owners.get(q)
+            if w is None:
+                w = f.owner(q)
+            if w == self.local and not self.slots and not self.worker.closed_conns:
+                self.worker.inline_set(f.index, self.id, self.inline_req(mr.STORED, set_fused, None), q, expiry,
+                                       cmd.data)
+                return True             # fused: one reply in flight and nothing else (Conn.process)
+            slot = self.new_slot(_finish_stored)
+            self.request(slot, w, OP_SET, 0, q, expiry, len(cmd.data), cmd.data)
+            self.seal(slot)
+            return
+        if stream:
+            flags, size, payload = F_STREAM, cmd.size, b""
+        else:
+            flags, size, payload = 0, len(cmd.data), cmd.data
+        if dests is None and cmd.noreply:
             # nothing to wait for: fire and forget, no slot
             w = f.owner(q)
             req = self.notify(w, OP_SET, flags | F_NOREPLY, q, expiry, size, payload)
             if stream:
                 self.begin_body([(w, req)])
             return
-        if dests is None:                # the hot path: one queue, one reply
+        if dests is None:                # one queue, one reply, the body streamed
             w = f.owners.get(q)
             if w is None:
                 w = f.owner(q)
-            if w == self.local and not stream and not self.slots and not self.worker.closed_conns:
-                self.worker.inline_set(f.index, self.id, self.inline_req(set_reply, None), q, expiry, payload)
-                return True             # fused: one reply in flight and nothing else (Conn.process)
             slot = self.new_slot(_finish_stored)
             part = self.request(slot, w, OP_SET, flags, q, expiry, size, payload)
             self.seal(slot)
-            if stream:
-                self.begin_body([(part.worker, part.req)])
+            self.begin_body([(part.worker, part.req)])
             return
-        slot = self.new_slot(_finish_alias_set, call=noreply)
+        slot = self.new_slot(_finish_alias_set, call=cmd.noreply)
         f.send(f.owner(q), self.id, 0, OP_ALIAS_PUT, 0, q, 1, size)
         targets = []
         for d in dests:
@@ -148,7 +152,7 @@ class MemcacheConn(Conn):
             if w is None:
                 w = f.owner(q)
             if w == self.local and not self.slots and not self.worker.closed_conns:
-                self.worker.inline_get(f.index, self.id, self.inline_req(get1_reply, k.raw), q)
+                self.worker.inline_get(f.index, self.id, self.inline_req(None, get1_fused, k.raw), q)
                 return True         # fused: one reply in flight and nothing else (Conn.process)
             slot = self.new_slot(_finish_get1, call=k.raw)
             self.request(slot, w, OP_GET, 0, q, -1)
@@ -388,6 +392,34 @@ def get1_reply(status: int, flags: int, payload, key) -> tuple[bytes, bool]:
         return mr.END, False
     failure = failure_reply(status, flags, payload)
     return failure if failure is not None else (b"", False)
+
+
+def set_fused(out: list, status: int, flags: int, payload, call=None) -> int:
+    """set_reply for the fused path (InlineReplies.fast_reply's `render`): the reply goes to
+    `out`; its size, or -1 if it closes the connection."""
+    if status == R_OK:
+        out.append(mr.STORED)
+        return 8
+    return _fused(out, set_reply(status, flags, payload))
+
+
+def get1_fused(out: list, status: int, flags: int, payload, key) -> int:
+    """get1_reply for the fused path, as set_fused: a value up to SPLICE_MIN goes to `out` as
+    its VALUE line, its own bytes and END, joined only with the rest of the turn's output
+    (Conn.flush_out) instead of copied into one reply first."""
+    if status == R_ITEM and payload.__class__ is bytes:
+        n = len(payload)
+        if n < mr.SPLICE_MIN:
+            head = mr.value_heads[key, n]
+            out += (head, payload, mr.END_TAIL)
+            return len(head) + n + 7
+    return _fused(out, get1_reply(status, flags, payload, key))
+
+
+def _fused(out: list, reply: tuple[bytes, bool]) -> int:
+    data, close = reply
+    out.append(data)
+    return -1 if close else len(data)
 
 
 def failure_reply(status: int, flags: int, payload) -> tuple[bytes, bool] | None:

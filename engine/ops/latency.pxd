@@ -10,3 +10,4 @@ cdef class Recorder:
 
     @cython.locals(col=Py_ssize_t, i=Py_ssize_t, bound=double, us=cython.longlong)
     cpdef observe(self, long family, double seconds)
+    cpdef since(self, long family, double t0)

@@ -183,7 +183,8 @@ class PersistentQueue:
                 expiry = cap
         item = QItem(now if add_time_ms is None else add_time_ms, expiry, data)
         storage = self.storage
-        storage.before_add(self, config, now)
+        if storage.check_due:                  # (seam.py, point 3)
+            storage.before_add(self, config, now)
         if self._bytes >= config.max_memory_size and storage.can_read_behind and not storage.in_read_behind:
             log.info("queue %r: dropping to read-behind at %d bytes", self.name, self._bytes)
             storage.start_read_behind()
@@ -260,7 +261,8 @@ class PersistentQueue:
             undo.entries.append((self.medium, mark, self, kind, item, xid if transactional else 0, undo.ctx))
         if storage.in_read_behind:
             self._refill(now)
-        storage.after_remove(self, self.config, now)
+        if storage.check_due:
+            storage.after_remove(self, self.config, now)
         return item
 
     def peek(self) -> QItem | None:
@@ -399,6 +401,7 @@ class PersistentQueue:
     def reload(self, config) -> None:
         """New limits take effect at once; the expire_to_queue binding does not change."""
         self.config = config
+        self.storage.check_due = True          # its hooks' limits may have moved (seam.py, point 3)
 
     def close(self) -> None:
         """Stop serving: every waiter is evicted (answers empty); storage flushed and synced."""

@@ -26,6 +26,10 @@ Call protocol, as the queue uses it:
 3. `before_add(view)` runs before an add is recorded and `after_remove(view)`
    after a remove that returned an item; that is where a journal rotates,
    rewrites or checkpoints (§6.4).  `view` is the queue (see `QueueView`).
+   The queue calls them only while the storage's `check_due` is true: a storage
+   whose hooks have nothing to do until its records grow (a journal below its
+   size limits) clears it and sets it again itself (a record reaching the limit);
+   the queue sets it on a reload (new limits).  Per request those were two calls.
 4. Read-behind (§5.8): when `in_read_behind` is true the queue keeps only a
    prefix of its items in memory and asks `fill_read_behind(max_bytes, now)` for
    more after every removal.  Storages that cannot read behind return False from
@@ -118,6 +122,7 @@ class QueueStorage(Protocol):
     def undo_record(self, kind: int, item: QItem, xid: int) -> None: ...
     def before_add(self, view: QueueView, config, now_ms: int) -> None: ...
     def after_remove(self, view: QueueView, config, now_ms: int) -> None: ...
+    check_due: bool             # whether the queue calls the two above (point 3)
 
     @property
     def can_read_behind(self) -> bool: ...
@@ -151,6 +156,7 @@ class MemoryStorage:
     can_read_behind = False
     in_read_behind = False
     dirty = False
+    check_due = False           # its hooks never have anything to do
     logsize = 0
     rewrites = 0
     rotations = 0
@@ -177,10 +183,10 @@ class MemoryStorage:
         pass
 
     def before_add(self, view, config, now_ms: int) -> None:
-        pass
+        self.check_due = False
 
     def after_remove(self, view, config, now_ms: int) -> None:
-        pass
+        self.check_due = False
 
     def start_read_behind(self) -> None:
         raise RuntimeError("memory storage cannot read behind")

@@ -35,6 +35,7 @@ class RecordingStorage:
     logsize = 0
     rewrites = 0
     rotations = 0
+    check_due = True            # the queue calls its before_add / after_remove (seam.py, point 3)
 
     def __init__(self, disk: list | None = None, sync_policy="never") -> None:
         self.disk = [] if disk is None else disk

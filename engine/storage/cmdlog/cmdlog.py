@@ -296,11 +296,15 @@ class CmdlogStorage:
         item.job_id = new
 
     # -- the rest of the seam ---------------------------------------------------------------
+    check_due = False           # the hooks below have nothing to do (seam.py, point 3)
+
     def before_add(self, view, config, now_ms: int) -> None:
         """Nothing: rotation happens on append and cleaning in the cleaner process."""
+        self.check_due = False
 
     def after_remove(self, view, config, now_ms: int) -> None:
         """Nothing, as before_add."""
+        self.check_due = False
 
     def start_read_behind(self) -> None:
         raise RuntimeError(f"cmdlog queue {self.name!r} keeps every item in memory (no read-behind)")

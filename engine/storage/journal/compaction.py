@@ -115,7 +115,13 @@ class JournalCompaction:
         total = size + self._archived_size
         if size < config.default_journal_size and size <= config.max_memory_size \
                 and total <= config.max_journal_size:
-            return                               # no rule can match: the per-operation fast path
+            # no rule can match, nor will until the records reach the nearest limit: the
+            # queue skips this check till then (journal.py, `check_due`)
+            if self._rewrite_job is None:
+                self.check_at = self._base + min(config.default_journal_size, config.max_memory_size + 1,
+                                                 config.max_journal_size - self._archived_size + 1)
+                self.check_due = False
+            return
         if not self.write_done:
             return            # not while a write-behind is under way: again at a later operation
         if self.writer is not None and len(self._pending) >= ROTATE_PENDING_MAX:
@@ -384,6 +390,7 @@ class JournalCompaction:
         p = self._pending
         mark = self._base + self._disk_size + self._inflight_n + len(p)
         p += b"\x01" * n
+        self.check_due = True         # records past `check_at`, perhaps (journal.py)
         self._leave_read_behind()
         return mark, (rb.name, rb.pos)     # (its `path` is stale once its file is rotated)
 

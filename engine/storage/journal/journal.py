@@ -117,6 +117,11 @@ class Journal(JournalCompaction, JournalReadBehind):
         self._closed = False
         self._erased = False
         self._listing = listing
+        # The rotation check (compaction.py, `_check_rotate`) has something to do only once the
+        # records reach `check_at` (a mark): every record_* sets `check_due` when its end does,
+        # and the queue calls before_add / after_remove only while it is set (seam.py, point 3).
+        self.check_due = True
+        self.check_at = 0
         self._init_compaction()
 
     # -------------------------------------------------------- stats, state
@@ -258,16 +263,21 @@ class Journal(JournalCompaction, JournalReadBehind):
         self._disk_size = self._synced_size = os.fstat(self._fd).st_size
         self._base = end - self._disk_size
         self._torn = False
+        self.check_due = True            # `check_at` counted from the old file's start
 
     # Each record_* returns the mark where its record starts (seam.py).
     def record_add(self, item: QItem) -> int:
         p = self._pending
+        data = item.data
+        n = len(data)
         mark = self._base + self._disk_size + self._inflight_n + len(p)
-        head = pack_addx(2, len(item.data) + 16, item.add_time, item.expiry)
-        if len(item.data) >= BIG_RECORD and self._add_behind(item, head):
+        if mark + n + 21 >= self.check_at:       # 21: the ADDX head
+            self.check_due = True
+        head = pack_addx(2, n + 16, item.add_time, item.expiry)
+        if n >= BIG_RECORD and self._add_behind(item, head):
             return mark
         p += head
-        p += item.data
+        p += data
         if len(p) > AUTOFLUSH:
             self._autoflush()
         return mark
@@ -298,24 +308,32 @@ class Journal(JournalCompaction, JournalReadBehind):
     def record_remove(self, item: QItem) -> int:
         p = self._pending
         mark = self._base + self._disk_size + self._inflight_n + len(p)
+        if mark >= self.check_at - 1:
+            self.check_due = True
         p.append(1)
         return mark
 
     def record_open(self, item: QItem, xid: int) -> int:
         p = self._pending
         mark = self._base + self._disk_size + self._inflight_n + len(p)
+        if mark + 5 >= self.check_at:
+            self.check_due = True
         p += pack_xid(9, xid)
         return mark
 
     def record_unremove(self, item: QItem, xid: int) -> int:
         p = self._pending
         mark = self._base + self._disk_size + self._inflight_n + len(p)
+        if mark + 5 >= self.check_at:
+            self.check_due = True
         p += pack_xid(5, xid)
         return mark
 
     def record_confirm(self, item: QItem, xid: int) -> int:
         p = self._pending
         mark = self._base + self._disk_size + self._inflight_n + len(p)
+        if mark + 5 >= self.check_at:
+            self.check_due = True
         p += pack_xid(6, xid)
         return mark
 
@@ -323,6 +341,8 @@ class Journal(JournalCompaction, JournalReadBehind):
         """CONTINUE: confirm `xid` and append `item` (Kestrel's library `continue`)."""
         p = self._pending
         mark = self._base + self._disk_size + self._inflight_n + len(p)
+        if mark + len(item.data) + 25 >= self.check_at:     # 25: the CONTINUE head
+            self.check_due = True
         head = pack_xaddx(8, xid, len(item.data) + 16, item.add_time, item.expiry)
         if len(item.data) >= BIG_RECORD and self._add_behind(item, head):
             return mark               # (as for an ADDX: the item's own bytes, not a copy)
