@@ -4,6 +4,7 @@ import signal
 import psutil
 import pytest
 
+from lanner.perf.stress_restarts import workers
 from lanner.queues.placement import worker_of
 from tests.helpers import start_server, wait_for
 from tests.server.conftest import Client
@@ -13,14 +14,7 @@ pytestmark = pytest.mark.integration
 
 def worker_procs(h) -> list[psutil.Process]:
     """The worker processes, in worker index order (lanner-w0, lanner-w1, ...)."""
-    out = []
-    for p in psutil.Process(h.proc.pid).children():
-        try:
-            if p.name().startswith("lanner-w"):
-                out.append((p.name(), p))
-        except psutil.NoSuchProcess:
-            pass
-    return [p for _, p in sorted(out, key=lambda t: t[0])]
+    return workers(h.proc.pid)
 
 
 def serving_worker(h, c: Client) -> int:
