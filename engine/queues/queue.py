@@ -14,10 +14,9 @@ State and invariants:
 * `_open` maps xid -> reserved item, in the order the reads were opened, so
   its first key is the oldest open transaction (the one
   `open_transaction_timeout` recycles, §5.9).
-* `_moving` maps xid -> an expired item moving to another worker's queue (`hold_moves`):
-  an open read of the queue's own (xid reserved here) until `confirm_move`, so replay rolls
-  it back to expire and move again (server/moves.py).  Storage sees these with the client
-  reads (`open_items`: compaction carries both); clients and stats do not.
+* `_moving` maps xid -> an expired item moving to another worker's queue (`hold_moves`): an
+  open read of the queue's own until `confirm_move`, so replay rolls it back to expire and move
+  again (server/moves.py); storage sees it with the client reads (`open_items`), clients do not.
 * The journal order equals the order of the in-memory changes: every mutation
   is recorded before the call returns, so replaying the records rebuilds
   exactly this state.
@@ -50,11 +49,10 @@ class PersistentQueue:
     def __init__(self, name: str, config, storage, clock, *, is_fanout_child: bool = False,
                  expire_sink: Callable[[bytes, int, int], None] | None = None,
                  on_wake: Callable[[Waiter], None] | None = None) -> None:
-        """`expire_sink(data, now_ms, xid)` receives expired items when the queue was
-        created with `expire_to_queue` set (the collection binds the target at
-        creation, §5.2); `xid` is 0, or with `hold_moves` the open move's, for the
-        owner to `confirm_move` once the target has the item.  `on_wake(waiter)`
-        receives every waiter this queue wakes."""
+        """`expire_sink(data, now_ms, xid)` receives expired items when the queue was created with
+        `expire_to_queue` set (the collection binds the target at creation, §5.2); `xid` is 0, or
+        with `hold_moves` the open move's, for the owner to `confirm_move` once the target has
+        it.  `on_wake(waiter)` receives every waiter this queue wakes."""
         self.name = name
         self.config = config
         self.storage = storage
