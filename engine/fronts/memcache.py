@@ -88,10 +88,6 @@ class MemcacheConn(Conn):
                 self.worker.inline_set(f.index, self.id, self.inline_req(mr.STORED, set_fused, None), q, expiry,
                                        cmd.data)
                 return True             # fused: one reply in flight and nothing else (Conn.process)
-            slot = self.new_slot(_finish_stored)
-            self.request(slot, w, OP_SET, 0, q, expiry, len(cmd.data), cmd.data)
-            self.seal(slot)
-            return
         if stream:
             flags, size, payload = F_STREAM, cmd.size, b""
         else:
@@ -103,14 +99,12 @@ class MemcacheConn(Conn):
             if stream:
                 self.begin_body([(w, req)])
             return
-        if dests is None:                # one queue, one reply, the body streamed
-            w = f.owners.get(q)
-            if w is None:
-                w = f.owner(q)
+        if dests is None:                # one queue, one reply, through its worker's ring
             slot = self.new_slot(_finish_stored)
-            part = self.request(slot, w, OP_SET, flags, q, expiry, size, payload)
+            part = self.request(slot, f.owner(q), OP_SET, flags, q, expiry, size, payload)
             self.seal(slot)
-            self.begin_body([(part.worker, part.req)])
+            if stream:
+                self.begin_body([(part.worker, part.req)])
             return
         slot = self.new_slot(_finish_alias_set, call=cmd.noreply)
         f.send(f.owner(q), self.id, 0, OP_ALIAS_PUT, 0, q, 1, size)
@@ -395,11 +389,9 @@ def get1_reply(status: int, flags: int, payload, key) -> tuple[bytes, bool]:
 
 
 def set_fused(out: list, status: int, flags: int, payload, call=None) -> int:
-    """set_reply for the fused path (InlineReplies.fast_reply's `render`): the reply goes to
-    `out`; its size, or -1 if it closes the connection."""
-    if status == R_OK:
-        out.append(mr.STORED)
-        return 8
+    """set_reply for the fused path (InlineReplies.fast_reply's `render`, which answers R_OK
+    with the STORED it was given): the reply goes to `out`; its size, or -1 if it closes the
+    connection."""
     return _fused(out, set_reply(status, flags, payload))
 
 

@@ -36,6 +36,19 @@ def statuses(w):
     return out
 
 
+def counting(w, method: str) -> list:
+    """Count the calls of the worker's `method` (replaced on the instance: the loop and
+    data_received both call it through the instance): one entry per call."""
+    calls = []
+    real = getattr(w, method)
+
+    def counted():
+        calls.append(1)
+        real()
+    setattr(w, method, counted)
+    return calls
+
+
 class HoldingUring:
     """io_uring (storage/uring.py) as the syncer sees it, with no kernel behind it: fdatasyncs
     complete at once, except those of `path`, which complete when the test says (`release`).
@@ -135,13 +148,7 @@ def test_turns_that_add_no_deadline_do_not_arm_the_timer(tmp_path):
     rig = Rig(str(tmp_path), 1)
     try:
         w = rig.worker
-        arms = []
-        real = w.arm_timer
-
-        def counted():
-            arms.append(1)
-            real()
-        w.arm_timer = counted
+        arms = counting(w, "arm_timer")
         c = rig.conns[0]
         c.data_received(b"get q\r\n")
         rig.turn()                                    # the first turn looks (as `run` does)
@@ -200,19 +207,6 @@ class JournalAtWrite(NullTransport):
         super().write(data)
 
 
-def counting_end_turn(w) -> list:
-    """Count the worker's turn ends (instance attribute: the loop and data_received both call it
-    through the instance)."""
-    ends = []
-    real = w.end_turn
-
-    def end_turn():
-        ends.append(1)
-        real()
-    w.end_turn = end_turn
-    return ends
-
-
 def test_the_one_connection_ends_its_turn_in_data_received_journal_first(tmp_path):
     """A worker with one connection: nobody else's requests can join the batch, so the turn
     ends as data_received returns, with no loop callback scheduled for it (issue 8, per turn),
@@ -221,7 +215,7 @@ def test_the_one_connection_ends_its_turn_in_data_received_journal_first(tmp_pat
     try:
         w = rig.worker
         c = rig.conns[0]
-        ends = counting_end_turn(w)
+        ends = counting(w, "end_turn")
         c.data_received(b"set q 0 0 3\r\nabc\r\n")
         assert b"".join(c.transport.written) == b"STORED\r\n"     # before the loop turned
         assert c.transport.journal_sizes[0] > 3                    # the record was written first

@@ -10,15 +10,7 @@ import signal
 from tests.helpers import start_server, wait_for
 from tests.server.conftest import Client
 from tests.server.test_local import worker_procs
-
-
-def drain(c: Client, queue: bytes) -> list[bytes]:
-    out = []
-    while True:
-        r = c.ask(b"get %s\r\n" % queue, b"END\r\n")
-        if r == b"END\r\n":
-            return out
-        out.append(r.split(b"\r\n")[1])
+from tests.server.test_processes import drain
 
 
 def test_one_connection_in_order_beside_a_second_and_durable_across_kill_9(tmp_path):

@@ -41,10 +41,10 @@ from operator import attrgetter
 from typing import Callable
 
 from lanner.storage.cmdlog.segment import (ADD, COMPLETE, CORRUPT, DELETE, EXPIRE, FAIL, HEADER, HEADER_SIZE,
-                                           HELD_MAX_FAILS, MAX_TTL_MS, NO_EXPIRY_MAX_FAILS, REPLAY, SCHEDULE, START_ATTEMPT,
+                                           MAX_TTL_MS, NO_EXPIRY_MAX_FAILS, REPLAY, SCHEDULE, START_ATTEMPT,
                                            TIMEOUT_ATTEMPT, TORN, ZERO_TIME_NS, CmdlogError, JobCommand,
                                            SegmentFile, check_header, decode_command, list_segments,
-                                           record_spans, valid_record_after)
+                                           held_past_ttl, record_spans, valid_record_after)
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ class Replayer:
                 exp = None
             else:
                 exp = (cmd.time_ns if cmd.time_ns != ZERO_TIME_NS else cmd.created_ns) + cmd.ttl * _MS
-                if self.now_ns > exp and not (cmd.max_fails == HELD_MAX_FAILS and t == ADD):
+                if self.now_ns > exp and not held_past_ttl(cmd):
                     self.skipped += 1
                     return
             jid = cmd.id

@@ -453,49 +453,33 @@ class Journal(JournalCompaction, JournalReadBehind):
             if done != total:
                 write_all(self._fd, p, done, _write)
         except OSError as e:
-            self._write_failed(p, total, e)
+            # a view of the buffer may live on in the traceback: keep a copy instead
+            self._pending = bytearray(p)
+            self._torn = True
+            try:
+                self._untear()
+            except JournalError:
+                pass
+            raise JournalError(self._path, f"write of {total} bytes failed: {e.strerror or e}", e.errno) from e
         self._disk_size += total
         del p[:]                # (keeps big buffers cheap to refill, unlike clear())
-
-    def _write_failed(self, p: bytearray, total: int, e: OSError) -> None:
-        """`flush`'s write of the buffer `p` failed: keep the records, cut the file back, raise."""
-        # a view of the buffer may live on in the traceback: keep a copy instead
-        self._pending = bytearray(p)
-        self._torn = True
-        try:
-            self._untear()
-        except JournalError:
-            pass
-        raise JournalError(self._path, f"write of {total} bytes failed: {e.strerror or e}", e.errno) from e
 
     def flush_turn(self, writer, behind: int) -> bool:
         """A batch's end (server/commit.py `write_out`): hand the buffer to `writer`'s thread
         if a write is under way (the records chain behind it) or it holds `behind` bytes or
         more (not under sync "always", whose replies wait for an fsync anyway); else `flush`.
-        True if it went behind.  One call reading plain fields, as a turn's one journal has
-        it every turn, instead of three property reads and `flush` (issue 8, per turn)."""
+        True if it went behind.  One call reading plain fields instead of three property reads
+        from the batch's end (issue 8, per turn)."""
         chain = self._chain
         if chain and not chain[-1].done.is_set():
             self.write_behind()
             return True
         if self.writer is None:
             self.writer = writer
-        p = self._pending
-        total = len(p)
-        if total >= behind and self.sync_policy != "always":
+        if len(self._pending) >= behind and self.sync_policy != "always":
             self.settle_write()
             if self.write_behind():
                 return True
-        elif total and not chain and not self._torn:    # `flush`, what it does in the common case
-            try:
-                done = _write(self._fd, p)
-                if done != total:
-                    write_all(self._fd, p, done, _write)
-            except OSError as e:
-                self._write_failed(p, total, e)
-            self._disk_size += total
-            del p[:]
-            return False
         self.flush()
         return False
 
