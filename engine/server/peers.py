@@ -78,6 +78,7 @@ class PeerOps:
                 self.send_parked(p)
             if self.front is not None and not self.peers.is_front(msg["peer"]):
                 self.front.down_workers.discard(msg["peer"] - self.nfronts)
+            control.send(self.control, {"cmd": "ack_up", "peer": msg["peer"], "worker": self.index})
         elif cmd == "reload":
             if self.epoch.behind():      # else its front caught up already (LocalFront)
                 self.reload()
