@@ -27,11 +27,11 @@ Rules kept here rather than in a queue (reference §4.3, §5):
   created (and the target created then, if this collection owns it); a reload
   does not redirect.  Moved items are added without client expiry, with add
   time now, without feeding the target's fanout children and without counting
-  in the global total_items.  A target owned by another worker is reached
-  through `expire_forward(target, data, now_ms, source, xid)`; that worker calls
-  `add_forwarded`.  The source queue keeps such an item as an open move (xid) in
-  its journal until the owner calls `confirm_move(source, xid)` on the target's
-  acknowledgement (server/moves.py).  Unlike Kestrel, which kept a reference to the target
+  in the global total_items.  Given `expire_forward(target, data, now_ms, source,
+  xid)` (a worker's), every move goes through it, into this collection's queues
+  too: the owner of the target calls `add_forwarded`, and the source queue keeps
+  the item as an open move (xid) in its journal until the owner calls
+  `confirm_move(source, xid)` once the target's add is written (server/moves.py).  Unlike Kestrel, which kept a reference to the target
   object, a deleted target is re-created by the next move instead of
   swallowing it.
 * Global counters (§4.3): total_items +1 per accepted add into a real queue
@@ -205,8 +205,7 @@ class QueueCollection(WriteFailures):
             q.expire_sink = partial(self._expire_into, target, q)
             if self._owns is None or self._owns(target):
                 self.queue(target)          # looked up and created with the source (§5.2)
-            else:
-                q.hold_moves = self._expire_forward is not None
+            q.hold_moves = self._expire_forward is not None
         return q
 
     def woken_append(self, w: Waiter) -> None:
@@ -275,10 +274,10 @@ class QueueCollection(WriteFailures):
 
     def _expire_into(self, target: str, source: PersistentQueue, data: bytes, now_ms: int, xid: int) -> None:
         """`source`'s sweep expired an item (`xid`: its open move, when `source.hold_moves`)."""
-        if self._owns is None or self._owns(target):
-            self._move(target, data, now_ms)
-        elif self._expire_forward is not None:
+        if self._expire_forward is not None:     # held open in `source` until the target has it
             self._expire_forward(target, data, now_ms, source, xid)
+        elif self._owns is None or self._owns(target):
+            self._move(target, data, now_ms)
         else:
             log.error("cannot move an expired item to %r: no worker serves it here", target)
 

@@ -215,6 +215,9 @@ class GroupCommit:
                 continue
             if dst in self.down_peers:
                 continue
+            if dst == self.own_slot:        # a move into this worker's own queue: written
+                self.moved_here(head)
+                continue
             if head.__class__ is tuple:     # (a fused-path reply's head is packed only for a ring)
                 head = pack_resp(*head)
             send(self.outbound[dst], head, payload)

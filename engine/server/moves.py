@@ -1,32 +1,32 @@
-"""expire_to_queue moves into a queue another worker owns: held open in the source's journal
-until that worker has them.
+"""expire_to_queue moves: held open in the source's journal until the target's worker has them.
 
-The source queue's expiry sweep (queue.py) logs such an item as an open read of its own: a
+The source queue's expiry sweep (queue.py) logs an expired item as an open read of its own: a
 REMOVE_TENTATIVE under an xid the queue reserves (never a client's, and not counted in any
-client-visible stat), and the move leaves as a message to the target worker (OP_FORWARD_ADD).
-The target acknowledges it (an ack on the worker→worker ring, sent with the target's batch
-replies: after the add's record was written, and fsynced under sync "always"); only then does
-the source log the move's CONFIRM_REMOVE (`QueueCollection.confirm_move`).  Until then this
-process keeps every move, in order, per target: a target that died gets the unacknowledged
-ones again when it is back, in their order, ahead of the moves that waited for it; a target
-whose write failed (disk full) answers SERVER_ERROR and the move is sent again after RETRY_MS.
+client-visible stat).  A move into another worker's queue leaves as a message to that worker
+(OP_FORWARD_ADD); the target acknowledges it (an ack on the worker→worker ring, sent with the
+target's batch replies: after the add's record was written, and fsynced under sync "always").
+A move into a queue of the same worker is added at once and acknowledged the same way, to
+itself (worker.py `move_here`: its ack is a reply of the batch, taken back by `publish`), so a
+target whose own journal could not take the add leaves the move open in the source exactly as
+a peer's would.  Only on the ack does the source log the move's CONFIRM_REMOVE
+(`QueueCollection.confirm_move`).  Until then this process keeps every move, in order, per
+target: a target that died gets the unacknowledged ones again when it is back, in their order,
+ahead of the moves that waited for it; a target whose write failed (disk full) answers
+SERVER_ERROR and the move is sent again after RETRY_MS.
 
 The journal is what makes a move survive the SOURCE: killed (kill -9) or stopped (a graceful
 stop leaves its unconfirmed moves open, and logs how many) while a move is unacknowledged
 (target slow, its ring full, target down, a retry due), the item is still an open read in the
 source's journal, so replay rolls it back into the source queue like any open read; already
-expired, it is moved again by the next sweep.  Checkpoints, packs and rewrites carry these open
-reads like a client's (queue.open_items).
+expired, it is moved again by the sweep the worker runs once it is up.  Checkpoints, packs and
+rewrites carry these open reads like a client's (queue.open_items).
 
 At least once, not exactly once: an item reaches its target twice when a crash falls between
 the target's write and the source's confirm (a target killed before its ack left, a source
-killed before it wrote the confirm, or a move the dead source had left in the ring, which the
-target still runs: peers.py, peer_down), or when the source's open record could not be written
+killed before it wrote the confirm), or when the source's open record could not be written
 (the item goes back to the source's head, and the move already left).  Losing it is the one
 thing not allowed.  What this does not cover: a source queue whose storage keeps nothing
-(keep_journal = false), and a move into a queue of this worker whose add was rolled back while
-its source's removal was written (`failed` with this worker's own number: retried from memory
-only, as before; the source's removal and the target's add are in one batch otherwise).
+(keep_journal = false): its moves exist only here.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ ACK_HEAD = FWD_ACK_CONN.to_bytes(4, "little")     # how an ack starts (a request
 
 #: A move: (target queue name, data, source queue or None, the source's move xid or 0).
 #: With a source, the source's journal holds the item until `confirm_move`; without one
-#: (a move into this worker's own queue, retried) it exists only here.
+#: (a move made without a source: undo.MOVE) it exists only here.
 Move = tuple
 
 

@@ -122,7 +122,8 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         self.sessions: dict[tuple[int, int], Session] = {}
         self.pending_by_conn: dict[tuple[int, int], set[Pending]] = defaultdict(set)
         self.down_peers: set[int] = set()
-        self.moves = Moves()              # expire_to_queue moves to other workers, until acked
+        self.moves = Moves()              # expire_to_queue moves, until their target acked them
+        self.own_slot = self.peers.of_worker(index)     # whom a move into this worker's queue acks
         self.stats_jobs: set = set()          # stats answers being built in slices (statsjob.py)
         self.replies: list[tuple[int, bytes, bytes]] = []
         self.held: list[tuple[int, bytes, bytes]] = []
@@ -442,15 +443,19 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
 
     # -- cross-shard -----------------------------------------------------------------------------
     def forward_add(self, target: str, data: bytes, now_ms: int, source=None, xid: int = 0) -> None:
-        """expire_to_queue into a queue another worker owns.  The source queue logged the item
-        as its open move `xid`, so it stays open there (and here) until that worker
-        acknowledges the add (moves.py); while it is down the move waits and goes when it is
-        back (`send_parked`)."""
+        """expire_to_queue out of `source`, which logged the item as its open move `xid`, so it
+        stays open there (and here) until the target's owner acknowledges the add (moves.py);
+        while that worker is down the move waits and goes when it is back (`send_parked`).  A
+        target of this worker is written in this batch and acknowledged to itself once written
+        (`move_here`)."""
         self.send_move((target, data, source, xid))
 
     def send_move(self, move) -> None:
         target, data = move[0], move[1]
         dst = self.peers.of_worker(worker_of(target, self.nworkers))
+        if dst == self.own_slot:
+            self.move_here(move)
+            return
         ring = self.outbound[dst]
         if ring is None or dst in self.down_peers:
             log.warning("worker %d: an expired item for %r waits for its worker, which is down",
@@ -461,6 +466,27 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         seq = self.moves.sent(dst, move)
         send(ring, pack_req(0, seq, OP_FORWARD_ADD, 0, len(q), 0, 0) + q, data)
         ring.publish()
+
+    def move_here(self, move) -> None:
+        """A move into a queue of this worker: added now, as a peer adds a move it receives, and
+        acknowledged to this worker with the batch's replies (publish: `moved_here`), so its
+        source confirms it only once the add is written (fsynced under "always"); an add rolled
+        back turns the ack into SERVER_ERROR, and the move goes again, still open in its source."""
+        target, data = move[0], move[1]
+        own = self.own_slot
+        seq = self.moves.sent(own, move)
+        try:
+            self.coll.add_forwarded(target, data, self.clock.now_ms(), (own, FWD_ACK_CONN, seq))
+        except Exception as e:     # its SERVER_ERROR ack: made again later
+            self.request_failed(own, FWD_ACK_CONN, seq, target, e)
+        else:
+            self.reply(own, FWD_ACK_CONN, seq, R_OK)
+
+    def moved_here(self, ack) -> None:
+        """The ack of a `move_here`, published: its add is written (or failed)."""
+        self.acked_move(self.own_slot, ack)
+        if self.loop is not None:
+            self.schedule_turn()    # the source's confirm goes into a batch of its own
 
     def send_parked(self, peer: int) -> None:
         """`peer` is back (or failed moves are due again): the moves that waited for it go,
@@ -474,41 +500,36 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop):
         moves = self.moves
         if moves.retry_ms and now_ms >= moves.retry_ms:
             moves.retry_ms = 0
-            own = self.peers.of_worker(self.index)
             for peer in list(moves.waiting):
-                if peer == own:
-                    for target, data, _, _ in moves.take(own):
-                        try:
-                            self.coll.add_forwarded(target, data, now_ms)
-                        except Exception as e:    # (its queue cannot even be made): again later
-                            log.error("worker %d: moving an expired item to %r: %s", self.index, target, e)
-                            self.move_failed(target, data)
-                elif peer not in self.down_peers:
+                if peer not in self.down_peers:
                     self.send_parked(peer)
 
     def move_failed(self, target: str, data: bytes) -> None:
-        """A move into a queue of this worker was rolled back (its write failed)."""
-        self.moves.failed(self.peers.of_worker(self.index), (target, data, None, 0), self.clock.now_ms())
+        """A move into a queue of this worker made without a source (undo.MOVE) was rolled back."""
+        self.moves.failed(self.own_slot, (target, data, None, 0), self.clock.now_ms())
         self.note_deadline(self.moves.retry_ms)
 
     def from_worker(self, src: int, msg) -> None:
         """A message on another worker's ring: a request it sends (a move), or the ack of one
         of ours."""
         if msg[:4] == ACK_HEAD:
-            moves = self.moves
-            done = moves.acked(src, msg, self.clock.now_ms())
-            if done is not None and done[2] is not None:
-                # the target has it: the source's journal lets it go (nobody's reply)
-                undo = self.coll.undo
-                ctx, undo.ctx = undo.ctx, None
-                try:
-                    self.coll.confirm_move(done[2], done[3])
-                finally:
-                    undo.ctx = ctx
-            if moves.retry_ms:
-                self.note_deadline(moves.retry_ms)
+            self.acked_move(src, msg)
         else:
             self.handle(src, msg)
+
+    def acked_move(self, src: int, msg) -> None:
+        moves = self.moves
+        done = moves.acked(src, msg, self.clock.now_ms())
+        if done is not None and done[2] is not None:
+            # the target has it: the source's journal lets it go (nobody's reply)
+            undo = self.coll.undo
+            ctx, undo.ctx = undo.ctx, None
+            try:
+                self.coll.confirm_move(done[2], done[3])
+            finally:
+                undo.ctx = ctx
+        if moves.retry_ms:
+            self.note_deadline(moves.retry_ms)
 
     def shutdown(self) -> int:
         """Write and fsync what is left, retry stranded aborts once, close every storage.

@@ -155,6 +155,44 @@ def test_a_move_within_one_worker_whose_write_failed_is_made_again(harness, monk
     assert statuses(f.replies(0)) == [(4, R_ITEM, b"moved")]
 
 
+def test_a_move_within_one_worker_whose_write_failed_survives_a_stop_before_its_retry(harness, monkeypatch):
+    """As above, and the worker stops before the retry: the source's journal holds the move
+    open (it was never acknowledged), so the next start has the item in the source, to move
+    again.  Before, the source had logged a plain remove and the retry lived only in memory:
+    the item was in neither queue."""
+    src, dst = next((f"s{i}", f"d{i}") for i in range(100)
+                    if worker_of(f"s{i}", 2) == 0 and worker_of(f"d{i}", 2) == 0)
+    h = harness(workers=2, config=config(src, dst))
+    f = h.fronts[0]
+    f.send(0, 1, 1, OP_SET, src.encode(), payload=b"moved")
+    f.send(0, 1, 2, OP_GET, dst.encode(), 0, a=-1)          # the target's journal exists
+    h.settle()
+    assert statuses(f.replies(0)) == [(1, R_OK, b""), (2, R_EMPTY, b"")]
+    h.clock.advance(5000)
+    w = h.workers[0]
+    target_fd = w.coll.queue(dst).storage._fd
+    real_write = J._write
+
+    def write(fd, data):
+        if fd == target_fd:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+    monkeypatch.setattr(J, "_write", write)
+    f.send(0, 1, 3, OP_GET, src.encode(), 0, a=-1)          # the sweep moves the item
+    h.settle()
+    assert statuses(f.replies(0)) == [(3, R_EMPTY, b"")]
+    assert w.coll.queue(dst).length == 0 and w.moves.pending() == 1
+    assert w.coll.queue(src).moves_open == 1                  # held open in the source
+    monkeypatch.undo()
+    w.shutdown()                                              # before the retry is due
+    h.workers = h.workers[1:]                      # (stopped: the harness must not stop it again)
+    again = QueueCollection(h.config, h.clock, owns=lambda n: worker_of(n, 2) == 0)
+    again.load()
+    assert [i.data for i in again.queue(src).memory_items()] == [b"moved"]   # main: []
+    assert again.queue(dst).length == 0
+    again.close()
+
+
 def test_a_move_acknowledged_while_its_source_stops_is_confirmed_in_its_journal(harness):
     """The target has written the move and acknowledged it, and the source stops before its
     loop read the ack: its shutdown reads it, so the confirm is in the source's journal and the
