@@ -30,7 +30,12 @@ thing not allowed.  What this does not cover: a source queue whose storage keeps
 """
 from __future__ import annotations
 
-from lanner.ipc.messages import FWD_ACK_CONN, R_SERVER_ERROR, RESP
+import logging
+
+from lanner.ipc.messages import FWD_ACK_CONN, OP_FORWARD_ADD, R_OK, R_SERVER_ERROR, RESP, pack_req, send
+from lanner.queues.placement import worker_of
+
+log = logging.getLogger("lanner.server.worker")
 
 #: How long a move the target could not write waits before it is sent again.
 RETRY_MS = 1000
@@ -105,3 +110,116 @@ class Moves:
                 if source is not None and source.medium is not None:
                     n += 1
         return n
+
+
+class MoveOps:
+    """Worker methods: moves out of this worker's queues, their acks, and the sweep at start.
+
+    Filled by Worker: coll, moves, peers, nworkers, index, own_slot, outbound, down_peers,
+    clock, loop; reply, request_failed, handle, note_deadline, schedule_turn.
+    """
+
+    def sweep_replayed(self) -> int:
+        """Once the loop is up: expired items of queues with an expire_to_queue target move now.
+        Among them are the moves the last run left open, which replay rolled back into their
+        source (above); without this they waited for a client to touch the source (or for
+        the expiration timer, off by default)."""
+        coll = self.coll
+        coll.undo.ctx = None               # nobody's request
+        n = 0
+        for name in coll.names():
+            q = coll.queue(name, create=False)
+            if q.expire_sink is not None and q.length and not q.closed:
+                n += q.discard_expired()
+        if n:
+            log.info("worker %d: %d expired items moved at start", self.index, n)
+        return n
+
+    def forward_add(self, target: str, data: bytes, now_ms: int, source=None, xid: int = 0) -> None:
+        """expire_to_queue out of `source`, which logged the item as its open move `xid`, so it
+        stays open there (and here) until the target's owner acknowledges the add (moves.py);
+        while that worker is down the move waits and goes when it is back (`send_parked`).  A
+        target of this worker is written in this batch and acknowledged to itself once written
+        (`move_here`)."""
+        self.send_move((target, data, source, xid))
+
+    def send_move(self, move) -> None:
+        target, data = move[0], move[1]
+        dst = self.peers.of_worker(worker_of(target, self.nworkers))
+        if dst == self.own_slot:
+            self.move_here(move)
+            return
+        ring = self.outbound[dst]
+        if ring is None or dst in self.down_peers:
+            log.warning("worker %d: an expired item for %r waits for its worker, which is down",
+                        self.index, target)
+            self.moves.wait(dst, move)
+            return
+        q = target.encode("latin-1")
+        seq = self.moves.sent(dst, move)
+        send(ring, pack_req(0, seq, OP_FORWARD_ADD, 0, len(q), 0, 0) + q, data)
+        ring.publish()
+
+    def move_here(self, move) -> None:
+        """A move into a queue of this worker: added now, as a peer adds a move it receives, and
+        acknowledged to this worker with the batch's replies (publish: `moved_here`), so its
+        source confirms it only once the add is written (fsynced under "always"); an add rolled
+        back turns the ack into SERVER_ERROR, and the move goes again, still open in its source."""
+        target, data = move[0], move[1]
+        own = self.own_slot
+        seq = self.moves.sent(own, move)
+        try:
+            self.coll.add_forwarded(target, data, self.clock.now_ms(), (own, FWD_ACK_CONN, seq))
+        except Exception as e:     # its SERVER_ERROR ack: made again later
+            self.request_failed(own, FWD_ACK_CONN, seq, target, e)
+        else:
+            self.reply(own, FWD_ACK_CONN, seq, R_OK)
+
+    def moved_here(self, ack) -> None:
+        """The ack of a `move_here`, published: its add is written (or failed)."""
+        self.acked_move(self.own_slot, ack)
+        if self.loop is not None:
+            self.schedule_turn()    # the source's confirm goes into a batch of its own
+
+    def send_parked(self, peer: int) -> None:
+        """`peer` is back (or failed moves are due again): the moves that waited for it go,
+        in their order."""
+        for move in self.moves.take(peer):
+            self.send_move(move)
+
+    def retry_moves(self, now_ms: int) -> None:
+        """Moves a target could not write (its SERVER_ERROR ack, or a rollback here) go again,
+        RETRY_MS later."""
+        moves = self.moves
+        if moves.retry_ms and now_ms >= moves.retry_ms:
+            moves.retry_ms = 0
+            for peer in list(moves.waiting):
+                if peer not in self.down_peers:
+                    self.send_parked(peer)
+
+    def move_failed(self, target: str, data: bytes) -> None:
+        """A move into a queue of this worker made without a source (undo.MOVE) was rolled back."""
+        self.moves.failed(self.own_slot, (target, data, None, 0), self.clock.now_ms())
+        self.note_deadline(self.moves.retry_ms)
+
+    def from_worker(self, src: int, msg) -> None:
+        """A message on another worker's ring: a request it sends (a move), or the ack of one
+        of ours."""
+        if msg[:4] == ACK_HEAD:
+            self.acked_move(src, msg)
+        else:
+            self.handle(src, msg)
+
+    def acked_move(self, src: int, msg) -> None:
+        moves = self.moves
+        done = moves.acked(src, msg, self.clock.now_ms())
+        if done is not None and done[2] is not None:
+            # the target has it: the source's journal lets it go (nobody's reply)
+            undo = self.coll.undo
+            ctx, undo.ctx = undo.ctx, None
+            try:
+                self.coll.confirm_move(done[2], done[3])
+            finally:
+                undo.ctx = ctx
+        if moves.retry_ms:
+            self.note_deadline(moves.retry_ms)

@@ -66,6 +66,7 @@ class ShardLoop:
         loop.add_signal_handler(signal.SIGTERM, self.request_stop)
         if self.front is not None:
             loop.run_until_complete(serve_listeners(self.front))
+        self.sweep_replayed()          # moves left open by the last run go now (worker.py)
         self.pump()
         self.arm_timer()
         self.on_beat_timer()

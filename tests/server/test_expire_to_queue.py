@@ -228,3 +228,63 @@ def test_moves_held_at_a_graceful_stop_reach_their_target_after_the_restart(tmp_
     finally:
         assert h.stop() == 0
     assert "move again after the next start" in stopped and "may be lost" not in stopped, stopped
+
+
+def target_receives(h, dst: str, n: int) -> list[bytes]:
+    """Drain `dst` alone (its source is never touched, so no client's get sweeps it) until it
+    gave every item; returns the three-byte numbers got."""
+    got: list[bytes] = []
+
+    def drained() -> bool:
+        d = Client(h.connect())
+        try:
+            drain_queue(d, dst, got)
+        except ConnectionError:
+            pass
+        finally:
+            d.close()
+        return len({g[:3] for g in got}) >= n
+    assert wait_for(drained, timeout=20), sorted({g[:3] for g in got})
+    return [g[:3] for g in got]
+
+
+@pytest.mark.parametrize("storage", ["journal", "cmdlog"])
+def test_moves_left_open_by_a_killed_source_go_when_it_is_back_without_a_client(tmp_path, storage):
+    """As above, but nobody reads the source after its replacement started: the replacement
+    moves what replay put back as soon as it is up.  Before, the items waited in the source
+    until a client touched it (the expiration timer is off by default)."""
+    src, dst = pair_from(0)
+    h = start_server(tmp_path, workers=2, config=config_for([(src, dst)]).replace(
+        "\n", f'\nstorage = "{storage}"\n', 1))
+    try:
+        source, target = expire_into_a_stopped_target(h, src, N_HELD)
+        try:
+            source.send_signal(signal.SIGKILL)
+            assert wait_for(lambda: gone(source)), h.log()
+        finally:
+            target.send_signal(signal.SIGCONT)
+        assert wait_for(lambda: h.log().count("worker 0 ready") >= 2, timeout=20), h.log()
+        assert set(target_receives(h, dst, N_HELD)) == {b"%03d" % i for i in range(N_HELD)}
+    finally:
+        assert h.stop() == 0
+
+
+def test_moves_held_at_a_graceful_stop_go_at_the_next_start_without_a_client(tmp_path):
+    src, dst = pair_from(0)
+    conf = config_for([(src, dst)])
+    h = start_server(tmp_path, workers=2, config=conf)
+    try:
+        source, target = expire_into_a_stopped_target(h, src, N_HELD)
+        try:
+            h.proc.send_signal(signal.SIGTERM)
+            assert wait_for(lambda: gone(source)), h.log()
+        finally:
+            target.send_signal(signal.SIGCONT)
+        assert h.stop() == 0, h.log()
+    finally:
+        h.stop()
+    h = start_server(tmp_path, workers=2, config=conf, queue_path=h.queue_path)
+    try:
+        assert set(target_receives(h, dst, N_HELD)) == {b"%03d" % i for i in range(N_HELD)}
+    finally:
+        assert h.stop() == 0
