@@ -19,7 +19,12 @@ stop leaves its unconfirmed moves open, and logs how many) while a move is unack
 (target slow, its ring full, target down, a retry due), the item is still an open read in the
 source's journal, so replay rolls it back into the source queue like any open read; already
 expired, it is moved again by the sweep the worker runs once it is up.  Checkpoints, packs and
-rewrites carry these open reads like a client's (queue.open_items).
+rewrites carry these open reads like a client's (queue.open_items).  So the moves a dead source
+left in a target's ring are dropped by the target (peers.py peer_down; it reads the
+supervisor's news before it runs a worker's messages, `hear_deaths`), as are those left at a
+stop, where the source's journal is sure to hold the item (`journal_holds`: not a command
+log's, whose replay drops an expired add that was not yet re-logged as held); the others are
+run, and may arrive twice.
 
 At least once, not exactly once: an item reaches its target twice when a crash falls between
 the target's write and the source's confirm (a target killed before its ack left, a source
@@ -32,8 +37,10 @@ from __future__ import annotations
 
 import logging
 
-from lanner.ipc.messages import FWD_ACK_CONN, OP_FORWARD_ADD, R_OK, R_SERVER_ERROR, RESP, pack_req, send
+from lanner.ipc.messages import (FWD_ACK_CONN, OP_FORWARD_ADD, R_OK, R_SERVER_ERROR, RESP, pack_req, send,
+                                 unpack_req)
 from lanner.queues.placement import worker_of
+from lanner.storage.journal.journal import Journal
 
 log = logging.getLogger("lanner.server.worker")
 
@@ -112,11 +119,29 @@ class Moves:
         return n
 
 
+#: OP_FORWARD_ADD's `a`: the move's item is in its source's journal whatever happens to the
+#: source (`journal_holds`), so the target may drop it if the source died (or stops) before
+#: it could be acknowledged: the source moves it again after its restart, and it arrives once.
+HELD = 1
+
+
+def journal_holds(move: Move) -> bool:
+    """Whether a restart of the source worker finds the item of `move` in its source queue, at
+    any moment from the sweep on: a journal's replay has it from its REMOVE_TENTATIVE, or, if
+    that is not written yet, from the item's add (journal replay keeps expired items; an add
+    not written yet was never acknowledged).  A command log does not: until its re-log of the
+    item as held (record_move_open) is written, the item's only record is an add past its
+    TTL, which replay drops.  A storage that keeps nothing holds nothing."""
+    source = move[2]
+    return source is not None and source.storage.__class__ is Journal
+
+
 class MoveOps:
     """Worker methods: moves out of this worker's queues, their acks, and the sweep at start.
 
     Filled by Worker: coll, moves, peers, nworkers, index, own_slot, outbound, down_peers,
-    clock, loop; reply, request_failed, handle, note_deadline, schedule_turn.
+    worker_rings, void_moves, moves_voided, clock, loop; reply, request_failed, handle,
+    note_deadline, schedule_turn, poll_control.
     """
 
     def sweep_replayed(self) -> int:
@@ -157,7 +182,8 @@ class MoveOps:
             return
         q = target.encode("latin-1")
         seq = self.moves.sent(dst, move)
-        send(ring, pack_req(0, seq, OP_FORWARD_ADD, 0, len(q), 0, 0) + q, data)
+        held = HELD if journal_holds(move) else 0
+        send(ring, pack_req(0, seq, OP_FORWARD_ADD, 0, len(q), held, 0) + q, data)
         ring.publish()
 
     def move_here(self, move) -> None:
@@ -207,8 +233,28 @@ class MoveOps:
         of ours."""
         if msg[:4] == ACK_HEAD:
             self.acked_move(src, msg)
+        elif src in self.void_moves and self.void_move(msg):
+            return
         else:
             self.handle(src, msg)
+
+    def void_move(self, msg) -> bool:
+        """A message a dead (or stopping) worker left: True for a move its journal holds, which is
+        dropped (it moves again after the restart; run here too, it would arrive twice)."""
+        _, _, op, _, _, a = unpack_req(msg, 0)[:6]
+        if op == OP_FORWARD_ADD and a == HELD:
+            self.moves_voided += 1
+            return True
+        return False
+
+    def hear_deaths(self) -> None:
+        """Before a worker's messages are run, the supervisor's news is read: a dead worker's
+        moves are then run (or dropped) as such by peer_down (peers.py), not as a live one's."""
+        down = self.down_peers
+        for src, ring in self.worker_rings:
+            if src not in down and not ring.empty():
+                self.poll_control()
+                return
 
     def acked_move(self, src: int, msg) -> None:
         moves = self.moves

@@ -129,6 +129,8 @@ class ShardLoop:
                 r.publish()
         front = self.front
         clear_sleep_all(self.in_rings)
+        if self.worker_rings:
+            self.hear_deaths()      # a dead worker's moves are not run as a live one's (moves.py)
         if self.drain(self.rings):
             self.handled = True
         if front is not None:

@@ -124,6 +124,8 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop, MoveOps):
         self.down_peers: set[int] = set()
         self.moves = Moves()              # expire_to_queue moves, until their target acked them
         self.own_slot = self.peers.of_worker(index)     # whom a move into this worker's queue acks
+        self.void_moves: set[int] = set()     # workers whose held moves are dropped (moves.py)
+        self.moves_voided = 0
         self.stats_jobs: set = set()          # stats answers being built in slices (statsjob.py)
         self.replies: list[tuple[int, bytes, bytes]] = []
         self.held: list[tuple[int, bytes, bytes]] = []
@@ -452,7 +454,9 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop, MoveOps):
             self.settle_writes(block=True)
             if self.worker_rings:
                 # acks of our moves that came in: their confirms go into the last batch (a move
-                # still unacknowledged stays open in its source's journal: moves.py)
+                # still unacknowledged stays open in its source's journal: moves.py); moves
+                # that journal holds are left to it (we could not acknowledge them now)
+                self.void_moves = set(self.worker_srcs)
                 self.drain(self.worker_rings)
             self.finish_batch()
             self.wait_for_sync()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import errno
 
+import pytest
+
 from lanner.ipc.messages import OP_GET, OP_SET, R_EMPTY, R_ITEM, R_OK
 from lanner.queues.collection import QueueCollection
 from lanner.queues.placement import worker_of
@@ -91,15 +93,42 @@ def test_moves_unread_by_a_target_that_died_go_again_when_it_is_back(harness):
     assert target_holds(h, dst, 3) == [(3, R_ITEM, b"moved")]
 
 
-def test_moves_a_dead_source_published_are_run_by_the_target(harness):
-    """The source dies with its move in the ring (its removal is in its journal): the target
-    runs the move before it discards what the dead worker left.  Before, it was discarded."""
+@pytest.mark.parametrize("storage", ["journal", "cmdlog"])
+def test_moves_a_dead_source_published_arrive_once(harness, storage):
+    """The source dies with its move in the ring.  A journal source holds the item (its
+    REMOVE_TENTATIVE, or its add) whatever the moment of its death, so the target drops the
+    move and the source's replay moves it again: it arrives once.  Before, the target ran it
+    too, and the item arrived twice.  A command log's replay would drop the item (an add past
+    its TTL) if its re-log as held was not written yet, so that move is run: never lost."""
+    src, dst = pair()
+    h = harness(workers=2, config=config(src, dst) + f'storage = "{storage}"\n')
+    moved_out(h, src)
+    h.tell(1, {"cmd": "peer_down", "peer": h.peers.of_worker(0)})
+    h.workers[1].poll_control()                    # before its loop reads the ring
+    held = target_holds(h, dst, 3)
+    if storage == "cmdlog":
+        assert held == [(3, R_ITEM, b"moved")]
+        return
+    assert held == [(3, R_EMPTY, b"")]                 # main: the item, a second copy to come
+    source = h.workers[0]
+    source.shutdown()                              # (as a kill -9 would: the move stays open)
+    h.workers = h.workers[1:]
+    again = QueueCollection(h.config, h.clock, owns=lambda n: worker_of(n, 2) == 0)
+    again.load()
+    assert [i.data for i in again.queue(src).memory_items()] == [b"moved"]
+    again.close()
+
+
+def test_a_dead_sources_move_is_dropped_even_when_the_ring_is_read_first(harness):
+    """The target's loop wakes for the dead source's ring before it read the supervisor's
+    peer_down: it reads its control socket first (hear_deaths), so the move is dropped as a
+    dead worker's, not run as a live one's."""
     src, dst = pair()
     h = harness(workers=2, config=config(src, dst))
     moved_out(h, src)
     h.tell(1, {"cmd": "peer_down", "peer": h.peers.of_worker(0)})
-    h.workers[1].poll_control()                    # before its loop reads the ring
-    assert target_holds(h, dst, 3) == [(3, R_ITEM, b"moved")]
+    h.workers[1].pump()                            # the ring first, as a wake-up would
+    assert target_holds(h, dst, 3) == [(3, R_EMPTY, b"")]
 
 
 def test_a_move_whose_add_raised_is_sent_again(harness, monkeypatch):

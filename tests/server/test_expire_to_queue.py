@@ -288,3 +288,27 @@ def test_moves_held_at_a_graceful_stop_go_at_the_next_start_without_a_client(tmp
         assert set(target_receives(h, dst, N_HELD)) == {b"%03d" % i for i in range(N_HELD)}
     finally:
         assert h.stop() == 0
+
+
+def test_moves_a_killed_source_left_in_the_ring_arrive_once(tmp_path):
+    """The source is killed with moves in the ring to its (stopped) target, and the target
+    resumes only once the supervisor has told it (peer_down): it drops the moves the source's
+    journal holds, and the source's replacement moves every item once.  Exactly as many items
+    reach the target as expired.  Before, the target ran the ring's moves and the replacement
+    moved them again: each of those arrived twice."""
+    src, dst = pair_from(0)
+    h = start_server(tmp_path, workers=2, config=config_for([(src, dst)]))
+    try:
+        source, target = expire_into_a_stopped_target(h, src, N_HELD)
+        try:
+            source.send_signal(signal.SIGKILL)
+            assert wait_for(lambda: "killed by signal 9" in h.log()), h.log()   # peer_down sent
+        finally:
+            target.send_signal(signal.SIGCONT)
+        assert wait_for(lambda: h.log().count("worker 0 ready") >= 2, timeout=20), h.log()
+        # (a copy the target ran would be ahead of the replacement's moves in the queue)
+        got = target_receives(h, dst, N_HELD)
+        assert sorted(got) == [b"%03d" % i for i in range(N_HELD)], got
+        assert "moves worker 0 left are left to its journal" in h.log(), h.log()
+    finally:
+        assert h.stop() == 0
