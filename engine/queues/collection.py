@@ -62,6 +62,7 @@ from lanner.queues.item import QItem
 from lanner.queues.names import validate_queue_name
 from lanner.queues.queue import PersistentQueue
 from lanner.queues.sessions import Session
+from lanner.queues.deletes import Deletes
 from lanner.queues.failures import WriteFailures
 from lanner.queues.undo import ADD, MOVE, FanoutCopy, ForwardedMove, UndoLog
 from lanner.storage.factory import StorageFactory, StorageMismatch
@@ -72,7 +73,7 @@ from lanner.queues.waiters import TimerHeap, Waiter
 log = logging.getLogger(__name__)
 
 
-class QueueCollection(WriteFailures):
+class QueueCollection(WriteFailures, Deletes):
     def __init__(self, config, clock=SYSTEM_CLOCK, *,
                  storage_factory: Callable[[str, object], object] | None = None,
                  owns: Callable[[str], bool] | None = None,
@@ -93,6 +94,7 @@ class QueueCollection(WriteFailures):
         self._owns = owns
         self._expire_forward = expire_forward
         self._queues: dict[str, PersistentQueue] = {}
+        self._parked: dict[str, PersistentQueue] = {}   # deleted, moves still open (`_park`)
         self._children: dict[str, list[str]] = {}      # master name -> registered child names
         self._alias_counts = AliasCounts()
         self.sync_schedule = SyncSchedule()           # periodic fsyncs (storage/sync.py)
@@ -173,6 +175,13 @@ class QueueCollection(WriteFailures):
         return self._create(name)
 
     def _create(self, name: str) -> PersistentQueue:
+        q = self._parked.pop(name, None)
+        if q is not None:           # deleted, its moves still open: the same queue, empty
+            q.reload(self.config.queue_config(name))
+            self._queues[name] = q
+            self.queue_creates += 1
+            self._register_child(name)
+            return q
         qc = self.config.queue_config(name)
         validate_queue_name(name, allow_dots=True)      # no path in it: safe to look for its files
         self._check_home(name, qc)                      # its items are not stored elsewhere
@@ -195,9 +204,7 @@ class QueueCollection(WriteFailures):
         self.queue_creates += 1
         log.debug("queue %r: created (%s storage, %d items after replay)", name, qc.storage, q.length)
         if plus >= 0:
-            children = self._children.setdefault(name[:plus], [])
-            if name not in children:
-                children.append(name)
+            self._register_child(name)
         else:
             q.children = self._children.setdefault(name, [])
         target = qc.expire_to_queue
@@ -207,6 +214,12 @@ class QueueCollection(WriteFailures):
                 self.queue(target)          # looked up and created with the source (§5.2)
             q.hold_moves = self._expire_forward is not None
         return q
+
+    def _register_child(self, name: str) -> None:
+        """Fanout child `name` (a+b) registers with its master (§5.6)."""
+        children = self._children.setdefault(name[:name.find("+")], [])
+        if name not in children:
+            children.append(name)
 
     def woken_append(self, w: Waiter) -> None:
         # Looked up on every call: the owner swaps `self.woken` for a fresh list when draining.
@@ -284,7 +297,11 @@ class QueueCollection(WriteFailures):
     def confirm_move(self, source: PersistentQueue, xid: int) -> bool:
         """The target of `source`'s open move `xid` acknowledged it.  False if that move is not
         open any more (the queue deleted meanwhile, or its open record rolled back)."""
-        ok = self._queues.get(source.name) is source and source.confirm_move(xid)
+        name = source.name
+        parked = self._parked.get(name) is source
+        ok = (parked or self._queues.get(name) is source) and source.confirm_move(xid)
+        if ok and parked:
+            self._unpark(source)
         if ok and self.autoflush:
             self.flush_storages()
         return ok
@@ -347,29 +364,6 @@ class QueueCollection(WriteFailures):
             q.flush()
             if self.autoflush:
                 self.flush_storages()
-
-    def delete(self, name: str) -> None:
-        """Close the queue, erase its files, drop it and its stats (§5.5).  Its
-        waiters are evicted into `woken` and answer empty."""
-        q = self._queues.get(name)
-        if q is None:
-            return
-        q.destroy()                        # raises, leaving the queue as it was, if it cannot
-        del self._queues[name]
-        if getattr(q.storage, "medium", None) is q.storage:   # its own stream: nothing left to undo
-            self.undo.forget(q.storage)
-        self.stranded.pop(name, None)
-        self.sync_schedule.forget(getattr(q.storage, "medium", None))
-        forget = getattr(self._factory, "forget", None)     # a factory that tracks its storages
-        if forget is not None:
-            forget(name)
-        self.queue_deletes += 1
-        log.debug("queue %r: deleted", name)
-        plus = name.find("+")
-        if plus >= 0:
-            children = self._children.get(name[:plus])
-            if children and name in children:
-                children.remove(name)
 
     def flush_expired(self, name: str) -> int:
         q = self._queues.get(name)
@@ -560,7 +554,7 @@ class QueueCollection(WriteFailures):
             return
         self.closed = True
         failures = []
-        for name, q in self._queues.items():
+        for name, q in (*self._queues.items(), *self._parked.items()):
             try:
                 q.close()
             except OSError as e:
