@@ -19,7 +19,7 @@ class PeerOps:
     """Worker methods; the attributes they use are set in Worker.__init__.
 
     Filled by Worker: coll, config, epoch, peers, sessions, down_peers, control, send_parked,
-    moves, drain.
+    moves, void_moves, moves_voided, drain.
     """
 
     # -- stats, config ---------------------------------------------------------------------------

@@ -180,6 +180,7 @@ class Supervisor:
 
     # -- forking ---------------------------------------------------------------------------------
     def spawn(self, kind: str, index: int) -> Child:
+        reborn = (kind, index) in self.children
         child = self.children.get((kind, index)) or \
             Child(kind, index, ADMIN if kind == FRONT and index == self.admin_index else "")
         self.children[child.key] = child
@@ -187,7 +188,9 @@ class Supervisor:
         slot = self.peers.heartbeat_slot(kind, index)
         if self.heartbeats is not None and slot is not None:
             self.heartbeats.stamp(slot, self.clock.monotonic())
-        if self.mesh is not None:
+        if self.mesh is not None and reborn:
+            # (a first start has fresh rings, which a peer started earlier may already have sent
+            # into: a worker's moves at its start, a routed request of an early client)
             self.mesh.discard_unread(kind, index)
         # Keep what lives now out of the collector's reach (CPython's gc docs, Instagram): a full
         # collection here would write every object's header and unshare the children's pages.

@@ -157,6 +157,32 @@ def test_a_replacement_is_announced_ready_only_after_its_peers_acknowledged_peer
     assert [r.getMessage() for r in caplog.records].count("worker 0 ready") == 1
 
 
+def test_only_a_replacement_has_its_rings_emptied_at_its_fork(tmp_path):
+    """A first start finds fresh rings; a peer forked before it may already have sent into
+    them (worker 0's moves at its start, once its replay is done): emptying them at that fork
+    stranded those moves.  A replacement's rings are emptied (what its predecessor left)."""
+    cfg = tmp_path / "lanner.toml"
+    cfg.write_text("")
+    s = FakeSupervisor(load_config(str(cfg), {"workers": "2", "fronts": "0", "admin_port": "off"}),
+                       FakeClock())
+    emptied = []
+
+    class Mesh:
+        def discard_unread(self, kind, index):
+            emptied.append((kind, index))
+    s.mesh = Mesh()
+    for i in range(2):
+        s.spawn(WORKER, i)
+    assert emptied == []                       # main: [(worker, 0), (worker, 1)]
+    s.die(WORKER, 1)
+    s.turn()
+    s.child_says(WORKER, 0, {"cmd": "ack_down", "peer": s.peers.as_seen_by(WORKER, WORKER, 1),
+                             "worker": 0})
+    s.clock.advance(1000)
+    s.turn()
+    assert emptied == [(WORKER, 1)]
+
+
 def test_a_dead_worker_is_named_the_way_each_peer_numbers_it(sup):
     sup.die(WORKER, 1)
     sup.turn()
