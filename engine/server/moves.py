@@ -82,7 +82,8 @@ class Moves:
         _, seq, status = RESP.unpack_from(ack, 0)[:3]
         move = self.unacked.get(peer, {}).pop(seq, None)
         if move is not None and status == R_SERVER_ERROR:
-            self.failed(peer, move, now_ms)
+            if still_open(move):
+                self.failed(peer, move, now_ms)
             return None
         return move
 
@@ -117,6 +118,14 @@ class Moves:
                 if source is not None and source.medium is not None:
                     n += 1
         return n
+
+
+def still_open(move: Move) -> bool:
+    """False when the source's own record of the move was rolled back too (a write failure that
+    took both, as when source and target share a journal or a command-log partition): the item
+    is back in the source and moves again from there, so sending it again would make two."""
+    source = move[2]
+    return source is None or move[3] in source.open_items()
 
 
 #: OP_FORWARD_ADD's `a`: the move's item is in its source's journal whatever happens to the

@@ -7,7 +7,7 @@ import errno
 
 import pytest
 
-from lanner.ipc.messages import OP_GET, OP_SET, R_EMPTY, R_ITEM, R_OK
+from lanner.ipc.messages import F_PEEK, OP_GET, OP_SET, R_EMPTY, R_ITEM, R_OK
 from lanner.queues.collection import QueueCollection
 from lanner.queues.placement import worker_of
 from lanner.server.moves import RETRY_MS
@@ -220,6 +220,31 @@ def test_a_move_within_one_worker_whose_write_failed_survives_a_stop_before_its_
     assert [i.data for i in again.queue(src).memory_items()] == [b"moved"]   # main: []
     assert again.queue(dst).length == 0
     again.close()
+
+
+def test_a_move_whose_source_record_was_rolled_back_too_is_not_made_twice(harness, monkeypatch):
+    """A queue that expires into itself: the move's record and the add share one journal, and a
+    failed write takes both back, so the item is at the source's head again (and moves again
+    from there).  Before, the move was also made again from memory: two copies."""
+    src = next(f"s{i}" for i in range(100) if worker_of(f"s{i}", 2) == 0)
+    h = harness(workers=2, config=config(src, src))
+    f = h.fronts[0]
+    f.send(0, 1, 1, OP_SET, src.encode(), payload=b"moved")
+    h.settle()
+    h.clock.advance(5000)
+
+    def enospc(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(J, "_write", enospc)
+    f.send(0, 1, 2, OP_GET, src.encode(), F_PEEK, a=-1)     # the sweep moves the item
+    h.settle()
+    monkeypatch.undo()
+    q = h.workers[0].coll.queue(src)
+    assert q.length == 1 and q.moves_open == 0                # both rolled back
+    h.clock.advance(RETRY_MS)
+    h.settle()
+    assert not h.workers[0].moves.pending()
+    assert q.length == 1, [i.data for i in q.memory_items()]  # main: 2
 
 
 def test_a_move_acknowledged_while_its_source_stops_is_confirmed_in_its_journal(harness):
