@@ -158,6 +158,7 @@ class MoveOps:
         Among them are the moves the last run left open, which replay rolled back into their
         source (above); without this they waited for a client to touch the source (or for
         the expiration timer, off by default)."""
+        self.poll_control()                # first the peers known down at its birth: theirs wait
         coll = self.coll
         coll.undo.ctx = None               # nobody's request
         n = 0
