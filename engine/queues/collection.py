@@ -31,7 +31,8 @@ Rules kept here rather than in a queue (reference §4.3, §5):
   xid)` (a worker's), every move goes through it, into this collection's queues
   too: the owner of the target calls `add_forwarded`, and the source queue keeps
   the item as an open move (xid) in its journal until the owner calls
-  `confirm_move(source, xid)` once the target's add is written (server/moves.py).  Unlike Kestrel, which kept a reference to the target
+  `confirm_move(source, xid)` once the target's add is written (server/moves.py);
+  a source deleted meanwhile keeps its storage until then (queues/deletes.py).  Unlike Kestrel, which kept a reference to the target
   object, a deleted target is re-created by the next move instead of
   swallowing it.
 * Global counters (§4.3): total_items +1 per accepted add into a real queue
