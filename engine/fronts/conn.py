@@ -197,6 +197,10 @@ class Conn(InlineReplies, SpillWriter, ServerCommands, asyncio.Protocol, abc.ABC
         w = self.worker
         if w is None or w.turn_scheduled or len(f.conns) != 1:
             self.pump()
+            if w is not None and w.turn_scheduled:
+                w.reads_left -= 1
+                if not w.reads_left:       # a batch of TURN_READS connections (ShardLoop.cut_turn)
+                    w.cut_turn()
             return
         # The worker's one connection: no other client's requests can join this turn's batch,
         # so it ends here, not in a call_soon handle (ShardLoop.end_turn; issue 8, per turn).
