@@ -172,8 +172,9 @@ class Conn(InlineReplies, SpillWriter, ServerCommands, asyncio.Protocol, abc.ABC
             self.refuse_writes = True
         if srv.connection_limit_refuse_reads is not None and sessions > srv.connection_limit_refuse_reads:
             self.refuse_reads = True
-        self.last_activity = f.loop.time()
-        f.idle[self.id] = self                   # the newest, at the end (front.close_idle)
+        if f.idle is not None:                   # client_timeout is on
+            self.last_activity = f.loop.time()
+            f.idle[self.id] = self               # the newest, at the end (front.close_idle)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("front %d: %s connection %d from %s", f.index, type(self).__name__, self.id,
                       transport.get_extra_info("peername"))
@@ -190,13 +191,19 @@ class Conn(InlineReplies, SpillWriter, ServerCommands, asyncio.Protocol, abc.ABC
             f.catch_up_config()
         if self.count_bytes:
             f.my.incr(C_READ, len(data))
-        self.last_activity = f.loop.time()
-        f.idle.move_to_end(self.id)              # least recently read first (front.close_idle)
+        idle = f.idle
+        if idle is not None:                     # client_timeout is on
+            self.last_activity = f.loop.time()
+            idle.move_to_end(self.id)            # least recently read first (front.close_idle)
         self.t_in = time.monotonic()
         self.parser.feed(data)
         w = self.worker
         if w is None or w.turn_scheduled or len(f.conns) != 1:
             self.pump()
+            if w is not None and w.turn_scheduled:
+                w.reads_left -= 1
+                if not w.reads_left:       # a batch of TURN_READS connections (ShardLoop.cut_turn)
+                    w.cut_turn()
             return
         # The worker's one connection: no other client's requests can join this turn's batch,
         # so it ends here, not in a call_soon handle (ShardLoop.end_turn; issue 8, per turn).
@@ -210,7 +217,8 @@ class Conn(InlineReplies, SpillWriter, ServerCommands, asyncio.Protocol, abc.ABC
         f = self.front
         self.closing = self.stopped = True
         f.conns.pop(self.id, None)
-        f.idle.pop(self.id, None)
+        if f.idle is not None:
+            f.idle.pop(self.id, None)
         f.ring_waiters.discard(self)
         self.fast.clear()
         self.early.clear()

@@ -6,15 +6,18 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import random
 import threading
+from collections import deque
 
 import pytest
 
-from lanner.config import QueueConfig
+from lanner.config import QueueConfig, load_config
 from lanner.ipc.messages import OP_SET, R_OK, pack_req, unpack_resp
 from lanner.perf.hotloop import NullTransport, Rig
 from lanner.queues.item import QItem
 from lanner.server.commit import WRITE_BEHIND_BYTES
+from lanner.server.shardloop import TURN_READS
 from lanner.storage import writer as WR
 from lanner.storage.journal import journal as J
 from lanner.storage.journal.files import JournalError
@@ -322,3 +325,97 @@ def test_a_failed_inline_write_keeps_the_records_and_cuts_the_file_back(tmp_path
         assert os.path.getsize(tmp_path / "q") > size and not j.pending_bytes
     finally:
         j.close()
+
+
+def test_a_loop_iteration_ends_the_batch_every_turn_reads_connections(tmp_path, monkeypatch):
+    """Many connections ready at once (issue 8, 100 -> 1000 connections): after TURN_READS of
+    them were read, their batch ends there and then, journal first, their replies written;
+    the iteration reads on into a new batch, which the scheduled turn ends.  (One batch of
+    all of them touched each connection twice, a thousand connections apart, out of cache.)"""
+    n = TURN_READS + 6
+    folder = tmp_path / "q"
+    rig = Rig(str(tmp_path), n, transport=lambda: JournalAtWrite(str(folder)))
+    try:
+        writes = []
+        real = J._write
+
+        def write(fd, data):
+            writes.append(len(data))
+            return real(fd, data)
+        monkeypatch.setattr(J, "_write", write)
+        w = rig.worker
+        ends = counting(w, "end_turn")
+        for i, c in enumerate(rig.conns):
+            c.data_received(b"set q 0 0 1\r\n%c\r\n" % (65 + i % 26))
+            if i == TURN_READS - 2:
+                assert writes == [] and not any(c.transport.written for c in rig.conns)
+        first, rest = rig.conns[:TURN_READS], rig.conns[TURN_READS:]
+        assert len(writes) == 1 and ends == [1] and w.turn_scheduled
+        assert all(c.transport.written == [b"STORED\r\n"] for c in first)
+        assert all(c.transport.journal_sizes[0] > 0 for c in first)     # the record went first
+        assert not any(c.transport.written for c in rest)
+        rig.turn()
+        assert len(writes) == 2 and ends == [1, 1]
+        assert all(c.transport.written == [b"STORED\r\n"] for c in rest)
+        assert [i.data for i in w.coll.queue("q").memory_items()] == \
+            [b"%c" % (65 + i % 26) for i in range(n)]                   # in the order read
+    finally:
+        rig.close()
+
+
+def test_cut_batches_keep_every_reply_and_the_queue_order(tmp_path):
+    """3 * TURN_READS + 5 connections, each iteration every one sends a set or a get of one
+    queue (a random mix, some pipelining both), for 12 iterations: every reply is what a FIFO
+    fed in read order answers, however the iterations' batches were cut."""
+    rnd = random.Random(8)
+    n = 3 * TURN_READS + 5
+    rig = Rig(str(tmp_path), n)
+    try:
+        model = deque()
+        want = [[] for _ in range(n)]
+        seq = 0
+        for _ in range(12):
+            for i, c in enumerate(rig.conns):
+                chunk = b""
+                for op in rnd.choice(("s", "g", "sg", "gs", "ss")):
+                    if op == "s":
+                        seq += 1
+                        value = b"%d" % seq
+                        chunk += b"set q 0 0 %d\r\n%s\r\n" % (len(value), value)
+                        model.append(value)
+                        want[i].append(b"STORED\r\n")
+                    else:
+                        chunk += b"get q\r\n"
+                        want[i].append(b"VALUE q 0 %d\r\n%s\r\nEND\r\n" % (len(model[0]), model[0])
+                                       if model else b"END\r\n")
+                        if model:
+                            model.popleft()
+                c.data_received(chunk)
+            rig.turn()
+        for i, c in enumerate(rig.conns):
+            assert b"".join(c.transport.written) == b"".join(want[i]), i
+    finally:
+        rig.close()
+
+
+def test_under_sync_always_a_cut_batch_still_waits_for_its_fsync(tmp_path):
+    """The commit rule across a cut: the first TURN_READS sets' batch ends at once, but under
+    sync "always" their STORED leaves only after the fsync, which the loop reports."""
+    (tmp_path / "lanner.toml").write_text('[default]\nsync_journal = "always"\n')
+    config = load_config(str(tmp_path / "lanner.toml"), {"queue_path": str(tmp_path / "q"),
+                                                         "status_file": str(tmp_path / "status")})
+    n = TURN_READS + 3
+    rig = Rig(str(tmp_path), n, config=config)
+    try:
+        w = rig.worker
+        for c in rig.conns:
+            c.data_received(b"set q 0 0 1\r\nx\r\n")
+        assert not any(c.transport.written for c in rig.conns)
+        assert w.syncer.rounds                         # the cut batch's fsync is under way
+        loop = w.loop
+        deadline = loop.time() + 10
+        while not all(c.transport.written for c in rig.conns) and loop.time() < deadline:
+            loop.run_until_complete(asyncio.sleep(0.002))
+        assert all(c.transport.written == [b"STORED\r\n"] for c in rig.conns)
+    finally:
+        rig.close()

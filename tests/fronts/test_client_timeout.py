@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from lanner.config import Config, ServerConfig
 from lanner.fronts.conn import Conn
 from lanner.fronts.front import close_idle
 from tests.fronts.harness import Rig
@@ -12,7 +13,7 @@ from tests.fronts.harness import Rig
 
 @pytest.fixture
 def rig(tmp_path):
-    r = Rig(tmp_path)
+    r = Rig(tmp_path, config=Config(server=ServerConfig(client_timeout=1000)))
     yield r
     r.close()
 
@@ -78,3 +79,18 @@ def test_the_sweep_comes_back_when_the_first_connection_is_due(rig):
     rig.clock.advance(300)
     rig.run()
     assert b.closed
+
+
+def test_without_a_client_timeout_a_read_keeps_no_idle_order(tmp_path, looked_at):
+    """client_timeout off (the default, and never changed by a reload): no sweep ever runs,
+    so no read pays for the order it would walk (issue 8, per request)."""
+    r = Rig(tmp_path)
+    try:
+        c = r.connect()
+        assert c.ask(b"version\r\n").startswith(b"VERSION")
+        assert r.front.idle is None and looked_at == []
+        c.conn.transport.close()                             # connection_lost with no order to keep
+        r.run()
+        assert c.closed and not r.front.conns
+    finally:
+        r.close()
