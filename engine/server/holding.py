@@ -75,7 +75,7 @@ def settle(entry: tuple, abort: bool) -> None:
 class Holding:
     """Worker methods; the attributes they use are set in Worker.__init__.
 
-    Filled by Worker: coll, holds, replies.
+    Filled by Worker: coll, holding, replies.
     """
 
     def held_remove(self, src: int, conn: int, req: int, queue: str) -> bool:
@@ -84,7 +84,7 @@ class Holding:
         q, item = self.coll.remove_held(queue)
         if item is None:
             return False
-        hid = self.holds.add(src, q, item.xid)
+        hid = self.holding.add(src, q, item.xid)
         self.replies.append((src, pack_resp(conn, req, R_ITEM, RF_HELD, 0, hid), item.data))
         return True
 
@@ -92,15 +92,15 @@ class Holding:
         """Thrift get `p` (waiting.py) took held read `xid` of `q`: all its items go under one
         hold, the id its reply carries."""
         if not p.hold:
-            p.hold = self.holds.add(p.src, q, [xid])
+            p.hold = self.holding.add(p.src, q, [xid])
         else:
-            self.holds.by_src[p.src][p.hold][1].append(xid)
+            self.holding.by_src[p.src][p.hold][1].append(xid)
 
     def settle_holds(self, src: int, nconfirm: int, payload) -> None:
         """OP_HELD from front slot `src`: the first `nconfirm` ids were written to their
         clients, the rest were not.  Unknown ids (settled already, or a predecessor's) are
         ignored."""
-        held = self.holds.by_src.get(src)
+        held = self.holding.by_src.get(src)
         if not held:
             return
         ids = array("q")
@@ -117,7 +117,7 @@ class Holding:
 
     def abort_hold(self, src: int, hid: int) -> None:
         """Hold `hid` will never be answered (its thrift get's connection went first)."""
-        held = self.holds.by_src.get(src)
+        held = self.holding.by_src.get(src)
         entry = held.pop(hid, None) if held else None
         if entry is not None:
             settle(entry, abort=True)
@@ -125,7 +125,7 @@ class Holding:
     def drop_holds(self, src: int) -> int:
         """Front slot `src` died: everything it held goes back, newest first (so each queue
         reads them again in their order, ahead of the rest); how many holds there were."""
-        held = self.holds.by_src.pop(src, None)
+        held = self.holding.by_src.pop(src, None)
         if not held:
             return 0
         self.coll.undo.ctx = None
@@ -136,7 +136,7 @@ class Holding:
     def forget_held(self, queue: str, xid: int) -> None:
         """Held read `xid` of `queue` was rolled back (its record was lost, undo.HELD_OPEN): its
         reply is SERVER_ERROR or leaves it out, and its hold must not settle anything."""
-        for held in self.holds.by_src.values():
+        for held in self.holding.by_src.values():
             for hid, (q, xids) in list(held.items()):
                 if q.name != queue:
                     continue

@@ -124,7 +124,7 @@ class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop):
         self.pending_by_conn: dict[tuple[int, int], set[Pending]] = defaultdict(set)
         self.down_peers: set[int] = set()
         self.moves = Moves()              # expire_to_queue moves to other workers, until acked
-        self.holds = Holds()              # plain reads other processes answer, until written (holding.py)
+        self.holding = Holds()            # plain reads other processes answer, until written (holding.py)
         self.stats_jobs: set = set()          # stats answers being built in slices (statsjob.py)
         self.replies: list[tuple[int, bytes, bytes]] = []
         self.held: list[tuple[int, bytes, bytes]] = []

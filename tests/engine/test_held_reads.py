@@ -164,11 +164,11 @@ def test_a_routed_plain_get_is_held_until_its_front_confirms(worker, tmp_path):
     with open(path, "rb") as f:
         assert f.read()[size:] == encode_open(1)
     q = w.coll.queue("q")
-    assert q.held_reads == 1 and len(w.holds) == 1
+    assert q.held_reads == 1 and len(w.holding) == 1
     w.handle(0, held(conf=[hid, hid + 1]))
     w.handle(0, held(conf=[hid]))
     w.finish_batch()
-    assert q.held_reads == 0 and len(w.holds) == 0 and replies(w) == []
+    assert q.held_reads == 0 and len(w.holding) == 0 and replies(w) == []
     assert os.path.getsize(path) == size + 10       # REMOVE_TENTATIVE, CONFIRM_REMOVE
     assert (gets(w, 2)[1][1]) == R_EMPTY and datas(w.coll, "q") == []
 
@@ -184,7 +184,7 @@ def test_aborted_and_orphaned_held_reads_come_back_in_their_order(worker):
     assert datas(w.coll, "q") == [b"b", b"c", b"e"]
     w.peer_down(0)
     w.finish_batch()
-    assert datas(w.coll, "q") == [b"d", b"b", b"c", b"e"] and len(w.holds) == 0
+    assert datas(w.coll, "q") == [b"d", b"b", b"c", b"e"] and len(w.holding) == 0
     assert stat(w.coll, "q")["canceled_transactions"] == "0"
 
 
@@ -223,7 +223,7 @@ def test_a_held_read_whose_record_is_lost_fails_its_reply_and_holds_nothing(work
     monkeypatch.setattr(J, "_write", enospc)
     ((_, status, flags, value, _),) = gets(w, 1)
     assert (status, flags, value) == (R_SERVER_ERROR, RF_CLOSE, 0)
-    assert len(w.holds) == 0 and w.coll.queue("q").held_reads == 0 and datas(w.coll, "q") == [b"a"]
+    assert len(w.holding) == 0 and w.coll.queue("q").held_reads == 0 and datas(w.coll, "q") == [b"a"]
 
 
 def test_a_held_confirm_that_cannot_be_written_is_stranded_then_aborted(worker, monkeypatch, clock):
