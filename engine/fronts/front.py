@@ -159,8 +159,8 @@ class Front:
         return True
 
     def flush_rings(self) -> None:
-        if self.settles.due:        # one OP_HELD per owner, in this publish (fronts/held.py)
-            self.settles.send()
+        if self.settles.due:        # held reads settled: with the requests (fronts/held.py)
+            self.settles.ride(self.dirty_rings)
         self.flush_scheduled = False
         for w in self.dirty_rings:
             self.req_rings[w].publish()

@@ -15,8 +15,8 @@ this process dies with unread input on the socket (the kernel then resets the co
 lost to the client after all.  That is Kestrel's own limit for every plain get; the owner
 confirms nothing earlier than that.
 
-Confirms and aborts go once per turn, one OP_HELD message per owner (`Settles`), sent by the
-front's `flush_rings` ahead of the turn's publish.
+Confirms and aborts go at most once per turn, one OP_HELD message per owner, riding with that
+owner's requests (`Settles`).
 """
 from __future__ import annotations
 
@@ -25,16 +25,28 @@ from array import array
 from lanner.ipc.messages import OP_HELD, pack_req, send
 
 
-class Settles:
-    """A front's confirms and aborts not sent yet: worker -> hold ids."""
+#: Seconds a confirm or abort may wait for a request to its owner to ride with (below).
+SETTLE_LAG = 0.01
 
-    __slots__ = ("front", "confirm", "abort", "due")
+
+class Settles:
+    """A front's confirms and aborts not sent yet: worker -> hold ids.
+
+    They ride with the requests of a later turn to the same owner (`ride`, from the front's
+    `flush_rings`): a closed-loop client's next request carries the confirm of its last reply,
+    and the owner takes both in one turn and one journal write.  Sent alone, they cost the owner
+    a wakeup, a loop turn and a write of their own: measured, that was most of the price of
+    holding.  What no request carries goes after SETTLE_LAG (`on_timer`), one timer at a time;
+    meanwhile the items stay held (a death of this process then delivers them again)."""
+
+    __slots__ = ("front", "confirm", "abort", "due", "armed")
 
     def __init__(self, front) -> None:
         self.front = front
         self.confirm: dict[int, list[int]] = {}
         self.abort: dict[int, list[int]] = {}
         self.due = False
+        self.armed = False
 
     def add(self, worker: int, hid: int, abort: bool = False) -> None:
         by = self.abort if abort else self.confirm
@@ -43,28 +55,39 @@ class Settles:
             by[worker] = [hid]
         else:
             ids.append(hid)
-        if not self.due:
-            self.due = True
+        self.due = True
+        if not self.armed:
+            self.armed = True
+            self.front.loop.call_later(SETTLE_LAG, self.on_timer)
+
+    def on_timer(self) -> None:
+        self.armed = False
+        if self.due:
+            self.ride(None)
             f = self.front
             if not f.flush_scheduled:
                 f.flush_scheduled = True
                 f.loop.call_soon(f.flush_rings)
 
-    def send(self) -> None:
+    def ride(self, dirty) -> None:
         """One OP_HELD per owner (confirmed ids first, `a` of them) into its request ring, for
-        the caller's publish.  A worker that is down lost its holds with its memory (its replay
+        the caller's publish: only to the owners in `dirty` (rings published this turn anyway),
+        or to all when None.  A worker that is down lost its holds with its memory (its replay
         rolls them back), and its replacement must not get its ids: they are dropped."""
         f = self.front
         confirm, abort = self.confirm, self.abort
-        self.confirm, self.abort, self.due = {}, {}, False
-        for w in confirm.keys() | abort.keys():
+        for w in list(confirm.keys() | abort.keys()):
+            if dirty is not None and w not in dirty:
+                continue
+            conf = confirm.pop(w, ())
+            ab = abort.pop(w, ())
             if w in f.down_workers:
                 continue
-            ids = array("q", confirm.get(w, ()))
-            n = len(ids)
-            ids.extend(abort.get(w, ()))
-            send(f.req_rings[w], pack_req(0, 0, OP_HELD, 0, 0, n, 0), ids.tobytes())
+            ids = array("q", conf)
+            ids.extend(ab)
+            send(f.req_rings[w], pack_req(0, 0, OP_HELD, 0, 0, len(conf), 0), ids.tobytes())
             f.dirty_rings.add(w)
+        self.due = bool(confirm or abort)
 
 
 class HeldItems:

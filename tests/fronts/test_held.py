@@ -9,6 +9,7 @@ import pytest
 
 from lanner.ipc import messages as m
 from lanner.queues.placement import worker_of
+from lanner.fronts.held import SETTLE_LAG
 from tests.fronts.harness import SOCKET_BUFFER, FakeWorker, Rig
 
 
@@ -47,6 +48,13 @@ def rig(tmp_path):
     r.close()
 
 
+def settle(rig) -> None:
+    """Let the confirms and aborts that no request carried go (Settles.on_timer)."""
+    rig.run()
+    rig.clock.advance(int(SETTLE_LAG * 1000) + 1)
+    rig.run()
+
+
 def queue_on(w: int) -> str:
     i = 0
     while worker_of("hq%d" % i, 2) != w:
@@ -61,7 +69,13 @@ def test_written_replies_are_confirmed_in_one_message_per_turn(rig):
     c = rig.connect()
     out = c.ask(b"get %s\r\nget %s\r\nget %s\r\n" % ((q.encode(),) * 3))
     assert out == b"".join(b"VALUE %s 0 1\r\n%s\r\nEND\r\n" % (q.encode(), d) for d in (b"a", b"b", b"c"))
+    assert w.settled == []                # they wait for a request to ride with ...
+    w.queues[q].append(b"d")
+    assert c.ask(b"get %s\r\n" % q.encode()) == b"VALUE %s 0 1\r\nd\r\nEND\r\n" % q.encode()
     assert w.settled == [([1001, 1002, 1003], [])]
+    assert [r.op for r in w.seen][-2:] == [m.OP_GET, m.OP_HELD]     # ... in the same publish
+    settle(rig)                           # ... or for SETTLE_LAG
+    assert w.settled == [([1001, 1002, 1003], []), ([1004], [])]
 
 
 def test_a_reply_whose_connection_went_first_is_aborted(rig):
@@ -76,7 +90,7 @@ def test_a_reply_whose_connection_went_first_is_aborted(rig):
     rig.run()
     w.hold = False
     w.release()
-    rig.run()
+    settle(rig)
     assert (w.confirmed(), w.aborted()) == ([], [1001])
 
 
@@ -96,12 +110,12 @@ def test_a_reply_the_kernel_has_not_taken_is_confirmed_only_once_it_has(rig):
     while len(got) < len(big):
         rig.run()
         got += c.read()
-    rig.run()
+    settle(rig)
     assert w.confirmed() == [1001]
     c.send(b"get %s\r\n" % q.encode())
     rig.run()
     c.transport.hang_up()
-    rig.run()
+    settle(rig)
     assert (w.confirmed(), w.aborted()) == ([1001], [1002])
 
 
@@ -113,7 +127,7 @@ def test_an_error_reply_aborts_the_items_it_left_out(rig):
     rig.worker(1).failures[m.OP_GET] = (m.R_SERVER_ERROR, m.RF_CLOSE, b"disk full")
     c = rig.connect()
     assert c.ask(b"get %s %s\r\n" % (q0.encode(), q1.encode())) == b"SERVER_ERROR disk full\r\n"
-    rig.run()
+    settle(rig)
     assert (rig.worker(0).confirmed(), rig.worker(0).aborted()) == ([], [1001])
 
 
@@ -125,5 +139,5 @@ def test_replies_after_a_closing_one_are_aborted(rig):
     c = rig.connect()
     out = c.ask(b"get %s\r\nget %s\r\nget %s\r\n" % (q0.encode(), q1.encode(), q0.encode()))
     assert out == b"VALUE %s 0 1\r\na\r\nEND\r\nSERVER_ERROR disk full\r\n" % q0.encode()
-    rig.run()
+    settle(rig)
     assert (rig.worker(0).confirmed(), rig.worker(0).aborted()) == ([1001], [1002])
