@@ -236,6 +236,7 @@ class Front:
                 control.send(self.control, {"cmd": "ack_down", "peer": msg["peer"], "front": self.index})
             elif cmd == "peer_up":
                 self.down_workers.discard(msg["peer"])
+                control.send(self.control, {"cmd": "ack_up", "peer": msg["peer"], "front": self.index})
                 self.on_wake()
             elif cmd == "reload":
                 if self.epoch.behind():      # else a client's batch made it catch up already

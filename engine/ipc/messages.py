@@ -38,7 +38,8 @@ OP_RELOAD = 12        # no queue; reply when done
 OP_ALIAS_PUT = 13     # queue = alias name, a = items, b = bytes; accounting only, no reply
 OP_FORWARD_ADD = 14   # from another worker (expire_to_queue): add without fanout or totals; req =
                       # the sender's move number; the reply (conn FWD_ACK_CONN, req) is its ack,
-                      # R_OK once the add is written (server/moves.py)
+                      # R_OK once the add is written; a = moves.HELD: the sender's journal holds
+                      # the item (server/moves.py)
 OP_DUMP_CONFIG = 15
 OP_PUT_MANY = 16      # payload = msgpack list of items (an int: the size of an item dropped unread,
                       # refused, protocols/oversized.py); a = expiry; adds in order, stops at the

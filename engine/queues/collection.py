@@ -27,11 +27,12 @@ Rules kept here rather than in a queue (reference §4.3, §5):
   created (and the target created then, if this collection owns it); a reload
   does not redirect.  Moved items are added without client expiry, with add
   time now, without feeding the target's fanout children and without counting
-  in the global total_items.  A target owned by another worker is reached
-  through `expire_forward(target, data, now_ms, source, xid)`; that worker calls
-  `add_forwarded`.  The source queue keeps such an item as an open move (xid) in
-  its journal until the owner calls `confirm_move(source, xid)` on the target's
-  acknowledgement (server/moves.py).  Unlike Kestrel, which kept a reference to the target
+  in the global total_items.  Given `expire_forward(target, data, now_ms, source,
+  xid)` (a worker's), every move goes through it, into this collection's queues
+  too: the owner of the target calls `add_forwarded`, and the source queue keeps
+  the item as an open move (xid) in its journal until the owner calls
+  `confirm_move(source, xid)` once the target's add is written (server/moves.py);
+  a source deleted meanwhile keeps its storage until then (queues/deletes.py).  Unlike Kestrel, which kept a reference to the target
   object, a deleted target is re-created by the next move instead of
   swallowing it.
 * Global counters (§4.3): total_items +1 per accepted add into a real queue
@@ -62,6 +63,7 @@ from lanner.queues.item import QItem
 from lanner.queues.names import validate_queue_name
 from lanner.queues.queue import PersistentQueue
 from lanner.queues.sessions import Session
+from lanner.queues.deletes import Deletes
 from lanner.queues.failures import WriteFailures
 from lanner.queues.undo import ADD, MOVE, FanoutCopy, ForwardedMove, UndoLog
 from lanner.storage.factory import StorageFactory, StorageMismatch
@@ -72,7 +74,7 @@ from lanner.queues.waiters import TimerHeap, Waiter
 log = logging.getLogger(__name__)
 
 
-class QueueCollection(WriteFailures):
+class QueueCollection(WriteFailures, Deletes):
     def __init__(self, config, clock=SYSTEM_CLOCK, *,
                  storage_factory: Callable[[str, object], object] | None = None,
                  owns: Callable[[str], bool] | None = None,
@@ -93,6 +95,7 @@ class QueueCollection(WriteFailures):
         self._owns = owns
         self._expire_forward = expire_forward
         self._queues: dict[str, PersistentQueue] = {}
+        self._parked: dict[str, PersistentQueue] = {}   # deleted, moves still open (`_park`)
         self._children: dict[str, list[str]] = {}      # master name -> registered child names
         self._alias_counts = AliasCounts()
         self.sync_schedule = SyncSchedule()           # periodic fsyncs (storage/sync.py)
@@ -173,6 +176,13 @@ class QueueCollection(WriteFailures):
         return self._create(name)
 
     def _create(self, name: str) -> PersistentQueue:
+        q = self._parked.pop(name, None)
+        if q is not None:           # deleted, its moves still open: the same queue, empty
+            q.reload(self.config.queue_config(name))
+            self._queues[name] = q
+            self.queue_creates += 1
+            self._register_child(name)
+            return q
         qc = self.config.queue_config(name)
         validate_queue_name(name, allow_dots=True)      # no path in it: safe to look for its files
         self._check_home(name, qc)                      # its items are not stored elsewhere
@@ -195,9 +205,7 @@ class QueueCollection(WriteFailures):
         self.queue_creates += 1
         log.debug("queue %r: created (%s storage, %d items after replay)", name, qc.storage, q.length)
         if plus >= 0:
-            children = self._children.setdefault(name[:plus], [])
-            if name not in children:
-                children.append(name)
+            self._register_child(name)
         else:
             q.children = self._children.setdefault(name, [])
         target = qc.expire_to_queue
@@ -205,9 +213,14 @@ class QueueCollection(WriteFailures):
             q.expire_sink = partial(self._expire_into, target, q)
             if self._owns is None or self._owns(target):
                 self.queue(target)          # looked up and created with the source (§5.2)
-            else:
-                q.hold_moves = self._expire_forward is not None
+            q.hold_moves = self._expire_forward is not None
         return q
+
+    def _register_child(self, name: str) -> None:
+        """Fanout child `name` (a+b) registers with its master (§5.6)."""
+        children = self._children.setdefault(name[:name.find("+")], [])
+        if name not in children:
+            children.append(name)
 
     def woken_append(self, w: Waiter) -> None:
         # Looked up on every call: the owner swaps `self.woken` for a fresh list when draining.
@@ -275,17 +288,21 @@ class QueueCollection(WriteFailures):
 
     def _expire_into(self, target: str, source: PersistentQueue, data: bytes, now_ms: int, xid: int) -> None:
         """`source`'s sweep expired an item (`xid`: its open move, when `source.hold_moves`)."""
-        if self._owns is None or self._owns(target):
-            self._move(target, data, now_ms)
-        elif self._expire_forward is not None:
+        if self._expire_forward is not None:     # held open in `source` until the target has it
             self._expire_forward(target, data, now_ms, source, xid)
+        elif self._owns is None or self._owns(target):
+            self._move(target, data, now_ms)
         else:
             log.error("cannot move an expired item to %r: no worker serves it here", target)
 
     def confirm_move(self, source: PersistentQueue, xid: int) -> bool:
         """The target of `source`'s open move `xid` acknowledged it.  False if that move is not
         open any more (the queue deleted meanwhile, or its open record rolled back)."""
-        ok = self._queues.get(source.name) is source and source.confirm_move(xid)
+        name = source.name
+        parked = self._parked.get(name) is source
+        ok = (parked or self._queues.get(name) is source) and source.confirm_move(xid)
+        if ok and parked:
+            self._unpark(source)
         if ok and self.autoflush:
             self.flush_storages()
         return ok
@@ -355,29 +372,6 @@ class QueueCollection(WriteFailures):
             q.flush()
             if self.autoflush:
                 self.flush_storages()
-
-    def delete(self, name: str) -> None:
-        """Close the queue, erase its files, drop it and its stats (§5.5).  Its
-        waiters are evicted into `woken` and answer empty."""
-        q = self._queues.get(name)
-        if q is None:
-            return
-        q.destroy()                        # raises, leaving the queue as it was, if it cannot
-        del self._queues[name]
-        if getattr(q.storage, "medium", None) is q.storage:   # its own stream: nothing left to undo
-            self.undo.forget(q.storage)
-        self.stranded.pop(name, None)
-        self.sync_schedule.forget(getattr(q.storage, "medium", None))
-        forget = getattr(self._factory, "forget", None)     # a factory that tracks its storages
-        if forget is not None:
-            forget(name)
-        self.queue_deletes += 1
-        log.debug("queue %r: deleted", name)
-        plus = name.find("+")
-        if plus >= 0:
-            children = self._children.get(name[:plus])
-            if children and name in children:
-                children.remove(name)
 
     def flush_expired(self, name: str) -> int:
         q = self._queues.get(name)
@@ -568,7 +562,7 @@ class QueueCollection(WriteFailures):
             return
         self.closed = True
         failures = []
-        for name, q in self._queues.items():
+        for name, q in (*self._queues.items(), *self._parked.items()):
             try:
                 q.close()
             except OSError as e:

@@ -30,6 +30,8 @@ class WriteFailures:
     undo: UndoLog
     stranded: dict[str, list[int]]
     _queues: dict
+    _parked: dict
+    confirm_move: Callable
     autoflush: bool
     total_items: int
     flush_storages: Callable[[], None]
@@ -74,6 +76,12 @@ class WriteFailures:
             for name, xids in stranded.items():
                 q = self._queues.get(name)
                 if q is None:
+                    q = self._parked.get(name)        # deleted: only its moves are left
+                    if q is None:
+                        continue
+                    for xid in xids:
+                        if self.confirm_move(q, xid):
+                            n += 1
                     continue
                 for xid in xids:
                     if q.confirm_move(xid) or q.abort_held(xid) or q.unremove(xid):

@@ -28,6 +28,7 @@ class Child:
     ready: bool = False
     restarts: list = field(default_factory=list)        # monotonic times of recent deaths
     awaiting_acks: set = field(default_factory=set)     # peers yet to acknowledge its peer_down
+    awaiting_up: set = field(default_factory=set)       # peers yet to acknowledge its peer_up
     restart_at: float | None = None                     # when its replacement may be forked
     murdered: float | None = None                       # silence (s) when killed for it
 

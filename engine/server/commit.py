@@ -210,10 +210,14 @@ class GroupCommit:
         if local >= 0 and self.front.deliver(replies, local) == len(replies):
             return                          # every reply was the worker's own clients'
         touched = None
+        own = self.own_slot
         for dst, head, payload in replies:
             if dst == local:
                 continue
             if dst in self.down_peers:
+                continue
+            if dst == own:                  # a move into this worker's own queue: written
+                self.moved_here(head)
                 continue
             if head.__class__ is tuple:     # (a fused-path reply's head is packed only for a ring)
                 head = pack_resp(*head)

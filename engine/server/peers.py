@@ -19,7 +19,7 @@ class PeerOps:
     """Worker methods; the attributes they use are set in Worker.__init__.
 
     Filled by Worker: coll, config, epoch, peers, sessions, down_peers, control, send_parked,
-    moves, drain, drop_holds.
+    moves, void_moves, moves_voided, drain, drop_holds.
     """
 
     # -- stats, config ---------------------------------------------------------------------------
@@ -78,6 +78,7 @@ class PeerOps:
                 self.send_parked(p)
             if self.front is not None and not self.peers.is_front(msg["peer"]):
                 self.front.down_workers.discard(msg["peer"] - self.nfronts)
+            control.send(self.control, {"cmd": "ack_up", "peer": msg["peer"], "worker": self.index})
         elif cmd == "reload":
             if self.epoch.behind():      # else its front caught up already (LocalFront)
                 self.reload()
@@ -102,9 +103,18 @@ class PeerOps:
         ring = self.inbound[peer]
         if ring is not None and not self.peers.is_front(peer):
             # A worker's moves and acks that it published are whole and still wanted: its moves
-            # exist nowhere else now; ours it did not acknowledge go again when it is back.
+            # that its journal does not hold exist nowhere else now; ours it did not acknowledge
+            # go again when it is back.
             self.down_peers.discard(peer)
-            self.drain([(peer, ring)])
+            self.void_moves.add(peer)   # ... but those its journal holds, which it moves again
+            try:
+                self.drain([(peer, ring)])
+            finally:
+                self.void_moves.discard(peer)
+            if self.moves_voided:
+                log.info("worker %d: %d moves worker %d left are left to its journal", self.index,
+                         self.moves_voided, peer - self.nfronts)
+                self.moves_voided = 0
             self.moves.peer_down(peer)
         self.down_peers.add(peer)
         statsjob.cancel(self, peer)

@@ -66,6 +66,7 @@ class ShardLoop:
         loop.add_signal_handler(signal.SIGTERM, self.request_stop)
         if self.front is not None:
             loop.run_until_complete(serve_listeners(self.front))
+        self.sweep_replayed()          # moves left open by the last run go now (worker.py)
         self.pump()
         self.arm_timer()
         self.on_beat_timer()
@@ -128,6 +129,8 @@ class ShardLoop:
                 r.publish()
         front = self.front
         clear_sleep_all(self.in_rings)
+        if self.worker_rings:
+            self.hear_deaths()      # a dead worker's moves are not run as a live one's (moves.py)
         if self.drain(self.rings):
             self.handled = True
         if front is not None:

@@ -27,8 +27,9 @@ Replacing a child X, in the order every shared ring relies on (ring.py, "Crashed
      own replacement starts from nothing) and X's backoff has passed, X' is forked,
      its inbound rings emptied just before the fork (mesh.py).  Nothing times this wait out:
      a process that never acknowledges is stuck, and the heartbeat kills it.
-  3. When X' is ready its peers are told `peer_up(X')`.  A worker also takes the first
-     record from X' as proof that it is up, since X' may send before that message lands.
+  3. When X' is ready its peers are told `peer_up(X')`, and X' is logged ready once they all
+     acknowledged it (peernews.py).  A worker also takes the first record from X' as proof
+     that it is up, since X' may send before that message lands.
 
 Children die with the supervisor (PR_SET_PDEATHSIG, plus EOF on their control
 socket), so a `kill -9` of the supervisor leaves no orphan holding the ports; the
@@ -58,7 +59,7 @@ from lanner.ipc import control, handoff
 from lanner.ipc.mesh import CLEANER, FRONT, WORKER, Mesh, Peers
 from lanner.ipc.shm import ConfigEpoch, CounterBlock, IdBlocks, SharedCounter
 from lanner.ops import logfile, notify
-from lanner.server import dirlock
+from lanner.server import dirlock, peernews
 from lanner.server.children import (ADMIN, RESTART_WINDOW, ZK, Child, backoff, name_process,
                                     pdeathsig, relay_reload)
 from lanner.server.cleaner import cleaner_main
@@ -179,6 +180,7 @@ class Supervisor:
 
     # -- forking ---------------------------------------------------------------------------------
     def spawn(self, kind: str, index: int) -> Child:
+        reborn = (kind, index) in self.children
         child = self.children.get((kind, index)) or \
             Child(kind, index, ADMIN if kind == FRONT and index == self.admin_index else "")
         self.children[child.key] = child
@@ -186,7 +188,9 @@ class Supervisor:
         slot = self.peers.heartbeat_slot(kind, index)
         if self.heartbeats is not None and slot is not None:
             self.heartbeats.stamp(slot, self.clock.monotonic())
-        if self.mesh is not None:
+        if self.mesh is not None and reborn:
+            # (a first start has fresh rings, which a peer started earlier may already have sent
+            # into: a worker's moves at its start, a routed request of an early client)
             self.mesh.discard_unread(kind, index)
         # Keep what lives now out of the collector's reach (CPython's gc docs, Instagram): a full
         # collection here would write every object's header and unshare the children's pages.
@@ -208,7 +212,7 @@ class Supervisor:
         log.info("started %s (pid %d)", child, pid)
         for down in self.children.values():
             if down.pid == 0 and down.kind in self.peers.talk(kind):
-                self.tell(child, "peer_down", down)     # born while `down` is down
+                peernews.tell(self, child, "peer_down", down)     # born while `down` is down
         return child
 
     def fork_child(self, kind: str, index: int, child_sock: socket.socket,
@@ -394,10 +398,7 @@ class Supervisor:
     def on_message(self, child: Child, msg: dict) -> None:
         cmd = msg.get("cmd")
         if cmd == "ready":
-            child.ready = True
-            log.info("%s ready", child)
-            if child.restarts:
-                self.announce(child, "peer_up")
+            peernews.came_up(self, child)      # its peers hear peer_up first
         elif cmd == "boot_failed":
             sys.stderr.write(f"lanner: worker {child.index} cannot start: {msg.get('reason')}\n")
             sys.stderr.flush()
@@ -407,26 +408,10 @@ class Supervisor:
             down = self.children.get(self.peers.named_by(child.kind, msg["peer"]))
             if down is not None:
                 down.awaiting_acks.discard(child.key)
+        elif cmd == "ack_up":
+            peernews.acked_up(self, child, msg)
         elif cmd == "reload_all":        # from a front, or from a worker's own front
             self.reload(exclude=child.key)
-
-    # -- peers -----------------------------------------------------------------------------------
-    def tell(self, target: Child, what: str, about: Child) -> None:
-        """Send `target` a peer_down/peer_up about `about`, in target's numbering.  A
-        peer_down is awaited even when the send fails: the target acknowledges or dies."""
-        if what == "peer_down":
-            about.awaiting_acks.add(target.key)
-        try:
-            control.send(target.sock, {"cmd": what,
-                                       "peer": self.peers.as_seen_by(target.kind, about.kind, about.index)})
-        except OSError:
-            pass
-
-    def announce(self, child: Child, what: str) -> None:
-        """Tell every live process that shares rings with `child` that it went down or came up."""
-        for c in list(self.children.values()):
-            if c is not child and c.pid and c.kind in self.peers.talk(child.kind):
-                self.tell(c, what, child)
 
     # -- signals ---------------------------------------------------------------------------------
     def handle_term(self) -> None:
@@ -497,12 +482,11 @@ class Supervisor:
             self.stopping = True
             return
         log.warning("%s (pid %d) %s; restarting", child, pid, why)
-        for c in self.children.values():          # it will acknowledge nothing now
-            c.awaiting_acks.discard(child.key)
+        peernews.gone(self, child)
         now = self.clock.monotonic()
         child.restarts = [t for t in child.restarts if now - t < RESTART_WINDOW] + [now]
         child.restart_at = now + backoff(len(child.restarts))
-        self.announce(child, "peer_down")
+        peernews.announce(self, child, "peer_down")
 
     def manage(self) -> None:
         """Fork every replacement whose peers have all acknowledged and whose backoff is over."""

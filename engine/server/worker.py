@@ -49,7 +49,7 @@ from lanner.ipc.messages import (F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_STREAM, F_T
                        OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED, OP_FLUSH_EXPIRED, OP_FORWARD_ADD, OP_GET,
                        OP_HELD, OP_MONITOR, OP_PUT_MANY, OP_RELOAD, OP_SET, OP_SET_DATA, OP_STATS, OP_TABORT,
                        OP_TCONFIRM, OP_TGET, OP_TPEEK, OP_HANDOFF, FWD_ACK_CONN, R_CLIENT_ERROR, R_DATA, R_ERROR,
-                       R_NOT_STORED, R_OK, R_SERVER_ERROR, R_VALUE, REQ_SIZE, RF_CLOSE, Reassembler, pack_req, pack_resp, send, unpack_req)
+                       R_NOT_STORED, R_OK, R_SERVER_ERROR, R_VALUE, REQ_SIZE, RF_CLOSE, Reassembler, pack_resp, unpack_req)
 from lanner.queues.placement import worker_of
 from lanner.queues.sessions import Session
 from lanner.storage.factory import StorageFactory
@@ -63,7 +63,7 @@ from lanner.server.holding import Holding, Holds
 from lanner.server.local import attach_front
 from lanner.server.opencounts import OpenReadCounts
 from lanner.server.commit import GroupCommit
-from lanner.server.moves import ACK_HEAD, Moves
+from lanner.server.moves import Moves, MoveOps
 from lanner.server.peers import PeerOps
 from lanner.server.shardloop import NO_DEADLINE, ShardLoop
 from lanner.server import statsjob
@@ -72,7 +72,7 @@ from lanner.server.waiting import Pending, Waiting
 log = logging.getLogger(__name__)
 
 
-class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop):
+class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
     """A shard's queues and everything that touches them; the mixins hold the turn's end
     (commit.py), waiting requests (waiting.py) and peer/control duties (peers.py)."""
 
@@ -123,7 +123,10 @@ class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop):
         self.sessions: dict[tuple[int, int], Session] = {}
         self.pending_by_conn: dict[tuple[int, int], set[Pending]] = defaultdict(set)
         self.down_peers: set[int] = set()
-        self.moves = Moves()              # expire_to_queue moves to other workers, until acked
+        self.moves = Moves()              # expire_to_queue moves, until their target acked them
+        self.own_slot = self.peers.of_worker(index)     # whom a move into this worker's queue acks
+        self.void_moves: set[int] = set()     # workers whose held moves are dropped (moves.py)
+        self.moves_voided = 0
         self.holding = Holds()            # plain reads other processes answer, until written (holding.py)
         self.stats_jobs: set = set()          # stats answers being built in slices (statsjob.py)
         self.replies: list[tuple[int, bytes, bytes]] = []
@@ -444,76 +447,6 @@ class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop):
         if sess is not None:
             self.coll.abort_session(sess)
 
-    # -- cross-shard -----------------------------------------------------------------------------
-    def forward_add(self, target: str, data: bytes, now_ms: int, source=None, xid: int = 0) -> None:
-        """expire_to_queue into a queue another worker owns.  The source queue logged the item
-        as its open move `xid`, so it stays open there (and here) until that worker
-        acknowledges the add (moves.py); while it is down the move waits and goes when it is
-        back (`send_parked`)."""
-        self.send_move((target, data, source, xid))
-
-    def send_move(self, move) -> None:
-        target, data = move[0], move[1]
-        dst = self.peers.of_worker(worker_of(target, self.nworkers))
-        ring = self.outbound[dst]
-        if ring is None or dst in self.down_peers:
-            log.warning("worker %d: an expired item for %r waits for its worker, which is down",
-                        self.index, target)
-            self.moves.wait(dst, move)
-            return
-        q = target.encode("latin-1")
-        seq = self.moves.sent(dst, move)
-        send(ring, pack_req(0, seq, OP_FORWARD_ADD, 0, len(q), 0, 0) + q, data)
-        ring.publish()
-
-    def send_parked(self, peer: int) -> None:
-        """`peer` is back (or failed moves are due again): the moves that waited for it go,
-        in their order."""
-        for move in self.moves.take(peer):
-            self.send_move(move)
-
-    def retry_moves(self, now_ms: int) -> None:
-        """Moves a target could not write (its SERVER_ERROR ack, or a rollback here) go again,
-        RETRY_MS later."""
-        moves = self.moves
-        if moves.retry_ms and now_ms >= moves.retry_ms:
-            moves.retry_ms = 0
-            own = self.peers.of_worker(self.index)
-            for peer in list(moves.waiting):
-                if peer == own:
-                    for target, data, _, _ in moves.take(own):
-                        try:
-                            self.coll.add_forwarded(target, data, now_ms)
-                        except Exception as e:    # (its queue cannot even be made): again later
-                            log.error("worker %d: moving an expired item to %r: %s", self.index, target, e)
-                            self.move_failed(target, data)
-                elif peer not in self.down_peers:
-                    self.send_parked(peer)
-
-    def move_failed(self, target: str, data: bytes) -> None:
-        """A move into a queue of this worker was rolled back (its write failed)."""
-        self.moves.failed(self.peers.of_worker(self.index), (target, data, None, 0), self.clock.now_ms())
-        self.note_deadline(self.moves.retry_ms)
-
-    def from_worker(self, src: int, msg) -> None:
-        """A message on another worker's ring: a request it sends (a move), or the ack of one
-        of ours."""
-        if msg[:4] == ACK_HEAD:
-            moves = self.moves
-            done = moves.acked(src, msg, self.clock.now_ms())
-            if done is not None and done[2] is not None:
-                # the target has it: the source's journal lets it go (nobody's reply)
-                undo = self.coll.undo
-                ctx, undo.ctx = undo.ctx, None
-                try:
-                    self.coll.confirm_move(done[2], done[3])
-                finally:
-                    undo.ctx = ctx
-            if moves.retry_ms:
-                self.note_deadline(moves.retry_ms)
-        else:
-            self.handle(src, msg)
-
     def shutdown(self) -> int:
         """Write and fsync what is left, retry stranded aborts once, close every storage.
         Returns EXIT_UNSAVED, having logged each queue and what it left, if the disk could
@@ -525,7 +458,9 @@ class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop):
             self.settle_writes(block=True)
             if self.worker_rings:
                 # acks of our moves that came in: their confirms go into the last batch (a move
-                # still unacknowledged stays open in its source's journal: moves.py)
+                # still unacknowledged stays open in its source's journal: moves.py); moves
+                # that journal holds are left to it (we could not acknowledge them now)
+                self.void_moves = set(self.worker_srcs)
                 self.drain(self.worker_rings)
             self.finish_batch()
             self.wait_for_sync()

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import errno
 
-from lanner.ipc.messages import OP_GET, OP_SET, R_EMPTY, R_ITEM, R_OK
+import pytest
+
+from lanner.ipc.messages import F_PEEK, OP_GET, OP_SET, R_EMPTY, R_ITEM, R_OK
 from lanner.queues.collection import QueueCollection
 from lanner.queues.placement import worker_of
 from lanner.server.moves import RETRY_MS
@@ -91,15 +93,42 @@ def test_moves_unread_by_a_target_that_died_go_again_when_it_is_back(harness):
     assert target_holds(h, dst, 3) == [(3, R_ITEM, b"moved")]
 
 
-def test_moves_a_dead_source_published_are_run_by_the_target(harness):
-    """The source dies with its move in the ring (its removal is in its journal): the target
-    runs the move before it discards what the dead worker left.  Before, it was discarded."""
+@pytest.mark.parametrize("storage", ["journal", "cmdlog"])
+def test_moves_a_dead_source_published_arrive_once(harness, storage):
+    """The source dies with its move in the ring.  A journal source holds the item (its
+    REMOVE_TENTATIVE, or its add) whatever the moment of its death, so the target drops the
+    move and the source's replay moves it again: it arrives once.  Before, the target ran it
+    too, and the item arrived twice.  A command log's replay would drop the item (an add past
+    its TTL) if its re-log as held was not written yet, so that move is run: never lost."""
+    src, dst = pair()
+    h = harness(workers=2, config=config(src, dst) + f'storage = "{storage}"\n')
+    moved_out(h, src)
+    h.tell(1, {"cmd": "peer_down", "peer": h.peers.of_worker(0)})
+    h.workers[1].poll_control()                    # before its loop reads the ring
+    held = target_holds(h, dst, 3)
+    if storage == "cmdlog":
+        assert held == [(3, R_ITEM, b"moved")]
+        return
+    assert held == [(3, R_EMPTY, b"")]                 # main: the item, a second copy to come
+    source = h.workers[0]
+    source.shutdown()                              # (as a kill -9 would: the move stays open)
+    h.workers = h.workers[1:]
+    again = QueueCollection(h.config, h.clock, owns=lambda n: worker_of(n, 2) == 0)
+    again.load()
+    assert [i.data for i in again.queue(src).memory_items()] == [b"moved"]
+    again.close()
+
+
+def test_a_dead_sources_move_is_dropped_even_when_the_ring_is_read_first(harness):
+    """The target's loop wakes for the dead source's ring before it read the supervisor's
+    peer_down: it reads its control socket first (hear_deaths), so the move is dropped as a
+    dead worker's, not run as a live one's."""
     src, dst = pair()
     h = harness(workers=2, config=config(src, dst))
     moved_out(h, src)
     h.tell(1, {"cmd": "peer_down", "peer": h.peers.of_worker(0)})
-    h.workers[1].poll_control()                    # before its loop reads the ring
-    assert target_holds(h, dst, 3) == [(3, R_ITEM, b"moved")]
+    h.workers[1].pump()                            # the ring first, as a wake-up would
+    assert target_holds(h, dst, 3) == [(3, R_EMPTY, b"")]
 
 
 def test_a_move_whose_add_raised_is_sent_again(harness, monkeypatch):
@@ -153,6 +182,69 @@ def test_a_move_within_one_worker_whose_write_failed_is_made_again(harness, monk
     f.send(0, 1, 4, OP_GET, dst.encode(), 0, a=-1)
     h.settle()
     assert statuses(f.replies(0)) == [(4, R_ITEM, b"moved")]
+
+
+def test_a_move_within_one_worker_whose_write_failed_survives_a_stop_before_its_retry(harness, monkeypatch):
+    """As above, and the worker stops before the retry: the source's journal holds the move
+    open (it was never acknowledged), so the next start has the item in the source, to move
+    again.  Before, the source had logged a plain remove and the retry lived only in memory:
+    the item was in neither queue."""
+    src, dst = next((f"s{i}", f"d{i}") for i in range(100)
+                    if worker_of(f"s{i}", 2) == 0 and worker_of(f"d{i}", 2) == 0)
+    h = harness(workers=2, config=config(src, dst))
+    f = h.fronts[0]
+    f.send(0, 1, 1, OP_SET, src.encode(), payload=b"moved")
+    f.send(0, 1, 2, OP_GET, dst.encode(), 0, a=-1)          # the target's journal exists
+    h.settle()
+    assert statuses(f.replies(0)) == [(1, R_OK, b""), (2, R_EMPTY, b"")]
+    h.clock.advance(5000)
+    w = h.workers[0]
+    target_fd = w.coll.queue(dst).storage._fd
+    real_write = J._write
+
+    def write(fd, data):
+        if fd == target_fd:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+    monkeypatch.setattr(J, "_write", write)
+    f.send(0, 1, 3, OP_GET, src.encode(), 0, a=-1)          # the sweep moves the item
+    h.settle()
+    assert statuses(f.replies(0)) == [(3, R_EMPTY, b"")]
+    assert w.coll.queue(dst).length == 0 and w.moves.pending() == 1
+    assert w.coll.queue(src).moves_open == 1                  # held open in the source
+    monkeypatch.undo()
+    w.shutdown()                                              # before the retry is due
+    h.workers = h.workers[1:]                      # (stopped: the harness must not stop it again)
+    again = QueueCollection(h.config, h.clock, owns=lambda n: worker_of(n, 2) == 0)
+    again.load()
+    assert [i.data for i in again.queue(src).memory_items()] == [b"moved"]   # main: []
+    assert again.queue(dst).length == 0
+    again.close()
+
+
+def test_a_move_whose_source_record_was_rolled_back_too_is_not_made_twice(harness, monkeypatch):
+    """A queue that expires into itself: the move's record and the add share one journal, and a
+    failed write takes both back, so the item is at the source's head again (and moves again
+    from there).  Before, the move was also made again from memory: two copies."""
+    src = next(f"s{i}" for i in range(100) if worker_of(f"s{i}", 2) == 0)
+    h = harness(workers=2, config=config(src, src))
+    f = h.fronts[0]
+    f.send(0, 1, 1, OP_SET, src.encode(), payload=b"moved")
+    h.settle()
+    h.clock.advance(5000)
+
+    def enospc(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(J, "_write", enospc)
+    f.send(0, 1, 2, OP_GET, src.encode(), F_PEEK, a=-1)     # the sweep moves the item
+    h.settle()
+    monkeypatch.undo()
+    q = h.workers[0].coll.queue(src)
+    assert q.length == 1 and q.moves_open == 0                # both rolled back
+    h.clock.advance(RETRY_MS)
+    h.settle()
+    assert not h.workers[0].moves.pending()
+    assert q.length == 1, [i.data for i in q.memory_items()]  # main: 2
 
 
 def test_a_move_acknowledged_while_its_source_stops_is_confirmed_in_its_journal(harness):

@@ -216,3 +216,59 @@ def test_a_move_whose_confirm_is_lost_is_confirmed_again(tmp_path, clock, monkey
     s = Source(tmp_path, clock, storage=storage)
     assert s.coll.queue("src").length == 0
     s.coll.close()
+
+
+# -- deleting a source queue with open moves (queues/deletes.py) ----------------------------------
+@pytest.mark.parametrize("storage", ["journal", "cmdlog"])
+def test_a_deleted_source_keeps_its_open_moves_until_they_are_confirmed(tmp_path, clock, storage):
+    """`delete src` while its expired item is on its way to `far`: the queue goes from every
+    view, but its storage keeps the move open, so a restart before the target acknowledged it
+    brings the item back (and it moves).  Before, the delete erased the journal: the item was
+    only in the worker's memory, and lost with it."""
+    s = Source(tmp_path, clock, storage=storage)
+    *_, q, xid = expire_one(s, clock, data=b"moving")
+    s.coll.add("src", b"queued")                        # deleted with the queue
+    s.coll.delete("src")
+    assert "src" not in s.coll.names() and s.coll.queue_stats("src") is None
+    assert s.coll.stats()["queue_deletes"] == 1
+    s.coll.close()                                     # (as a kill -9 would: never confirmed)
+
+    s = Source(tmp_path, clock, storage=storage)
+    assert s.datas("src") == [b"moving"]                # main: [] (the journal was erased)
+    assert s.coll.flush_all_expired() == 1
+    *_, q, xid = s.sent.pop()
+    assert s.coll.confirm_move(q, xid)
+    s.coll.close()
+
+
+def test_a_deleted_source_is_erased_once_its_last_move_is_confirmed(tmp_path, clock):
+    s = Source(tmp_path, clock)
+    moves = [expire_one(s, clock, data=b"m%d" % i) for i in range(2)]
+    s.coll.delete("src")
+    path = tmp_path / "q" / "src"
+    assert path.exists()
+    assert s.coll.confirm_move(moves[0][3], moves[0][4]) and path.exists()
+    assert s.coll.confirm_move(moves[1][3], moves[1][4])
+    assert not path.exists() and "src" not in s.coll.names()
+    s.coll.close()
+    s = Source(tmp_path, clock)
+    assert "src" not in s.coll.names()
+    s.coll.close()
+
+
+def test_a_deleted_source_named_again_is_the_same_queue_empty(tmp_path, clock):
+    """Named before its moves are confirmed, the deleted queue comes back empty, with fresh
+    figures, on the same storage (a second one on the same files would corrupt them)."""
+    s = Source(tmp_path, clock)
+    *_, q, xid = expire_one(s, clock, data=b"moving")
+    s.coll.add("src", b"dropped")
+    s.coll.delete("src")
+    s.coll.add("src", b"new")
+    assert s.coll.queue("src") is q and s.datas("src") == [b"new"]
+    st = dict(s.coll.queue_stats("src"))
+    assert (st["items"], st["total_items"], st["expired_items"]) == ("1", "1", "0")
+    assert s.coll.confirm_move(q, xid)
+    s.coll.close()
+    s = Source(tmp_path, clock)
+    assert s.datas("src") == [b"new"]
+    s.coll.close()

@@ -127,6 +127,62 @@ def test_a_dead_front_is_replaced_only_after_every_worker_acknowledged(sup):
     assert sup.said_to(WORKER, 1) == [{"cmd": "peer_up", "peer": 0}]
 
 
+def test_a_replacement_is_announced_ready_only_after_its_peers_acknowledged_peer_up(sup, caplog):
+    """The "worker 0 ready" line (what operators and tests wait for) comes after every live peer
+    acknowledged the replacement's peer_up; a peer that dies meanwhile is not waited for.
+    Before, the line came first, and a client acting on it could be told "worker 0 is
+    restarting" by a peer that had not read its peer_up yet."""
+    caplog.set_level(logging.INFO, logger="lanner.supervisor")
+    sup.die(WORKER, 0)
+    sup.turn()
+    for kind, i, peer in ((FRONT, 0, 0), (FRONT, 1, 0), (WORKER, 1, 2)):
+        assert sup.said_to(kind, i) == [{"cmd": "peer_down", "peer": peer}]
+        sup.child_says(kind, i, {"cmd": "ack_down", "peer": peer, kind: i})
+    sup.clock.advance(1000)
+    sup.turn()
+    assert sup.children[(WORKER, 0)].pid != 0
+    caplog.clear()
+    sup.child_says(WORKER, 0, {"cmd": "ready"})
+    sup.turn()
+    assert sup.said_to(FRONT, 0) == sup.said_to(FRONT, 1) == [{"cmd": "peer_up", "peer": 0}]
+    assert sup.said_to(WORKER, 1) == [{"cmd": "peer_up", "peer": 2}]
+    ready = [r.getMessage() for r in caplog.records if r.getMessage() == "worker 0 ready"]
+    assert ready == []
+    sup.child_says(FRONT, 0, {"cmd": "ack_up", "peer": 0, "front": 0})
+    sup.child_says(WORKER, 1, {"cmd": "ack_up", "peer": 2, "worker": 1})
+    sup.turn()
+    assert "worker 0 ready" not in [r.getMessage() for r in caplog.records]
+    sup.die(FRONT, 1)                      # never acknowledges: not waited for
+    sup.turn()
+    assert [r.getMessage() for r in caplog.records].count("worker 0 ready") == 1
+
+
+def test_only_a_replacement_has_its_rings_emptied_at_its_fork(tmp_path):
+    """A first start finds fresh rings; a peer forked before it may already have sent into
+    them (worker 0's moves at its start, once its replay is done): emptying them at that fork
+    stranded those moves.  A replacement's rings are emptied (what its predecessor left)."""
+    cfg = tmp_path / "lanner.toml"
+    cfg.write_text("")
+    s = FakeSupervisor(load_config(str(cfg), {"workers": "2", "fronts": "0", "admin_port": "off"}),
+                       FakeClock())
+    emptied = []
+
+    class Mesh:
+        def discard_unread(self, kind, index):
+            emptied.append((kind, index))
+    s.mesh = Mesh()
+    for i in range(2):
+        s.spawn(WORKER, i)
+    assert emptied == []                       # main: [(worker, 0), (worker, 1)]
+    s.die(WORKER, 1)
+    s.turn()
+    s.child_says(WORKER, 0, {"cmd": "ack_down", "peer": s.peers.as_seen_by(WORKER, WORKER, 1),
+                             "worker": 0})
+    s.clock.advance(1000)
+    s.turn()
+    assert emptied == [(WORKER, 1)]
+
+
 def test_a_dead_worker_is_named_the_way_each_peer_numbers_it(sup):
     sup.die(WORKER, 1)
     sup.turn()

@@ -193,7 +193,8 @@ def test_control_is_read_while_busy_and_the_heart_beats(harness):
     h.tell(0, {"cmd": "peer_up", "peer": 0})
     h.tell(0, {"cmd": "peer_down", "peer": 0})
     assert wk.step(wait=0) is True                               # busy, yet control was read
-    assert h.acks[0].read() == [{"cmd": "ack_down", "peer": 0, "worker": 0}]
+    assert h.acks[0].read() == [{"cmd": "ack_up", "peer": 0, "worker": 0},
+                                {"cmd": "ack_down", "peer": 0, "worker": 0}]
     assert h.heartbeats.silent_for(slot, h.clock.monotonic()) == pytest.approx(0, abs=1e-6)
     assert wk.beat_interval == 0.5                               # a quarter of the 2 s timeout
     h.clock.advance(300)

@@ -7,11 +7,14 @@ fails with ENOSPC, reads included."""
 import os
 import re
 import signal
+import time
 
 import pytest
 
-from tests.helpers import start_server
+from tests.helpers import start_server, wait_for
 from tests.server.conftest import Client
+from tests.server.test_expire_to_queue import gone
+from tests.server.test_local import worker_procs
 from tests.smallfs import small_fs
 
 pytestmark = pytest.mark.integration
@@ -202,3 +205,38 @@ def test_a_refused_set_leaves_no_fanout_copy(tmp_path, fs):
         assert drain(h, b"q+copy") == [] and drain(h, b"q") == []
     finally:
         assert h.stop() == 0
+
+
+def test_an_item_moved_within_a_worker_whose_add_failed_survives_kill_9(tmp_path, fs):
+    """expire_to_queue from `src` into `dst`, both on the one worker.  The disk is full: the
+    source's record of the move fits in its journal's last block, the target's add does not and
+    is rolled back.  The worker is then killed (kill -9) before the move could be made again:
+    the item must still be somewhere after the restart, and reach `dst`.  Before, the source
+    had logged a plain remove and the retry lived only in the worker's memory: it was lost."""
+    qp = os.path.join(fs.path, "queues")
+    h = start_server(tmp_path, queue_path=qp, config='[queues.src]\nexpire_to_queue = "dst"\n'
+                                                     'max_age = "100ms"\n')
+    try:
+        c = Client(h.connect())
+        for i in range(3):
+            assert setq(c, b"dst", item(i)) == b"STORED\r\n"
+        assert os.path.getsize(os.path.join(qp, "dst")) == 3 * BLOCK     # whole blocks
+        assert setq(c, b"src", b"moving") == b"STORED\r\n"              # room left in its block
+        filler = fs.fill()
+        time.sleep(0.2)                           # the item's max_age runs out
+        assert c.ask(b"get src\r\n", b"END\r\n") == b"END\r\n"          # the sweep moves it
+        assert queue_items(Client(h.connect()), "dst") == 3             # its add was rolled back
+        [worker] = worker_procs(h)
+        h.proc.send_signal(signal.SIGSTOP)        # no replacement until the disk has room again
+        try:
+            worker.send_signal(signal.SIGKILL)
+            assert wait_for(lambda: gone(worker)), h.log()
+            os.unlink(filler)
+        finally:
+            h.proc.send_signal(signal.SIGCONT)
+        assert wait_for(lambda: h.log().count("worker 0 ready") >= 2, timeout=20), h.log()
+        c = Client(h.connect())
+        assert c.ask(b"get src\r\n", b"END\r\n") == b"END\r\n"          # (moves what came back)
+        assert drain(h, b"dst") == [item(i) for i in range(3)] + [b"moving"]   # main: no "moving"
+    finally:
+        assert h.stop() == 0, h.log()[-3000:]

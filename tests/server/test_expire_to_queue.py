@@ -5,6 +5,7 @@ empty finds the item in the target at once.  With the target on another worker t
 message between workers; this holds the server to Kestrel's order in every layout.  (A move
 while the target's worker is down: tests/engine/test_worker_loop.py.)
 """
+import os
 import signal
 import time
 
@@ -228,3 +229,139 @@ def test_moves_held_at_a_graceful_stop_reach_their_target_after_the_restart(tmp_
     finally:
         assert h.stop() == 0
     assert "move again after the next start" in stopped and "may be lost" not in stopped, stopped
+
+
+def target_receives(h, dst: str, n: int) -> list[bytes]:
+    """Drain `dst` alone (its source is never touched, so no client's get sweeps it) until it
+    gave every item; returns the three-byte numbers got."""
+    got: list[bytes] = []
+
+    def drained() -> bool:
+        d = Client(h.connect())
+        try:
+            drain_queue(d, dst, got)
+        except ConnectionError:
+            pass
+        finally:
+            d.close()
+        return len({g[:3] for g in got}) >= n
+    assert wait_for(drained, timeout=20), sorted({g[:3] for g in got})
+    return [g[:3] for g in got]
+
+
+@pytest.mark.parametrize("storage", ["journal", "cmdlog"])
+def test_moves_left_open_by_a_killed_source_go_when_it_is_back_without_a_client(tmp_path, storage):
+    """As above, but nobody reads the source after its replacement started: the replacement
+    moves what replay put back as soon as it is up.  Before, the items waited in the source
+    until a client touched it (the expiration timer is off by default)."""
+    src, dst = pair_from(0)
+    h = start_server(tmp_path, workers=2, config=config_for([(src, dst)]).replace(
+        "\n", f'\nstorage = "{storage}"\n', 1))
+    try:
+        source, target = expire_into_a_stopped_target(h, src, N_HELD)
+        try:
+            source.send_signal(signal.SIGKILL)
+            assert wait_for(lambda: gone(source)), h.log()
+        finally:
+            target.send_signal(signal.SIGCONT)
+        assert wait_for(lambda: h.log().count("worker 0 ready") >= 2, timeout=20), h.log()
+        assert set(target_receives(h, dst, N_HELD)) == {b"%03d" % i for i in range(N_HELD)}
+    finally:
+        assert h.stop() == 0
+
+
+def test_moves_held_at_a_graceful_stop_go_at_the_next_start_without_a_client(tmp_path):
+    src, dst = pair_from(0)
+    conf = config_for([(src, dst)])
+    h = start_server(tmp_path, workers=2, config=conf)
+    try:
+        source, target = expire_into_a_stopped_target(h, src, N_HELD)
+        try:
+            h.proc.send_signal(signal.SIGTERM)
+            assert wait_for(lambda: gone(source)), h.log()
+        finally:
+            target.send_signal(signal.SIGCONT)
+        assert h.stop() == 0, h.log()
+    finally:
+        h.stop()
+    h = start_server(tmp_path, workers=2, config=conf, queue_path=h.queue_path)
+    try:
+        assert set(target_receives(h, dst, N_HELD)) == {b"%03d" % i for i in range(N_HELD)}
+    finally:
+        assert h.stop() == 0
+
+
+def test_moves_a_killed_source_left_in_the_ring_arrive_once(tmp_path):
+    """The source is killed with moves in the ring to its (stopped) target, and the target
+    resumes only once the supervisor has told it (peer_down): it drops the moves the source's
+    journal holds, and the source's replacement moves every item once.  Exactly as many items
+    reach the target as expired.  Before, the target ran the ring's moves and the replacement
+    moved them again: each of those arrived twice."""
+    src, dst = pair_from(0)
+    h = start_server(tmp_path, workers=2, config=config_for([(src, dst)]))
+    try:
+        source, target = expire_into_a_stopped_target(h, src, N_HELD)
+        try:
+            source.send_signal(signal.SIGKILL)
+            assert wait_for(lambda: "killed by signal 9" in h.log()), h.log()   # peer_down sent
+        finally:
+            target.send_signal(signal.SIGCONT)
+        assert wait_for(lambda: h.log().count("worker 0 ready") >= 2, timeout=20), h.log()
+        # (a copy the target ran would be ahead of the replacement's moves in the queue)
+        got = target_receives(h, dst, N_HELD)
+        assert sorted(got) == [b"%03d" % i for i in range(N_HELD)], got
+        assert "moves worker 0 left are left to its journal" in h.log(), h.log()
+    finally:
+        assert h.stop() == 0
+
+
+def test_items_moving_out_of_a_deleted_queue_reach_their_target_after_kill_9(tmp_path):
+    """A client deletes the source queue while its expired items are on their way to a target
+    whose worker is stopped (some in the ring, the rest waiting in the source), then the source
+    worker is killed: the items were moved out before the delete, so every one reaches the
+    target, once.  Before, the delete erased the source's journal, and the moves not yet in
+    the ring died with the worker."""
+    src, dst = pair_from(0)
+    h = start_server(tmp_path, workers=2, config=config_for([(src, dst)]))
+    try:
+        [c] = clients_on(h, 0, 1)                   # (a connection worker 1 took would hang)
+        source, target = expire_into_a_stopped_target(h, src, N_HELD)
+        try:
+            assert c.ask(b"delete %s\r\n" % src.encode()) == b"DELETED\r\n"
+            source.send_signal(signal.SIGKILL)
+            assert wait_for(lambda: "killed by signal 9" in h.log()), h.log()
+        finally:
+            target.send_signal(signal.SIGCONT)
+        assert wait_for(lambda: h.log().count("worker 0 ready") >= 2, timeout=20), h.log()
+        got = target_receives(h, dst, N_HELD)
+        assert sorted(got) == [b"%03d" % i for i in range(N_HELD)], got
+    finally:
+        assert h.stop() == 0
+
+
+def test_a_deleted_queue_whose_moves_arrived_is_gone_for_good(tmp_path):
+    """Without a crash: the target resumes, takes every move, and the deleted source's
+    journal is erased once the last is confirmed; a restart does not bring it back."""
+    src, dst = pair_from(0)
+    conf = config_for([(src, dst)])
+    h = start_server(tmp_path, workers=2, config=conf)
+    try:
+        [c] = clients_on(h, 0, 1)                   # (a connection worker 1 took would hang)
+        source, target = expire_into_a_stopped_target(h, src, N_HELD)
+        try:
+            assert c.ask(b"delete %s\r\n" % src.encode()) == b"DELETED\r\n"
+            assert os.path.exists(os.path.join(h.queue_path, src))     # keeps the moves
+        finally:
+            target.send_signal(signal.SIGCONT)
+        assert sorted(target_receives(h, dst, N_HELD)) == [b"%03d" % i for i in range(N_HELD)]
+        assert wait_for(lambda: not os.path.exists(os.path.join(h.queue_path, src))), h.log()
+    finally:
+        assert h.stop() == 0
+    h = start_server(tmp_path, workers=2, config=conf, queue_path=h.queue_path)
+    try:
+        c = Client(h.connect())
+        assert b"queue_%s_" % src.encode() not in c.ask(b"stats\r\n", b"END\r\n")
+        assert c.ask(b"get %s\r\n" % dst.encode(), b"END\r\n") == b"END\r\n"
+        c.close()
+    finally:
+        assert h.stop() == 0
