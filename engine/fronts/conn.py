@@ -24,12 +24,13 @@ from typing import TYPE_CHECKING
 
 from lanner.fronts.counters import C_CURR, C_HERE, C_READ, C_TOTAL, C_WRITTEN
 from lanner.fronts.flow import MAX_INFLIGHT, SMALL_REPLY, room_for
+from lanner.fronts.held import HeldItems
 from lanner.fronts.inline import InlineReplies
 from lanner.fronts.servercmds import ServerCommands
 from lanner.fronts.spill import REPLY_BUDGET, WRITE_CHUNK, WRITE_LOW, SpillWriter  # noqa: F401 (WRITE_LOW: tests)
 from lanner.ops.latency import BY_TYPE, family_of
 from lanner.queues.names import validate_queue_name
-from lanner.ipc.messages import OP_DISCONNECT, OP_SET_DATA, R_SERVER_ERROR, RF_CLOSE, RF_MORE
+from lanner.ipc.messages import OP_DISCONNECT, OP_SET_DATA, R_SERVER_ERROR, RF_CLOSE, RF_HELD, RF_MORE
 
 #: Unparsed bytes a connection holds while it cannot take commands, before it stops reading.
 INPUT_LIMIT = 64 << 10
@@ -57,7 +58,7 @@ class Part:
 class Slot:
     """A place in a connection's in-order reply queue."""
     __slots__ = ("parts", "remaining", "out", "close", "finish", "stream", "blocking", "done", "call",
-                 "fam", "t0")
+                 "fam", "t0", "holds")
 
     def __init__(self, finish=None, stream=None, blocking=False, call=None, fam=-1, t0=0.0):
         self.parts: list[Part] = []
@@ -72,6 +73,7 @@ class Slot:
                                   # the key a memcache `get` echoes
         self.fam = fam            # latency family (ops/latency.py); -1: not measured
         self.t0 = t0              # monotonic time its command's bytes were read
+        self.holds = None         # (worker, hold id) of the held reads its reply carries (held.py)
 
 
 def expiry_at(ms: int) -> int:
@@ -80,7 +82,7 @@ def expiry_at(ms: int) -> int:
     return ms if ms > 0 else 1
 
 
-class Conn(InlineReplies, SpillWriter, ServerCommands, asyncio.Protocol, abc.ABC):
+class Conn(InlineReplies, SpillWriter, HeldItems, ServerCommands, asyncio.Protocol, abc.ABC):
     """One client connection.  A subclass passes its protocol's parser (`feed(bytes)`, `next()`
     -> command or None, `buffered` -> bytes held) and implements `handle` and `unavailable`.
 
@@ -229,6 +231,8 @@ class Conn(InlineReplies, SpillWriter, ServerCommands, asyncio.Protocol, abc.ABC
         if log.isEnabledFor(logging.DEBUG):
             log.debug("front %d: connection %d closed (%s)", f.index, self.id, exc or "clean")
         self.send_disconnects()
+        if self.held_slots or self.unwritten:
+            self.drop_held()           # replies it never wrote: their items go back (held.py)
         self.slots.clear()
         self.parts.clear()
         self.held = 0
@@ -415,6 +419,8 @@ class Conn(InlineReplies, SpillWriter, ServerCommands, asyncio.Protocol, abc.ABC
             return
         part = self.parts.pop(req, None)
         if part is None or self.closing:
+            if flags & RF_HELD and part is not None:     # nobody will read it: it goes back
+                self.front.settles.add(part.worker, value, abort=True)
             if part is None and fast and not self.closing and any(e[0] == req for e in fast):
                 # an inline request's reply ahead of an older one's: keep it until that comes
                 self.early[req] = (status, flags, bytes(payload) if payload else b"")
@@ -436,6 +442,8 @@ class Conn(InlineReplies, SpillWriter, ServerCommands, asyncio.Protocol, abc.ABC
         part.status, part.flags, part.value = status, flags, value
         part.payload = bytes(payload) if payload else b""
         part.done = True
+        if flags & RF_HELD:
+            self.hold(slot, part.worker, value)
         slot.remaining -= 1
         if slot.remaining == 0:
             self.complete(slot)
@@ -484,6 +492,8 @@ class Conn(InlineReplies, SpillWriter, ServerCommands, asyncio.Protocol, abc.ABC
         slots = self.slots
         while slots and slots[0].done:
             s = slots.popleft()
+            if s.holds is not None:
+                self.held_out(s)
             if s.out:
                 self.out.append(s.out)
                 self.held -= len(s.out)
@@ -514,6 +524,8 @@ class Conn(InlineReplies, SpillWriter, ServerCommands, asyncio.Protocol, abc.ABC
             else:
                 t.write(data)
         out.clear()
+        if self.unwritten:
+            self.held_written()
         if self.closing and not self.spilled and t is not None and not t.is_closing():
             t.close()
 

@@ -22,13 +22,14 @@ from lanner.config import ConfigError, reload_config
 from lanner.fronts.admin import AdminConn
 from lanner.fronts.conn import Conn
 from lanner.fronts.counters import FRONT_COUNTERS, global_stats
+from lanner.fronts.held import Settles
 from lanner.fronts.memcache import MemcacheConn
 from lanner.fronts.putbound import put_bound
 from lanner.fronts.spill import SpillTurns
 from lanner.fronts.text import TextConn
 from lanner.fronts.thrift import ThriftConn
 from lanner.ipc import control
-from lanner.ipc.messages import RESP_SIZE, Reassembler, pack_req, send, unpack_resp
+from lanner.ipc.messages import RESP_SIZE, RF_HELD, Reassembler, pack_req, send, unpack_resp
 from lanner.ipc.shm import ConfigEpoch
 from lanner.ipc.wake import drain_eventfd, prepare_sleep_all
 from lanner.ops import latency
@@ -113,6 +114,7 @@ class Front:
         self.valid_names: set[str] = set()     # names already checked (cleared by use_config)
         self.item_limits = ItemLimits(self)    # queue -> max_item_size (cleared by use_config)
         self.owners: dict[str, int] = {}       # queue -> worker, a cache of placement
+        self.settles = Settles(self)           # held reads written or not, for their owners (held.py)
 
     # -- routing ---------------------------------------------------------------------------------
     def owner(self, queue: str) -> int:
@@ -160,6 +162,8 @@ class Front:
         return True
 
     def flush_rings(self) -> None:
+        if self.settles.due:        # held reads settled: with the requests (fronts/held.py)
+            self.settles.ride(self.dirty_rings)
         self.flush_scheduled = False
         for w in self.dirty_rings:
             self.req_rings[w].publish()
@@ -213,6 +217,8 @@ class Front:
                     c = conns.get(conn_id)
                     if c is not None:
                         c.on_response(req, status, flags, value, msg[RESP_SIZE:])
+                    elif flags & RF_HELD:           # its client is gone: the item goes back
+                        self.settles.add(w, value, abort=True)
                 del batch
                 ring.release()
 

@@ -83,6 +83,8 @@ class SpillWriter:
         if self.spill:
             self.front.spills.add(self)
         else:
+            if self.unwritten:
+                self.held_written()    # the last slice left: confirm what it carried (held.py)
             self.unpause()
 
     def spill_out(self, pieces: list) -> None:
@@ -125,6 +127,8 @@ class SpillWriter:
                 n = limit
         self.spilled -= n
         t.write(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+        if self.unwritten and not spill:
+            self.held_written()
         if spill:
             if not self.wbusy:
                 self.front.spills.add(self)

@@ -54,6 +54,9 @@ OP_SET_DATA = 21      # payload = the next piece of a streamed set body (see bod
 OP_HANDOFF = 22       # worker to worker: adopt this connection (local.py); flags = connection kind,
                       # a = handoff seq (its fd travels on the handoff channel), payload = unparsed
                       # input; R_OK adopted, R_ERROR declined (the sender keeps it)
+OP_HELD = 23          # front to owner, once per turn: a = how many of the hold ids in payload (i64
+                      # each) were written to their clients, the rest were not; no reply
+                      # (server/holding.py)
 
 # -- request flags ---------------------------------------------------------------------------
 F_OPEN = 1
@@ -81,6 +84,8 @@ R_END = 9             # end of a monitor stream
 # -- response flags --------------------------------------------------------------------------
 RF_MORE = 1           # more responses follow for this request (monitor)
 RF_CLOSE = 2          # the front must close the connection after writing the reply
+RF_HELD = 4           # value = a hold id: the owner holds the item(s) until the front says the
+                      # reply was written (OP_HELD; server/holding.py)
 
 pack_req = REQ.pack
 unpack_req = REQ.unpack_from

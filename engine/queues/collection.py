@@ -317,6 +317,13 @@ class QueueCollection(WriteFailures, Deletes):
             self.flush_storages()
         return item
 
+    def remove_held(self, name: str) -> tuple[PersistentQueue, QItem | None]:
+        """A plain read whose reply another process writes (server/holding.py): the item stays
+        the queue's own open read until its `confirm_held` or `abort_held` (queues/openreads.py).
+        Counted as `remove` counts it."""
+        q = self._queues.get(name) or self.queue(name)
+        return q, self._counted(q.remove_held())
+
     def peek(self, name: str) -> QItem | None:
         return self._counted((self._queues.get(name) or self.queue(name)).peek())
 

@@ -9,7 +9,9 @@ rolled back takes its fanout children's copies with it, written or not (undo.Fan
 set is answered SERVER_ERROR, so no queue may hold the item.  A confirm or abort taken back
 leaves its item reserved with nobody holding it in the server: the worker `strand`s it and
 `abort_stranded` retries the abort.  The confirm of an expired item's move (undo.MOVE_CONFIRM:
-its target has the item) is stranded here, and `abort_stranded` writes the confirm again.
+its target has the item) is stranded here, and `abort_stranded` writes the confirm again.  A
+held read's confirm or abort (queues/openreads.py) taken back is stranded by the worker and
+aborted again: the item is served once more (at least once).
 
 `WriteFailures` is a base class of `QueueCollection` (collection.py) and nothing else.
 """
@@ -82,7 +84,7 @@ class WriteFailures:
                             n += 1
                     continue
                 for xid in xids:
-                    if q.confirm_move(xid) or q.unremove(xid):
+                    if q.confirm_move(xid) or q.abort_held(xid) or q.unremove(xid):
                         n += 1
         finally:
             undo.ctx = ctx

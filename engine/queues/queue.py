@@ -17,6 +17,8 @@ State and invariants:
 * `_moving` maps xid -> an expired item moving to another worker's queue (`hold_moves`): an
   open read of the queue's own until `confirm_move`, so replay rolls it back to expire and move
   again (server/moves.py); storage sees it with the client reads (`open_items`), clients do not.
+* `_held` maps xid -> an item a plain read handed to another process's client, open until that
+  process wrote the reply (queues/openreads.py); like `_moving`, storage sees it, clients do not.
 * The journal order equals the order of the in-memory changes: every mutation
   is recorded before the call returns, so replaying the records rebuilds
   exactly this state.
@@ -36,8 +38,9 @@ import logging
 from collections import deque
 from typing import Callable
 
+from lanner.queues.openreads import OpenReads
 from lanner.queues.item import QItem
-from lanner.queues.undo import ADD, CONFIRM, MOVE_CONFIRM, MOVE_OPEN, OPEN, REMOVE, UNREMOVE
+from lanner.queues.undo import ADD, CONFIRM, HELD_OPEN, MOVE_CONFIRM, MOVE_OPEN, OPEN, REMOVE, UNREMOVE
 from lanner.queues.waiters import Waiter, WaitList
 
 log = logging.getLogger(__name__)
@@ -45,7 +48,7 @@ log = logging.getLogger(__name__)
 _XID_MAX = 0x7FFFFFFF     # journal xids are i32; wrap to 1 (0 is never used)
 
 
-class PersistentQueue:
+class PersistentQueue(OpenReads):
     def __init__(self, name: str, config, storage, clock, *, is_fanout_child: bool = False,
                  expire_sink: Callable[[bytes, int, int], None] | None = None,
                  on_wake: Callable[[Waiter], None] | None = None) -> None:
@@ -80,6 +83,7 @@ class PersistentQueue:
         self._open: dict[int, QItem] = {}
         self._open_deadline: dict[int, int] = {}   # xid -> ms, only under open_transaction_timeout
         self._moving: dict[int, QItem] = {}        # xid -> expired item whose move is not confirmed
+        self._held: dict[int, QItem] = {}          # xid -> item whose reply is not written yet
         self._xid = 0
         self._last_removed_add_time: int | None = None
         self.total_items = 0
@@ -108,8 +112,8 @@ class PersistentQueue:
 
     def open_items(self) -> dict[int, QItem]:
         """xid -> reserved item, open moves included (a live view or a copy: do not mutate)."""
-        if self._moving:
-            return {**self._open, **self._moving}
+        if self._moving or self._held:
+            return {**self._open, **self._moving, **self._held}
         return self._open
 
     @property
@@ -137,6 +141,7 @@ class PersistentQueue:
         self._open = {}
         self._open_deadline = {}
         self._moving = {}       # an open move of the last run is among the rollbacks below
+        self._held = {}
         record = self.storage.record_unremove
         for xid in sorted(st.open_transactions, reverse=True):
             item = st.open_transactions[xid]
@@ -270,31 +275,6 @@ class PersistentQueue:
             return None
         self.discard_expired()
         return self._items[0] if self._items else None
-
-    def unremove(self, xid: int) -> bool:
-        """Abort: the reserved item goes back to the HEAD and wakes one waiter (§5.9)."""
-        if self.touched is not None:
-            self.touched[self] = None
-        item = self._open.pop(xid, None) if not self.closed else None
-        if item is None:
-            log.warning("queue %r: abort of xid %d, which is not open", self.name, xid)
-            return False
-        self._open_deadline.pop(xid, None)
-        self._abort(item, xid)
-        if self.waiters:
-            self._wake_one()
-        return True
-
-    def confirm_remove(self, xid: int) -> bool:
-        if self.touched is not None:
-            self.touched[self] = None
-        item = self._open.pop(xid, None) if not self.closed else None
-        if item is None:
-            log.warning("queue %r: confirm of xid %d, which is not open", self.name, xid)
-            return False
-        self._open_deadline.pop(xid, None)
-        self._log(self.storage.record_confirm(item, xid), CONFIRM, item, xid)
-        return True
 
     def flush(self) -> None:
         """Remove every queued item, each recorded as a plain remove; open
@@ -505,6 +485,8 @@ class PersistentQueue:
         elif kind == MOVE_CONFIRM:
             item.xid = xid
             self._moving[xid] = item
+        elif kind >= HELD_OPEN:
+            kind = self.revert_held(kind, item, xid)
         self.storage.undo_record(kind, item, xid)
 
     # -- internals -----------------------------------------------------------------------------
@@ -539,12 +521,6 @@ class PersistentQueue:
                 items.append(item)
                 self._mem_bytes += len(item.data)
 
-    def _abort(self, item: QItem, xid: int, primary: bool = True) -> None:
-        self._push_head(item)
-        self._log(self.storage.record_unremove(item, xid), UNREMOVE, item, xid, primary)
-        item.xid = 0
-        self.canceled_transactions += 1
-
     def _recycle_timed_out(self, now: int) -> None:
         """open_transaction_timeout (§5.9, §9 #17): lazily, on a remove from a
         non-empty queue, abort the single oldest open transaction if its time
@@ -561,9 +537,10 @@ class PersistentQueue:
         xid = self._xid
         open_ = self._open
         moving = self._moving
+        held = self._held
         while True:
             xid = xid + 1 if xid < _XID_MAX else 1
-            if xid not in open_ and xid not in moving:
+            if xid not in open_ and xid not in moving and xid not in held:
                 break
         self._xid = xid
         return xid

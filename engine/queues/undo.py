@@ -46,6 +46,10 @@ ADD, REMOVE, OPEN, UNREMOVE, CONFIRM = range(5)
 #: Undone, the first puts the item back at the head (it expires and moves again), the
 #: second reopens the move; the collection strands it, to be confirmed again (failures.py).
 MOVE_OPEN, MOVE_CONFIRM = 5, 6
+#: A plain read held open until the process that writes its reply has written it, then
+#: confirmed or aborted (queues/held.py).  Undone, the first puts the item back at the head
+#: (its reply becomes SERVER_ERROR); the others hold it again, and the worker strands it.
+HELD_OPEN, HELD_CONFIRM, HELD_ABORT = 7, 8, 9
 #: The ctx of an expire_to_queue move: nobody's request, and an add the global total_items
 #: never counted; a worker makes a rolled-back move again (server/moves.py).
 MOVE = object()
@@ -74,7 +78,8 @@ class ForwardedMove(tuple):
     __slots__ = ()
 
 
-KIND_NAMES = ("add", "remove", "open", "abort", "confirm", "move", "move confirm")
+KIND_NAMES = ("add", "remove", "open", "abort", "confirm", "move", "move confirm", "held", "held confirm",
+              "held abort")
 _MEDIUM = itemgetter(0)
 
 

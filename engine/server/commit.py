@@ -21,7 +21,7 @@ import select
 
 from lanner.errors import describe_os_error
 from lanner.ipc.messages import (R_SERVER_ERROR, RF_CLOSE, pack_resp, resp_fields, send)
-from lanner.queues.undo import ADD, CONFIRM, MOVE, OPEN, UNREMOVE
+from lanner.queues.undo import ADD, CONFIRM, HELD_ABORT, HELD_CONFIRM, HELD_OPEN, MOVE, OPEN, UNREMOVE
 from lanner.server.waiting import STRAND_RETRY_MS, Pending
 from lanner.storage.journal.journal import Journal
 
@@ -233,17 +233,20 @@ class GroupCommit:
     def undo_replies(self, undone, reason: str, done: list[list] | None = None) -> None:
         """Changes were rolled back because their records were lost (queues/undo.py): make
         every reply that reported one an error (SERVER_ERROR; the connection closes, and is
-        disconnected here as `reply` does), take undone open reads out of their sessions, and
-        strand undone confirms and aborts (the item is reserved again; nobody holds it, so
-        `run_timers` aborts it again later).  A thrift get keeps the items that were not
-        undone and drops the others."""
+        disconnected here as `reply` does), take undone open reads out of their sessions (and
+        undone held reads out of their holds), and strand undone confirms and aborts (the item
+        is reserved again; nobody holds it, so `run_timers` aborts it again later).  A thrift
+        get keeps the items that were not undone and drops the others."""
         coll = self.coll
         failed = set()
         thrift: dict[Pending, set[int]] = {}
         for u in undone:
             ctx = u.ctx
-            if u.kind == UNREMOVE or u.kind == CONFIRM:
+            kind = u.kind
+            if kind == UNREMOVE or kind == CONFIRM or kind == HELD_CONFIRM or kind == HELD_ABORT:
                 coll.strand(u.queue, u.xid)
+            elif kind == HELD_OPEN:
+                self.forget_held(u.queue, u.xid)     # its reply fails below: nothing to settle
             if ctx is None:
                 continue
             if ctx is MOVE:         # an expired item's move: nobody's reply, but it must not be lost

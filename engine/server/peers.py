@@ -19,7 +19,7 @@ class PeerOps:
     """Worker methods; the attributes they use are set in Worker.__init__.
 
     Filled by Worker: coll, config, epoch, peers, sessions, down_peers, control, send_parked,
-    moves, void_moves, moves_voided, drain.
+    moves, void_moves, moves_voided, drain, drop_holds.
     """
 
     # -- stats, config ---------------------------------------------------------------------------
@@ -136,6 +136,7 @@ class PeerOps:
                 self.disconnect(*key)
             for key in [k for k in self.pending_by_conn if k[0] == peer]:
                 self.disconnect(*key)
+            self.drop_holds(peer)       # and the held reads of replies it had not written (holding.py)
         for replies in self.waiting_replies():      # (a worker's: acks its replacement never sent for)
             replies[:] = [r for r in replies if r[0] != peer]
 

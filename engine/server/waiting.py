@@ -14,7 +14,7 @@ import msgpack
 
 from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_CONFIRM_ALL, F_OPEN, F_PEEK, R_DATA, R_EMPTY, R_END,
                        R_ERROR,
-                       R_ITEM, RF_CLOSE, RF_MORE, pack_resp,
+                       R_ITEM, RF_CLOSE, RF_HELD, RF_MORE, pack_resp,
                        resp_fields)
 from lanner.queues.waiters import Waiter
 
@@ -39,6 +39,7 @@ class Pending:
     thrift: bool = False     # a thrift get: collects items, replies once
     auto_abort: int = 0      # thrift: ms before an unconfirmed item goes back (0: plain removes)
     items: list | None = None
+    hold: int = 0            # thrift without auto-abort, for another process: its items' hold id
 
 
 
@@ -55,7 +56,7 @@ class Waiting:
         The fused local path (Conn.inline_req) calls it directly, with no request record
         around it, so it answers its own failure; op_get for every other caller.  A reply to
         this worker's own front keeps its head unpacked (it stays in this process,
-        messages.resp_fields)."""
+        messages.resp_fields); another process's client gets a held read (holding.py)."""
         try:
             sess = self.sessions.get((src, conn))
             if sess is not None and sess.open_count(queue):
@@ -63,6 +64,10 @@ class Waiting:
             else:
                 coll = self.coll
                 coll.undo.ctx = (src, conn, req)
+                if src != self.local_src:
+                    if not self.held_remove(src, conn, req, queue):
+                        self.replies.append((src, pack_resp(conn, req, R_EMPTY, 0, 0, 0), b""))
+                    return
                 item = coll.remove(queue)
                 head = (conn, req, R_ITEM if item is not None else R_EMPTY, 0, 0, 0)
                 self.replies.append((src, head if src == self.local_src else pack_resp(*head),
@@ -106,10 +111,14 @@ class Waiting:
         if not flags:
             # a plain get, the common request: a Pending only if it has to wait
             coll.undo.ctx = (src, conn, req)
-            item = coll.remove(queue)
-            if item is not None:
-                self.reply(src, conn, req, R_ITEM, 0, 0, item.data)
-                return
+            if src != self.local_src:
+                if self.held_remove(src, conn, req, queue):
+                    return
+            else:
+                item = coll.remove(queue)
+                if item is not None:
+                    self.reply(src, conn, req, R_ITEM, 0, 0, item.data)
+                    return
             p = None
         else:
             p = Pending(src, conn, req, queue, flags)
@@ -127,6 +136,8 @@ class Waiting:
         self.coll.undo.ctx = (p.src, p.conn, p.req)
         if p.flags & F_PEEK:
             item = self.coll.peek(p.queue)
+        elif not p.flags & F_OPEN and p.src != self.local_src:
+            return self.held_remove(p.src, p.conn, p.req, p.queue)     # (holding.py)
         else:
             item = self.coll.remove(p.queue, transactional=bool(p.flags & F_OPEN))
         if item is None:
@@ -218,7 +229,12 @@ class Waiting:
                     or self.status.blocks_reads()):
                 self.tget_finish(p)
                 return
-            item = self.coll.remove(p.queue, transactional=p.auto_abort > 0)
+            if p.auto_abort <= 0 and p.src != self.local_src:
+                q, item = self.coll.remove_held(p.queue)   # held for the front (holding.py)
+                if item is not None:
+                    self.hold_for(p, q, item.xid)
+            else:
+                item = self.coll.remove(p.queue, transactional=p.auto_abort > 0)
             if item is None:
                 if p.deadline_ms is None or self.clock.now_ms() >= p.deadline_ms:
                     self.tget_finish(p)
@@ -242,7 +258,10 @@ class Waiting:
                 heapq.heappush(self.taborts, (due, tid))
             self.note_deadline(due)
         if reply:
-            self.reply(p.src, p.conn, p.req, R_DATA, 0, 0, msgpack.packb(p.items))
+            self.reply(p.src, p.conn, p.req, R_DATA, RF_HELD if p.hold else 0, p.hold,
+                       msgpack.packb(p.items))
+        elif p.hold:
+            self.abort_hold(p.src, p.hold)       # nobody will write them: they go back
 
     def tget_undo(self, p: Pending, gone: set[int]) -> None:
         """Items of thrift get `p` were rolled back (their removal was not written): drop

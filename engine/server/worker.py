@@ -47,7 +47,7 @@ from lanner.queues.collection import CloseError, QueueCollection
 from lanner.ipc.messages import (F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_STREAM, F_THRIFT,
                        OP_ALIAS_PUT, OP_CONFIRM, OP_DELETE, OP_DISCONNECT, OP_DUMP_CONFIG, OP_FLUSH,
                        OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED, OP_FLUSH_EXPIRED, OP_FORWARD_ADD, OP_GET,
-                       OP_MONITOR, OP_PUT_MANY, OP_RELOAD, OP_SET, OP_SET_DATA, OP_STATS, OP_TABORT,
+                       OP_HELD, OP_MONITOR, OP_PUT_MANY, OP_RELOAD, OP_SET, OP_SET_DATA, OP_STATS, OP_TABORT,
                        OP_TCONFIRM, OP_TGET, OP_TPEEK, OP_HANDOFF, FWD_ACK_CONN, R_CLIENT_ERROR, R_DATA, R_ERROR,
                        R_NOT_STORED, R_OK, R_SERVER_ERROR, R_VALUE, REQ_SIZE, RF_CLOSE, Reassembler, pack_resp, unpack_req)
 from lanner.queues.placement import worker_of
@@ -59,6 +59,7 @@ from lanner.storage.writer import Writer
 from lanner.server.exits import EXIT_BOOT_ERROR, EXIT_OK, EXIT_UNSAVED
 from lanner.server.heaptrim import HeapTrim
 from lanner.server.heartbeat import MAX_BEAT_INTERVAL
+from lanner.server.holding import Holding, Holds
 from lanner.server.local import attach_front
 from lanner.server.opencounts import OpenReadCounts
 from lanner.server.commit import GroupCommit
@@ -71,7 +72,7 @@ from lanner.server.waiting import Pending, Waiting
 log = logging.getLogger(__name__)
 
 
-class Worker(GroupCommit, Waiting, PeerOps, ShardLoop, MoveOps):
+class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
     """A shard's queues and everything that touches them; the mixins hold the turn's end
     (commit.py), waiting requests (waiting.py) and peer/control duties (peers.py)."""
 
@@ -126,6 +127,7 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop, MoveOps):
         self.own_slot = self.peers.of_worker(index)     # whom a move into this worker's queue acks
         self.void_moves: set[int] = set()     # workers whose held moves are dropped (moves.py)
         self.moves_voided = 0
+        self.holding = Holds()            # plain reads other processes answer, until written (holding.py)
         self.stats_jobs: set = set()          # stats answers being built in slices (statsjob.py)
         self.replies: list[tuple[int, bytes, bytes]] = []
         self.held: list[tuple[int, bytes, bytes]] = []
@@ -305,6 +307,8 @@ class Worker(GroupCommit, Waiting, PeerOps, ShardLoop, MoveOps):
                     self.reply(src, conn, req, R_OK if ok else R_NOT_STORED)
         elif op == OP_GET:
             self.op_get(src, conn, req, queue, flags, a)
+        elif op == OP_HELD:
+            self.settle_holds(src, a, payload)
         elif op == OP_MONITOR:
             sess = self.session(src, conn)
             if flags & F_CONFIRM_ALL:

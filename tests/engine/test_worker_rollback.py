@@ -9,7 +9,7 @@ import threading
 import msgpack
 
 from lanner.ipc.messages import (F_OPEN, OP_DISCONNECT, OP_GET, OP_SET, OP_TGET, R_DATA, R_EMPTY, R_ITEM, R_OK,
-                                 R_SERVER_ERROR, RF_CLOSE, unpack_resp)
+                                 R_SERVER_ERROR, RF_CLOSE, RF_HELD, unpack_resp)
 from lanner.storage.uring import open_uring
 from lanner.storage.journal import journal as J
 from tests.engine.conftest import req
@@ -43,15 +43,16 @@ def test_a_failed_write_fails_exactly_the_requests_it_undid(worker, monkeypatch)
     w.handle(0, req(4, OP_GET, "q"))                         # takes the item set in this batch
     w.handle(0, req(5, OP_GET, "other"))                     # another journal, written fine
     real_write = J._write
-    monkeypatch.setattr(J, "_write", lambda fd, data: enospc(fd, data) if len(data) != 1 else
-                        real_write(fd, data))                # only the 1-byte REMOVE of `other` fits
+    # only the 5-byte REMOVE_TENTATIVE of `other` fits (a held read: the front writes its reply)
+    monkeypatch.setattr(J, "_write", lambda fd, data: enospc(fd, data) if len(data) != 5 else
+                        real_write(fd, data))
     w.finish_batch()
     got = replies(w)
     for conn in (2, 3, 4):
         (status, flags, why), = got[conn]
         assert (status, flags) == (R_SERVER_ERROR, RF_CLOSE)
         assert why.endswith(b"failed: No space left on device (queue 'q')") and b"/" not in why
-    assert got[5] == [(R_ITEM, 0, b"kept")]
+    assert got[5] == [(R_ITEM, RF_HELD, b"kept")]
     assert queue_datas(w, "q") == [b"old"] and not w.coll.queue("q").open_items()
     assert not w.sessions.get((0, 3)) or not w.sessions[(0, 3)].open_count("q")
 
@@ -81,7 +82,7 @@ def test_a_failed_fsync_under_always_cuts_back_and_fails_the_batch(worker, monke
     w.handle(0, req(4, OP_GET, "q"))
     w.finish_batch()
     w.wait_for_sync()
-    assert replies(w) == {4: [(R_ITEM, 0, b"a")]}
+    assert replies(w) == {4: [(R_ITEM, RF_HELD, b"a")]}
 
 
 def test_an_abort_that_cannot_be_written_is_retried_until_it_is(worker, monkeypatch, clock):
@@ -299,7 +300,7 @@ def test_a_rolled_back_add_read_back_by_read_behind_leaves_no_copy(worker, monke
     w.handle(0, req(1, OP_GET, "q", n=3))              # takes a; read-behind reads b in
     w.finish_batch()
     w.wait_for_sync()
-    assert replies(w) == {1: [(R_OK, 0, b""), (R_OK, 0, b""), (R_ITEM, 0, b"a")]}
+    assert replies(w) == {1: [(R_OK, 0, b""), (R_OK, 0, b""), (R_ITEM, RF_HELD, b"a")]}
     q = w.coll.queue("q")
     assert q.storage.in_read_behind and queue_datas(w, "q") == [b"b"]
 
@@ -320,7 +321,8 @@ def test_a_rolled_back_add_read_back_by_read_behind_leaves_no_copy(worker, monke
     w.finish_batch()
     w.wait_for_sync()
     # before: x (refused) came back instead of y, and y was never served
-    assert replies(w) == {4: [(R_OK, 0, b""), (R_ITEM, 0, b"b"), (R_ITEM, 0, b"y"), (R_EMPTY, 0, b"")]}
+    assert replies(w) == {4: [(R_OK, 0, b""), (R_ITEM, RF_HELD, b"b"), (R_ITEM, RF_HELD, b"y"),
+                              (R_EMPTY, 0, b"")]}
     assert queue_datas(w, "q") == [] and q.length == 0
 
 
@@ -350,7 +352,7 @@ def test_a_rolled_back_add_read_back_as_read_behind_ended_leaves_no_copy(worker,
         w.handle(0, req(4, OP_GET, "q", n=n))
     w.finish_batch()
     w.wait_for_sync()
-    assert replies(w) == {4: [(R_ITEM, 0, b"aaaa"), (R_ITEM, 0, b"b"), (R_EMPTY, 0, b"")]}
+    assert replies(w) == {4: [(R_ITEM, RF_HELD, b"aaaa"), (R_ITEM, RF_HELD, b"b"), (R_EMPTY, 0, b"")]}
     assert queue_datas(w, "q") == [] and q.length == 0
 
 

@@ -11,9 +11,10 @@ import threading
 import pytest
 
 from lanner.config import QueueConfig
-from lanner.ipc.messages import OP_GET, OP_SET, R_ITEM, R_OK, R_SERVER_ERROR, RF_CLOSE
+from lanner.ipc.messages import OP_GET, OP_SET, R_ITEM, R_OK, R_SERVER_ERROR, RF_CLOSE, RF_HELD
 from lanner.server.commit import WRITE_BEHIND_BYTES
 from lanner.storage import writer as W
+from lanner.storage.journal.codec import encode_open
 from lanner.storage.journal.files import archived_files
 from lanner.storage.journal.journal import Journal
 from lanner.storage.writer import Writer
@@ -68,7 +69,7 @@ def test_a_big_write_holds_only_the_replies_whose_records_it_carries(worker, gat
 
 def test_records_after_a_big_write_wait_for_it_in_order(worker, gated, tmp_path):
     """A get of the item whose ADD is still being written waits for that write and for its own
-    REMOVE record, which goes to the file after it."""
+    REMOVE_TENTATIVE record (a held read: server/holding.py), which goes to the file after it."""
     gate, started, _ = gated
     w = worker()
     w.handle(0, req(1, OP_SET, "big", payload=BIG))
@@ -80,9 +81,9 @@ def test_records_after_a_big_write_wait_for_it_in_order(worker, gated, tmp_path)
     gate.set()
     settle(w)
     settle(w)                                  # the REMOVE goes out in the turn after
-    assert replies(w) == {1: [(R_OK, 0, b"")], 2: [(R_ITEM, 0, BIG)]}
+    assert replies(w) == {1: [(R_OK, 0, b"")], 2: [(R_ITEM, RF_HELD, BIG)]}
     with open(tmp_path / "queues" / "big", "rb") as f:
-        assert f.read()[-1:] == b"\x01"        # ADD, then REMOVE: in order on disk
+        assert f.read()[-5:] == encode_open(1)  # ADD, then its held read: in order on disk
 
 
 def test_a_write_that_fails_in_the_thread_is_rolled_back(worker, gated, tmp_path):
@@ -111,7 +112,7 @@ def test_a_write_that_fails_in_the_thread_is_rolled_back(worker, gated, tmp_path
     error.clear()
     w.handle(0, req(5, OP_GET, "big"))
     settle(w)
-    assert replies(w) == {5: [(R_ITEM, 0, b"old")]}
+    assert replies(w) == {5: [(R_ITEM, RF_HELD, b"old")]}
 
 
 def test_packed_archives_are_deleted_by_the_writer_thread_and_a_leftover_by_replay(tmp_path, clock):
