@@ -22,6 +22,7 @@ from lanner.config import ConfigError, reload_config
 from lanner.fronts.admin import AdminConn
 from lanner.fronts.conn import Conn
 from lanner.fronts.counters import FRONT_COUNTERS, global_stats
+from lanner.fronts.inline import FusedQueues
 from lanner.fronts.memcache import MemcacheConn
 from lanner.fronts.putbound import put_bound
 from lanner.fronts.spill import SpillTurns
@@ -110,6 +111,7 @@ class Front:
         self.valid_names: set[str] = set()     # names already checked (cleared by use_config)
         self.item_limits = ItemLimits(self)    # queue -> max_item_size (cleared by use_config)
         self.owners: dict[str, int] = {}       # queue -> worker, a cache of placement
+        self.fused = FusedQueues(self)         # queue -> fused path allowed (cleared by use_config)
 
     # -- routing ---------------------------------------------------------------------------------
     def owner(self, queue: str) -> int:
@@ -276,6 +278,7 @@ class Front:
         self.config = config
         self.valid_names.clear()
         self.item_limits.clear()
+        self.fused.clear()
 
     def request_reload(self) -> str | None:
         """`reload` from a client: this front reloads now; if that worked, the caller sends every

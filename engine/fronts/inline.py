@@ -14,6 +14,39 @@ from lanner.fronts.flow import MAX_INFLIGHT, SMALL_REPLY
 from lanner.ipc.messages import R_OK
 
 
+class FusedQueues(dict):
+    """queue name -> whether a plain `set`/`get` on it may take the fused path as far as the
+    configuration and placement say: a legal name (the connection's check_name already passed
+    it), no client-id whitelist on it, not an alias, owned by this front's own worker.
+    One dict lookup per request instead of four checks; the front clears it with the config
+    it was computed from (Front.use_config).  What can change between two requests (the
+    server status, the connection's limits and slots, the worker's closed connections, the
+    command's own form) the caller still checks per request."""
+
+    __slots__ = ("front",)
+
+    def __init__(self, front) -> None:
+        super().__init__()
+        self.front = front
+
+    def __missing__(self, queue: str) -> bool:
+        f = self.front
+        if queue not in f.valid_names:
+            return False            # not checked yet: the general path checks it (not kept here)
+        if len(self) > 100_000:     # bounded: names are client-chosen
+            self.clear()
+        cfg = f.config
+        if cfg.has_whitelists:
+            qc = cfg.queue_config(queue)
+            listed = qc.white_list_client_id_for_enqueue is not None or \
+                qc.white_list_client_id_for_dequeue is not None
+        else:
+            listed = False
+        ok = self[queue] = not listed and cfg.aliases.get(queue) is None and \
+            f.owner(queue) == getattr(f, "local", -1)
+        return ok
+
+
 class InlineReplies:
     """Conn methods; `fast`, `early`, `worker`, `local` and the rest are set in Conn.__init__."""
 
