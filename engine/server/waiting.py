@@ -57,7 +57,8 @@ class Waiting:
         this worker's own front keeps its head unpacked (it stays in this process,
         messages.resp_fields)."""
         try:
-            sess = self.sessions.get((src, conn))
+            sessions = self.sessions        # none at all, the common case: no key tuple made
+            sess = sessions.get((src, conn)) if sessions else None
             if sess is not None and sess.open_count(queue):
                 self.reply(src, conn, req, R_ERROR, RF_CLOSE)
             else:
