@@ -80,8 +80,18 @@ class MemcacheConn(Conn):
         stream = type(cmd) is not mc.Set
         if fused and not stream and not cmd.noreply and not self.slots and not self.worker.closed_conns:
             # the hot path: one queue of this worker, one reply, the body whole
-            self.worker.inline_set(f.index, self.id, self.inline_req(mr.STORED, set_fused, None), q, expiry,
-                                   cmd.data)
+            # the fused request's number and reply entry (inline.py), here and in on_get
+            req = self.next_req
+            self.next_req = (req + 1) & 0xFFFFFFFF or 1
+            self.touched |= self.local_bit
+            if f.streak:
+                f.streak.pop(self.id, None)     # a local request breaks a streak towards a handoff
+            f.inline_requests += 1
+            self.fast.append((req, mr.STORED, set_fused, None, self.cur_fam, self.t_in))
+            w = self.worker
+            if not w.turn_scheduled:
+                w.schedule_turn()
+            w.inline_set(f.index, self.id, req, q, expiry, cmd.data)
             return True                 # fused: one reply in flight and nothing else (Conn.process)
         dests = f.config.aliases.get(q)
         if stream:
@@ -141,7 +151,18 @@ class MemcacheConn(Conn):
                 fused = f.fused[q]      # the name is checked now
             f.my.incr(C_GET)
             if fused and not self.slots and not self.worker.closed_conns:
-                self.worker.inline_get(f.index, self.id, self.inline_req(None, get1_fused, k.raw), q)
+                # the fused request's number and reply entry (inline.py), as in store
+                req = self.next_req
+                self.next_req = (req + 1) & 0xFFFFFFFF or 1
+                self.touched |= self.local_bit
+                if f.streak:
+                    f.streak.pop(self.id, None)
+                f.inline_requests += 1
+                self.fast.append((req, None, get1_fused, k.raw, self.cur_fam, self.t_in))
+                w = self.worker
+                if not w.turn_scheduled:
+                    w.schedule_turn()
+                w.inline_get(f.index, self.id, req, q)
                 return True         # fused: one reply in flight and nothing else (Conn.process)
             if f.config.aliases.get(q) is not None:
                 self.reply_now(mr.END)
