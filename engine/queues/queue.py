@@ -43,7 +43,6 @@ from lanner.queues.waiters import Waiter, WaitList
 log = logging.getLogger(__name__)
 
 _XID_MAX = 0x7FFFFFFF     # journal xids are i32; wrap to 1 (0 is never used)
-_new_item = object.__new__
 
 
 class PersistentQueue:
@@ -148,11 +147,10 @@ class PersistentQueue:
     # -- adds ----------------------------------------------------------------------------------
     def add(self, data: bytes, expiry_ms: int | None = None, add_time_ms: int | None = None,
             now_ms: int | None = None, *, count_total: bool = True) -> bool:
-        """Append an item; False when refused (§5.3).  `expiry_ms` is absolute
-        epoch ms, None or 0 for never.  `count_total` says whether the add counts
-        in this queue's `total_items` stat (every kind of add does by default).
-        `now_ms`: the caller's reading of the clock, if it has one (one per request), passed
-        by position: a call with a keyword argument is not specialised (~200 instructions)."""
+        """Append an item; False when refused (§5.3).  `expiry_ms` is absolute epoch ms, None
+        or 0 for never.  `count_total`: whether the add counts in this queue's `total_items` stat
+        (every kind of add does by default).  `now_ms`: the caller's clock reading, if it has
+        one (one per request), by position (a call with a keyword is not specialised)."""
         if self.touched is not None:
             self.touched[self] = None
         config = self.config
@@ -181,11 +179,7 @@ class PersistentQueue:
             cap = now + max_age
             if not expiry or cap < expiry:
                 expiry = cap
-        # QItem(add time, expiry, data) with item.py's defaults, without the __init__ frame that
-        # a Python class's call costs (~700 instructions a set; tests/engine/test_hot_path.py)
-        item = _new_item(QItem)
-        item.add_time, item.expiry, item.data, item.xid, item.job_id, item.priority = \
-            now if add_time_ms is None else add_time_ms, expiry, data, 0, None, 0
+        item = QItem(now if add_time_ms is None else add_time_ms, expiry, data)
         storage = self.storage
         if storage.check_due:                  # (seam.py, point 3)
             storage.before_add(self, config, now)

@@ -70,8 +70,9 @@ def test_a_local_reply_head_reads_as_a_packed_one():
 
 
 def test_an_added_item_is_a_qitem_with_its_defaults():
-    """PersistentQueue.add makes its QItem without the dataclass __init__: the same fields, the
-    same defaults (xid, job_id, priority), an equal item."""
+    """What PersistentQueue.add stores, once its now_ms is passed by position (the collection's
+    call): the add time is the collection's clock reading, the expiry the client's, capped by
+    max_age, and the workq fields keep their defaults."""
     from lanner.queues.item import QItem
     clock = FakeClock(1_700_000_000_000)
     coll = QueueCollection(Config(default=QueueConfig(max_age=60_000)), clock)
