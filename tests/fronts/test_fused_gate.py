@@ -166,3 +166,24 @@ def test_a_status_change_elsewhere_is_seen_by_the_next_fused_request(tmp_path):
         assert st.clear == -1
     finally:
         rig.close()
+
+
+def test_a_new_config_clears_the_gate(tmp_path):
+    """A queue the gate let through becomes an alias in a reloaded config (Front.use_config):
+    the next set goes to the alias's destinations, not into the queue by the fused path."""
+    import dataclasses
+    rig = make(str(tmp_path))
+    try:
+        c = rig.conns[0]
+        f = rig.worker.front
+        c.data_received(b"set a 0 0 1\r\nx\r\n")
+        rig.turn()
+        assert f.fused["a"] is True and f.inline_requests == 1
+        f.use_config(dataclasses.replace(rig.config, aliases={"a": ("b",)}))
+        c.data_received(b"set a 0 0 1\r\ny\r\nget b\r\nget a\r\n")
+        for _ in range(3):
+            rig.turn()
+        assert b"".join(c.transport.written) == b"STORED\r\nSTORED\r\nVALUE b 0 1\r\ny\r\nEND\r\nEND\r\n"
+        assert f.fused["a"] is False and f.inline_requests == 1     # (`get b` waited behind a slot)
+    finally:
+        rig.close()
