@@ -5,6 +5,14 @@ from __future__ import annotations
 
 import time
 
+# COMPILED: True in the compiled build (setup.py), where clock.pxd's C reading of the clock
+# replaces the Python expression beside it (it exists only there); a C constant there.
+try:
+    import cython
+    COMPILED = cython.compiled
+except ImportError:             # pure Python without Cython installed
+    COMPILED = False
+
 
 class SystemClock:
     """Wall-clock milliseconds since the epoch, as Kestrel stamps items."""
@@ -12,6 +20,10 @@ class SystemClock:
     __slots__ = ()
 
     def now_ms(self) -> int:
+        # read once per request (an add's stamp, a remove's expiry check): ~1.1k instructions
+        # through time.time_ns, ~100 in C
+        if COMPILED:
+            return _c_now_ms()
         return time.time_ns() // 1_000_000
 
     def monotonic(self) -> float:

@@ -55,8 +55,15 @@ def test_classes_a_pxd_declares_are_c_types(name):
     pxd = path.with_name(path.name.split(".")[0] + ".pxd")
     if not pxd.exists():
         return
-    declared = re.findall(r"^cdef class (\w+)", pxd.read_text(), re.M)
-    assert declared, f"{pxd.name} declares no class"
+    text = pxd.read_text()
+    declared = re.findall(r"^cdef class (\w+)", text, re.M)
+    constant = re.search(r"^cdef bint COMPILED$", text, re.M) is not None
+    assert declared or constant, f"{pxd.name} declares no class and no COMPILED constant"
+    if constant:
+        # applied, the .pxd makes COMPILED a C constant (its C helpers exist only then);
+        # missed, it stays a module attribute and the helpers' names fail at run time
+        assert not hasattr(mod, "COMPILED"), \
+            f"{name}.COMPILED is a Python attribute: the build did not apply {pxd.name}"
     for cls_name in declared:
         cls = getattr(mod, cls_name)
         # a class statement makes a heap type; an extension type of the build is static

@@ -23,6 +23,7 @@ from lanner.fronts.admin import AdminConn
 from lanner.fronts.conn import Conn
 from lanner.fronts.counters import FRONT_COUNTERS, global_stats
 from lanner.fronts.held import Settles
+from lanner.fronts.inline import FusedQueues
 from lanner.fronts.memcache import MemcacheConn
 from lanner.fronts.putbound import put_bound
 from lanner.fronts.spill import SpillTurns
@@ -115,6 +116,7 @@ class Front:
         self.item_limits = ItemLimits(self)    # queue -> max_item_size (cleared by use_config)
         self.owners: dict[str, int] = {}       # queue -> worker, a cache of placement
         self.settles = Settles(self)           # held reads written or not, for their owners (held.py)
+        self.fused = FusedQueues(self)         # queue -> fused path allowed (cleared by use_config)
 
     # -- routing ---------------------------------------------------------------------------------
     def owner(self, queue: str) -> int:
@@ -291,6 +293,7 @@ class Front:
         self.config = config
         self.valid_names.clear()
         self.item_limits.clear()
+        self.fused.clear()
 
     def request_reload(self) -> str | None:
         """`reload` from a client: this front reloads now; if that worked, the caller sends every

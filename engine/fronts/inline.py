@@ -3,10 +3,18 @@
 A memcache `set` or plain `get` for a queue the worker owns, taken while no Slot is queued on
 the connection, runs against the queue at once (Worker.inline_set / inline_get) with no Slot,
 Part, routing or request record; only its number and how to render its reply wait in
-`Conn.fast`.  Its reply still joins the worker's batch, so it leaves only when the commit rules
-allow, and comes back through LocalFront.deliver to `fast_reply`.  Why apart from conn.py: the
-in-order Slot queue is conn.py's concern; this is the slot-less path beside it (Conn keeps the
-two in order: `drain_slots` waits while `fast` is not empty).
+`Conn.fast`, as the entry `(req, ok, render, call, latency family, t0)`: `ok` is the reply's
+bytes when the worker answers R_OK (None: none known in advance), else `render(out, status,
+flags, payload, call)` appends the reply to the connection's output and says its size, or -1
+when it closes the connection.  Whether a request may take this path is decided in one place,
+the gate FusedQueues (configuration, placement) with the status's `clear` (status.py); the two
+fused branches (MemcacheConn.store and on_get) then number the request, append its entry and
+make sure the worker's turn is scheduled in their own frame before calling the worker (a
+Python call is ~800 instructions all told, a sixtieth of a request).  Its reply still joins
+the worker's batch, so it leaves only when the commit rules allow, and comes back through
+LocalFront.deliver to `fast_reply`.  Why apart from conn.py: the in-order Slot queue is
+conn.py's concern; this is the slot-less path beside it (Conn keeps the two in order:
+`drain_slots` waits while `fast` is not empty).
 """
 from __future__ import annotations
 
@@ -14,31 +22,43 @@ from lanner.fronts.flow import MAX_INFLIGHT, SMALL_REPLY
 from lanner.ipc.messages import R_OK
 
 
+class FusedQueues(dict):
+    """queue name -> whether a plain `set`/`get` on it may take the fused path as far as the
+    configuration and placement say: a legal name (the connection's check_name already passed
+    it), no client-id whitelist on it, not an alias, owned by this front's own worker.
+    One dict lookup per request instead of four checks; the front clears it with the config
+    it was computed from (Front.use_config).  What can change between two requests (the
+    server status, the connection's limits and slots, the worker's closed connections, the
+    command's own form) the caller still checks per request."""
+
+    __slots__ = ("front",)
+
+    def __init__(self, front) -> None:
+        super().__init__()
+        self.front = front
+
+    def __missing__(self, queue: str) -> bool:
+        f = self.front
+        if queue not in f.valid_names:
+            return False            # not checked yet: the general path checks it (not kept here)
+        if len(self) > 100_000:     # bounded: names are client-chosen
+            self.clear()
+        cfg = f.config
+        if cfg.has_whitelists:
+            qc = cfg.queue_config(queue)
+            listed = qc.white_list_client_id_for_enqueue is not None or \
+                qc.white_list_client_id_for_dequeue is not None
+        else:
+            listed = False
+        ok = self[queue] = not listed and cfg.aliases.get(queue) is None and \
+            f.owner(queue) == getattr(f, "local", -1)
+        return ok
+
+
 class InlineReplies:
     """Conn methods; `fast`, `early`, `worker`, `local` and the rest are set in Conn.__init__."""
 
     __slots__ = ()
-
-    def inline_req(self, ok, render, call) -> int:
-        """Number a request the caller runs inline now (Worker.inline_set / inline_get), keep
-        how to render its reply: `ok`, the reply's bytes when the worker answers R_OK (None:
-        none known in advance), else `render(out, status, flags, payload, call)`, which appends
-        it to the connection's output and says its size, or -1 when it closes the connection;
-        and make sure the worker's turn (its batch's end, where the reply comes from) is
-        scheduled.  The caller checked that no Slot is queued, so replies leave in the order of
-        `fast`."""
-        req = self.next_req
-        self.next_req = (req + 1) & 0xFFFFFFFF or 1
-        f = self.front
-        self.touched |= self.local_bit
-        if f.streak:
-            f.streak.pop(self.id, None)     # a local request breaks a streak towards a handoff
-        f.inline_requests += 1
-        self.fast.append((req, ok, render, call, self.cur_fam, self.t_in))
-        w = self.worker
-        if not w.turn_scheduled:
-            w.schedule_turn()
-        return req
 
     def fast_reply(self, status: int, flags: int, payload) -> None:
         """The reply of the oldest inline request (then of any that came back before it)."""

@@ -63,31 +63,37 @@ class MemcacheConn(Conn):
         ipc/bodies.py)."""
         f = self.front
         q = cmd.queue
-        if q not in f.valid_names and self.bad_name(q):
-            return
-        if (self.refuse_writes or f.status.blocks_writes()) and self.writes_blocked():
-            return
-        if f.config.has_whitelists and self.not_listed(q, "add"):
-            return
+        st = f.status
+        fused = f.fused[q]
+        if not fused or st.seq[0] != st.clear or self.refuse_writes:
+            # the checks FusedQueues and the status's `clear` stand for (inline.py, status.py)
+            if q not in f.valid_names and self.bad_name(q):
+                return
+            if (self.refuse_writes or st.blocks_writes()) and self.writes_blocked():
+                return
+            if f.config.has_whitelists and self.not_listed(q, "add"):
+                return
+            fused = f.fused[q]          # the name is checked now
         f.my.incr(C_SET)
         exptime = cmd.exptime
-        if exptime == 0:
-            expiry = 0
-        elif exptime < 1_000_000:
-            expiry = expiry_at(f.clock.now_ms() + exptime * 1000)
-        else:
-            expiry = exptime * 1000
+        expiry = exptime and expiry_of(exptime, f.clock)
         stream = type(cmd) is not mc.Set
+        if fused and not stream and not cmd.noreply and not self.slots and not self.worker.closed_conns:
+            # the hot path: one queue of this worker, one reply, the body whole
+            # the fused request's number and reply entry (inline.py), here and in on_get
+            req = self.next_req
+            self.next_req = (req + 1) & 0xFFFFFFFF or 1
+            self.touched |= self.local_bit
+            if f.streak:
+                f.streak.pop(self.id, None)     # a local request breaks a streak towards a handoff
+            f.inline_requests += 1
+            self.fast.append((req, mr.STORED, set_fused, None, self.cur_fam, self.t_in))
+            w = self.worker
+            if not w.turn_scheduled:
+                w.schedule_turn()
+            w.inline_set(f.index, self.id, req, q, expiry, cmd.data)
+            return True                 # fused: one reply in flight and nothing else (Conn.process)
         dests = f.config.aliases.get(q)
-        if dests is None and not stream and not cmd.noreply:
-            # the hot path: one queue, one reply, the body whole
-            w = f.owners.get(q)
-            if w is None:
-                w = f.owner(q)
-            if w == self.local and not self.slots and not self.worker.closed_conns:
-                self.worker.inline_set(f.index, self.id, self.inline_req(mr.STORED, set_fused, None), q, expiry,
-                                       cmd.data)
-                return True             # fused: one reply in flight and nothing else (Conn.process)
         if stream:
             flags, size, payload = F_STREAM, cmd.size, b""
         else:
@@ -132,22 +138,36 @@ class MemcacheConn(Conn):
         if k is not None:
             # the hot path: a plain `get q` (one key, no option)
             q = k.queue
-            if q not in f.valid_names and self.bad_name(q):
-                return
-            if (self.refuse_reads or f.status.blocks_reads()) and self.reads_blocked():
-                return
-            if f.config.has_whitelists and self.not_listed(q, "remove"):
-                return
+            st = f.status
+            fused = f.fused[q]
+            if not fused or st.seq[0] != st.clear or self.refuse_reads:
+                # the checks FusedQueues and the status's `clear` stand for (inline.py, status.py)
+                if q not in f.valid_names and self.bad_name(q):
+                    return
+                if (self.refuse_reads or st.blocks_reads()) and self.reads_blocked():
+                    return
+                if f.config.has_whitelists and self.not_listed(q, "remove"):
+                    return
+                fused = f.fused[q]      # the name is checked now
             f.my.incr(C_GET)
+            if fused and not self.slots and not self.worker.closed_conns:
+                # the fused request's number and reply entry (inline.py), as in store
+                req = self.next_req
+                self.next_req = (req + 1) & 0xFFFFFFFF or 1
+                self.touched |= self.local_bit
+                if f.streak:
+                    f.streak.pop(self.id, None)
+                f.inline_requests += 1
+                self.fast.append((req, None, get1_fused, k.raw, self.cur_fam, self.t_in))
+                w = self.worker
+                if not w.turn_scheduled:
+                    w.schedule_turn()
+                w.inline_get(f.index, self.id, req, q)
+                return True         # fused: one reply in flight and nothing else (Conn.process)
             if f.config.aliases.get(q) is not None:
                 self.reply_now(mr.END)
                 return
-            w = f.owners.get(q)
-            if w is None:
-                w = f.owner(q)
-            if w == self.local and not self.slots and not self.worker.closed_conns:
-                self.worker.inline_get(f.index, self.id, self.inline_req(None, get1_fused, k.raw), q)
-                return True         # fused: one reply in flight and nothing else (Conn.process)
+            w = f.owner(q)
             slot = self.new_slot(_finish_get1, call=k.raw)
             self.request(slot, w, OP_GET, 0, q, -1)
             self.seal(slot)
@@ -364,6 +384,14 @@ class MemcacheConn(Conn):
 
     def on_protocol_error(self, cmd: mc.ProtocolError) -> None:
         self.reply_now(cmd.reply, close=cmd.close)
+
+
+def expiry_of(exptime: int, clock) -> int:
+    """A set's expiry, absolute epoch ms, from its exptime (not 0): seconds from now below
+    1,000,000 (§1.1), else an absolute Unix time in seconds."""
+    if exptime < 1_000_000:
+        return expiry_at(clock.now_ms() + exptime * 1000)
+    return exptime * 1000
 
 
 def set_reply(status: int, flags: int, payload, call=None) -> tuple[bytes, bool]:

@@ -238,7 +238,7 @@ class QueueCollection(WriteFailures, Deletes):
         children = self._children.get(name)
         if children:
             return self._add_fanout(q, children, data, expiry_ms, now)
-        ok = q.add(data, expiry_ms, now, now_ms=now)
+        ok = q.add(data, expiry_ms, now, now)
         if ok:
             self.total_items += 1
         if self.autoflush:
@@ -259,7 +259,7 @@ class QueueCollection(WriteFailures, Deletes):
                 self.total_items += 1
         undo.ctx = ctx
         n = len(undo.entries)
-        ok = q.add(data, expiry_ms, now, now_ms=now)
+        ok = q.add(data, expiry_ms, now, now)
         for e in undo.entries[n:]:
             if e[2] is q and e[3] == ADD:
                 copies.master = (e[0], e[1])

@@ -150,12 +150,12 @@ class PersistentQueue(OpenReads):
             item.xid = 0
 
     # -- adds ----------------------------------------------------------------------------------
-    def add(self, data: bytes, expiry_ms: int | None = None, add_time_ms: int | None = None, *,
-            count_total: bool = True, now_ms: int | None = None) -> bool:
-        """Append an item; False when refused (§5.3).  `expiry_ms` is absolute
-        epoch ms, None or 0 for never.  `count_total` says whether the add counts
-        in this queue's `total_items` stat (every kind of add does by default).
-        `now_ms`: the caller's reading of the clock, if it has one (one per request)."""
+    def add(self, data: bytes, expiry_ms: int | None = None, add_time_ms: int | None = None,
+            now_ms: int | None = None, *, count_total: bool = True) -> bool:
+        """Append an item; False when refused (§5.3).  `expiry_ms` is absolute epoch ms, None
+        or 0 for never.  `count_total`: whether the add counts in this queue's `total_items` stat
+        (every kind of add does by default).  `now_ms`: the caller's clock reading, if it has
+        one (one per request), by position (a call with a keyword is not specialised)."""
         if self.touched is not None:
             self.touched[self] = None
         config = self.config

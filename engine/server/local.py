@@ -79,7 +79,7 @@ class LocalFront(Front):
         self.candidates: set[int] = set()          # conn ids that earned a move
         self.handoff_seq = 0
         self.receive_ends = None    # every worker's handoff receive end (attach_front)
-        self.inline_requests = 0    # requests its connections ran by the fused path (Conn.run_inline)
+        self.inline_requests = 0    # requests its connections ran by the fused path (MemcacheConn.store, on_get)
 
     def catch_up_config(self) -> None:
         """The whole worker follows a reload answered elsewhere: its queues and this front."""

@@ -105,7 +105,7 @@ class ServerStatus:
 
     SIZE: ClassVar[int] = 8 + _PAYLOAD.size
 
-    __slots__ = ("_mv", "_seq", "_file", "_lock_path", "_clock", "_grace", "_tlock", "_cache")
+    __slots__ = ("_mv", "seq", "_file", "_lock_path", "_clock", "_grace", "_tlock", "_cache", "clear")
 
     def __init__(self, buf, status_file: str, clock, grace_ms: int = 0) -> None:
         mv = memoryview(buf).cast("B")
@@ -114,7 +114,7 @@ class ServerStatus:
         if len(mv) < self.SIZE:
             raise ValueError(f"status block needs {self.SIZE} bytes, got {len(mv)}")
         self._mv = mv[: self.SIZE]
-        self._seq = self._mv[:8].cast("Q")
+        self.seq = self._mv[:8].cast("Q")
         self._file = os.fspath(status_file)
         self._lock_path = self._file + ".lock"
         self._clock = clock
@@ -123,6 +123,11 @@ class ServerStatus:
         # (seq, reported, previous, enforce_at) as last decoded; one tuple so that
         # a thread never sees half of an update.  seq -1: nothing decoded yet.
         self._cache: tuple[int, int, int, int] = (-1, UP, UP, 0)
+        # The seq word's value while it blocks neither reads nor writes (no stricter change in
+        # its grace period), else -1: a request's check is `seq[0] != clear` and, only when it
+        # differs, blocks_reads/blocks_writes (a Python call per request, ~750 instructions,
+        # for what is nearly always "Up").  Kept by `_note`, wherever `_cache` is set.
+        self.clear = -1
 
     @classmethod
     def create(cls, buf, status_file: str, default_status: str, clock, grace_ms: int = 0) -> "ServerStatus":
@@ -147,7 +152,7 @@ class ServerStatus:
 
     def _refresh(self) -> tuple[int, int, int, int]:
         """The payload, decoded again if seq moved since the cached copy (seqlock read side)."""
-        seq = self._seq
+        seq = self.seq
         for _ in range(_SPINS):
             s1 = seq[0]
             cache = self._cache
@@ -162,6 +167,7 @@ class ServerStatus:
                 raise RuntimeError(f"server status block for {self._file} is not initialised "
                                    "(ServerStatus.create must run first)")
             cache = self._cache = (s1, rep, prev, at)
+            self._note(cache)
             return cache
         with self._locked():        # repairs a block left odd by a dead writer
             pass
@@ -172,7 +178,7 @@ class ServerStatus:
 
     def _enforced_index(self) -> int:
         cache = self._cache
-        if self._seq[0] != cache[0]:
+        if self.seq[0] != cache[0]:
             cache = self._refresh()
         at = cache[3]
         if at and self._now() < at:
@@ -182,7 +188,7 @@ class ServerStatus:
     def reported(self) -> str:
         """What `status` prints: the latest accepted status, even during its grace period."""
         cache = self._cache
-        if self._seq[0] != cache[0]:
+        if self.seq[0] != cache[0]:
             cache = self._refresh()
         return STATUSES[cache[1]]
 
@@ -190,17 +196,17 @@ class ServerStatus:
         """What blocks requests now: the previous status until a stricter change's grace ends."""
         return STATUSES[self._enforced_index()]
 
-    # Asked for every request: the common case (the cached status is current and no stricter
-    # change is in its grace period) answers from the cache without a further call.
+    # Asked for a request whose `seq[0] != clear` (the fronts test that first): the cached
+    # status answers when it is current and no stricter change is in its grace period.
     def blocks_reads(self) -> bool:
         cache = self._cache
-        if self._seq[0] == cache[0] and not cache[3]:
+        if self.seq[0] == cache[0] and not cache[3]:
             return cache[1] >= QUIESCENT
         return self._enforced_index() >= QUIESCENT
 
     def blocks_writes(self) -> bool:
         cache = self._cache
-        if self._seq[0] == cache[0] and not cache[3]:
+        if self.seq[0] == cache[0] and not cache[3]:
             return cache[1] >= READ_ONLY
         return self._enforced_index() >= READ_ONLY
 
@@ -222,30 +228,35 @@ class ServerStatus:
 
     def _repair(self) -> None:
         """Under the lock, finish the update of a writer that died half-way."""
-        s = self._seq[0]
+        s = self.seq[0]
         if not s & 1:
             return
         magic, rep, prev, _pad, at = _PAYLOAD.unpack_from(self._mv, 8)
         if magic == BLOCK_MAGIC and rep <= DOWN and prev <= DOWN:
             log.error("status block for %s was left mid-update by a dead process; keeping %s",
                       self._file, STATUSES[rep])
-            self._seq[0] = s + 1
+            self.seq[0] = s + 1
             return
         name = read_status_file(self._file) or "Up"
         log.error("status block for %s was torn by a dead process; restoring %s from the file",
                   self._file, name)
         index = _SETTABLE[name.lower()]
         _PAYLOAD.pack_into(self._mv, 8, BLOCK_MAGIC, index, index, 0, 0)
-        self._seq[0] = s + 1
+        self.seq[0] = s + 1
 
     def _store(self, rep: int, prev: int, at: int) -> None:
         """Seqlock write side; the caller holds the lock, so seq is even here."""
-        seq = self._seq
+        seq = self.seq
         s = seq[0]
         seq[0] = s + 1
         _PAYLOAD.pack_into(self._mv, 8, BLOCK_MAGIC, rep, prev, 0, at)
         seq[0] = s + 2
         self._cache = (s + 2, rep, prev, at)
+        self._note(self._cache)
+
+    def _note(self, cache: tuple[int, int, int, int]) -> None:
+        """`clear` for the payload just decoded or stored."""
+        self.clear = cache[0] if not cache[3] and cache[1] < READ_ONLY else -1
 
     def _load(self) -> tuple[int, int, int]:
         """The current payload; only under the lock, when no write can be under way."""
@@ -314,5 +325,5 @@ class ServerStatus:
 
     def close(self) -> None:
         """Release the views on the buffer (an mmap cannot close while they exist)."""
-        self._seq.release()
+        self.seq.release()
         self._mv.release()

@@ -53,12 +53,13 @@ class Waiting:
     def plain_get(self, src, conn, req, queue) -> None:
         """`get q` with no option and no wait, the common request: remove the head or answer
         empty; an open read on the queue makes it a protocol error (it closes the connection).
-        The fused local path (Conn.inline_req) calls it directly, with no request record
+        The fused local path (MemcacheConn.on_get) calls it directly, with no request record
         around it, so it answers its own failure; op_get for every other caller.  A reply to
         this worker's own front keeps its head unpacked (it stays in this process,
         messages.resp_fields); another process's client gets a held read (holding.py)."""
         try:
-            sess = self.sessions.get((src, conn))
+            sessions = self.sessions        # none at all, the common case: no key tuple made
+            sess = sessions.get((src, conn)) if sessions else None
             if sess is not None and sess.open_count(queue):
                 self.reply(src, conn, req, R_ERROR, RF_CLOSE)
             else:

@@ -271,7 +271,7 @@ class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
 
     def inline_set(self, src: int, conn: int, req: int, queue: str, expiry: int, data: bytes) -> None:
         """A whole-body set from this worker's own client, run by the fused local path
-        (Conn.inline_req, which scheduled the turn): OP_SET as `execute` runs it, without the
+        (MemcacheConn.store, which scheduled the turn): OP_SET as `execute` runs it, without the
         request record."""
         coll = self.coll
         coll.undo.ctx = (src, conn, req)
@@ -284,7 +284,7 @@ class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
             self.replies.append((src, (conn, req, R_OK if ok else R_NOT_STORED, 0, 0, 0), b""))
 
     # A plain `get q` from this worker's own client, run by the fused local path: plain_get
-    # (waiting.py) answers its own failures; Conn.inline_req scheduled the turn.
+    # (waiting.py) answers its own failures; MemcacheConn.on_get scheduled the turn.
     inline_get = Waiting.plain_get
 
     def execute(self, src: int, conn: int, req: int, op: int, flags: int, queue: str, a: int, b: int,

@@ -67,3 +67,39 @@ def test_a_local_reply_head_reads_as_a_packed_one():
     fields = (7, 9, R_ITEM, 0, 0, 0)
     assert resp_fields(fields) == fields
     assert resp_fields(pack_resp(*fields)) == fields
+
+
+def test_an_added_item_is_a_qitem_with_its_defaults():
+    """What PersistentQueue.add stores, once its now_ms is passed by position (the collection's
+    call): the add time is the collection's clock reading, the expiry the client's, capped by
+    max_age, and the workq fields keep their defaults."""
+    from lanner.queues.item import QItem
+    clock = FakeClock(1_700_000_000_000)
+    coll = QueueCollection(Config(default=QueueConfig(max_age=60_000)), clock)
+    assert coll.add("q", b"abc", 1_700_000_030_000)
+    item = coll.remove("q")
+    assert type(item) is QItem
+    assert item == QItem(1_700_000_000_000, 1_700_000_030_000, b"abc")
+    assert (item.xid, item.job_id, item.priority) == (0, None, 0)
+
+
+def test_the_compiled_clocks_read_what_the_time_module_reads():
+    """SystemClock.now_ms and Recorder.since read the clock in C where compiled (clock.pxd,
+    latency.pxd): the same clocks as time.time_ns and time.monotonic."""
+    import time
+
+    from lanner.clock import SYSTEM_CLOCK
+    from lanner.ipc.shm import CounterBlock
+    from lanner.ops import latency
+
+    before = time.time_ns() // 1_000_000
+    now = SYSTEM_CLOCK.now_ms()
+    assert before <= now <= time.time_ns() // 1_000_000
+    block = CounterBlock.create(1, latency.COUNTERS)
+    rec = latency.Recorder(block.slot(0), 0)
+    get = latency.FAMILIES.index("get")
+    rec.since(get, time.monotonic() - 0.003)         # 3 ms ago: the (0.0025, 0.005] bucket
+    col = get * (len(latency.BOUNDS) + 2)
+    words = list(block.slot(0).words)
+    assert words[col + latency.BOUNDS.index(0.005)] == 1
+    assert 3000 <= words[col + len(latency.BOUNDS) + 1] < 1_000_000

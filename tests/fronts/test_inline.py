@@ -1,4 +1,4 @@
-"""The fused local path (Conn.inline_req, Worker.inline_set / inline_get), in-process: a real
+"""The fused local path (fronts/inline.py, Worker.inline_set / inline_get), in-process: a real
 worker with its own front and memcache connections on fake transports (perf/hotloop.py's rig).
 Each test checks that the path was taken (the front's `inline_requests`) and that a rule of the
 normal path still holds: reply order, the commit gate, rollback, open reads."""

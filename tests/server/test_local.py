@@ -350,7 +350,7 @@ def test_connection_moves_after_a_stats(h):
 
 
 def test_a_set_behind_a_blocking_get_answers_after_it(h):
-    """The fused local path (Conn.inline_req) never overtakes: a set pipelined behind a
+    """The fused local path (fronts/inline.py) never overtakes: a set pipelined behind a
     blocking get on another queue of the same worker runs, and replies, only after that get."""
     [c] = clients_on(h, 0, 1)
     watcher = Client(h.connect())
