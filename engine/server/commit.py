@@ -289,8 +289,17 @@ class GroupCommit:
         while self.syncer.rounds or self.held or self.sync_queue:
             if not self.syncer.rounds:
                 self.start_sync()
-            select.select([self.sync_done_r] + ([self.syncer.fd] if self.syncer.fd >= 0 else []), [], [], 1.0)
+            _wait_readable([self.sync_done_r] + ([self.syncer.fd] if self.syncer.fd >= 0 else []), 1.0)
             self.on_sync_done()
+
+
+def _wait_readable(fds: list[int], timeout: float) -> None:
+    """poll, not select: a worker serving a thousand connections has descriptors past
+    select's FD_SETSIZE (1024), where select raises ValueError."""
+    p = select.poll()
+    for fd in fds:
+        p.register(fd, select.POLLIN)
+    p.poll(timeout * 1000)
 
 
 def _fail_requests(replies: list, failed: set, why: bytes, seen: set) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 import threading
 
 import msgpack
@@ -402,3 +403,22 @@ def test_a_child_whose_write_fails_loses_only_its_copy(worker, monkeypatch):
     assert replies(w) == {2: [(R_OK, 0, b"")]}
     assert queue_datas(w, "m") == [b"x"] and queue_datas(w, "m+c") == []
     assert w.coll.stats()["total_items"] == 1
+
+
+def test_waiting_for_the_fsync_works_with_descriptors_past_1024(worker):
+    """A worker with a thousand connections has descriptors past select's FD_SETSIZE; its
+    shutdown wait (wait_for_sync) must still work (select raised ValueError there)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:         # raising the soft limit up to the hard one needs no privilege
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        w = worker(sync_journal="always", uring=None)
+        assert w.sync_done_r > 1024
+        w.handle(0, req(1, OP_SET, "q", payload=b"a"))
+        w.finish_batch()
+        w.wait_for_sync()
+        assert replies(w) == {1: [(R_OK, 0, b"")]}
+    finally:
+        for fd in filler:
+            os.close(fd)
