@@ -11,6 +11,7 @@ import os
 import runpy
 import shutil
 import sys
+import sysconfig
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -59,6 +60,16 @@ def pxd_include_dir() -> str:
 _warned = False
 
 
+def drop_stale_build(module: str) -> None:
+    """Remove the extension an earlier build left next to `module`'s source.  The import
+    system prefers it to the .py, so after a failed build the old code would run while the
+    warning says pure Python is installed."""
+    path = os.path.join(HERE, source_of(module)[:-3] + sysconfig.get_config_var("EXT_SUFFIX"))
+    if os.path.exists(path):
+        os.remove(path)
+        print("lanner: removed the stale build %s" % os.path.relpath(path, HERE), file=sys.stderr)
+
+
 def warn(why: str) -> None:
     """The one warning of a build that falls back to pure Python, whatever failed and how often."""
     global _warned
@@ -96,6 +107,7 @@ def cythonized(exts: list, include_path: list[str]) -> list:
                              })
         except Exception as e:      # Cython's CompileError: this module stays pure Python
             warn("Cython rejected %s: %s: %s" % (ext.name, type(e).__name__, e))
+            drop_stale_build(ext.name)
     return out
 
 
@@ -107,12 +119,15 @@ class OptionalBuildExt(build_ext):
             super().run()
         except Exception as e:      # no compiler at all (DistutilsPlatformError and kin)
             self.announce_failure(e)
+            for ext in self.extensions:
+                drop_stale_build(ext.name)
 
     def build_extension(self, ext):
         try:
             super().build_extension(ext)
         except Exception as e:      # CompileError, LinkError: this module stays pure Python
             self.announce_failure(e)
+            drop_stale_build(ext.name)
 
     def announce_failure(self, e: Exception) -> None:
         warn("%s: %s" % (type(e).__name__, e))

@@ -5,9 +5,11 @@ import os
 import re
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
+from setuptools import Distribution, Extension
 
 from lanner.compiled import HOT_MODULES
 
@@ -118,3 +120,46 @@ def test_a_module_cython_rejects_stays_pure_python_with_one_warning(tmp_path, mo
     err = capsys.readouterr().err
     assert err.count("WARNING: lanner: the compiled hot path was not built") == 1, err
     assert "Cython rejected bad" in err
+
+
+def _setup_in(tmp_path, monkeypatch):
+    """setup.py's helpers, pointed at a source tree in tmp_path."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        setup = importlib.import_module("setup")
+    finally:
+        sys.path.remove(str(ROOT))
+    monkeypatch.setattr(setup, "_warned", False, raising=False)
+    monkeypatch.setattr(setup, "HERE", str(tmp_path))
+    monkeypatch.setattr(setup, "source_of", lambda name: name + ".py")
+    monkeypatch.chdir(tmp_path)
+    return setup
+
+
+def test_a_module_cython_rejects_loses_its_stale_build(tmp_path, monkeypatch, capsys):
+    """The warning says pure Python; an extension an earlier build left beside the source
+    would still be what Python imports."""
+    pytest.importorskip("Cython")
+    setup = _setup_in(tmp_path, monkeypatch)
+    monkeypatch.setattr(setup, "hot_modules", lambda: ("bad",))
+    monkeypatch.setattr(setup, "pxd_include_dir", lambda: str(tmp_path))
+    (tmp_path / "bad.py").write_text("def f(:\n    pass\n")
+    stale = tmp_path / ("bad" + sysconfig.get_config_var("EXT_SUFFIX"))
+    stale.write_bytes(b"an old build")
+    assert setup.extensions() == []
+    assert not stale.exists()
+    assert "removed the stale build" in capsys.readouterr().err
+
+
+def test_a_module_gcc_fails_on_loses_its_stale_build(tmp_path, monkeypatch, capsys):
+    setup = _setup_in(tmp_path, monkeypatch)
+
+    def fails(self, ext):
+        raise RuntimeError("gcc: error")
+    monkeypatch.setattr(setup.build_ext, "build_extension", fails)
+    stale = tmp_path / ("mod" + sysconfig.get_config_var("EXT_SUFFIX"))
+    stale.write_bytes(b"an old build")
+    setup.OptionalBuildExt(Distribution()).build_extension(Extension("mod", ["mod.c"]))
+    assert not stale.exists()
+    err = capsys.readouterr().err
+    assert "WARNING: lanner: the compiled hot path was not built (RuntimeError: gcc: error)" in err
