@@ -4,11 +4,17 @@ cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_DecodeLatin1
 from libc.string cimport memchr, memcmp
-from lanner.protocols.stream cimport StreamParser, _c_head
-from lanner.protocols.memcache_commands cimport plain_get, new_set
+from lanner.protocols.stream cimport StreamParser, _c_slice, _c_byte
+from lanner.protocols.memcache_commands cimport plain_get, new_set, Set as _CSet
 
 cdef bint COMPILED
-cdef int _LINE, _DATA, _SKIP, _STOPPED, _BODY
+cdef int _LINE, _DATA, _SKIP, _STOPPED, _BODY, BINARY_MAGIC
+
+ctypedef struct _SetLine:       # the numbers of a set line read in place (_c_set_line)
+    long flags
+    long exptime
+    Py_ssize_t size
+    bint noreply
 
 @cython.locals(n=Py_ssize_t, v=long, c=int)
 cpdef object parse_int(bytes tok)
@@ -21,15 +27,16 @@ cdef class MemcacheParser(StreamParser):
     cdef public Py_ssize_t _need
     cdef public object _set
     cdef public object _after
-    cdef public object _direct
 
-    @cython.locals(buf=bytearray, state=int, need=Py_ssize_t, n=Py_ssize_t, cmd=object)
+    @cython.locals(buf=object, state=int, pos=Py_ssize_t, need=Py_ssize_t, n=Py_ssize_t,
+                   have=Py_ssize_t, cmd=object, set_=_CSet, piece=object, first=int)
     cpdef object next(self)
-    @cython.locals(toks=list, word=bytes, raw=str, key=bytes, fields=tuple)
+    @cython.locals(toks=list, word=bytes, raw=str, key=bytes, queue=str, sl=_SetLine)
     cpdef object _line(self, bytes line)
     @cython.locals(size=object, exptime=object, flags=object, name=bytes, queue=str, noreply=bint)
     cpdef object _storage(self, bytes word, list toks)
-    cpdef object _set_cmd(self, str queue, object flags, object exptime, object size, bint noreply)
+    @cython.locals(limits=object, limit=object)
+    cpdef object _set_cmd(self, str queue, object flags, object exptime, Py_ssize_t size, bint noreply)
     cpdef object _skip(self, Py_ssize_t n, object after)
     cpdef object _stop(self, object cmd)
 
@@ -60,9 +67,9 @@ cdef inline object _c_get_key(bytes line):
         return None
     return PyUnicode_DecodeLatin1(s + 4, n - 4, NULL)
 
-cdef inline object _c_set_line(bytes line):
+cdef inline object _c_set_line(bytes line, _SetLine* out):
     """`set <name> <flags> <exptime> <bytes>` and an optional ` noreply`, single spaces, each
-    number 1 to 9 plain digits: (queue, flags, exptime, bytes, noreply), else None."""
+    number 1 to 9 plain digits: the queue (latin-1), its numbers in `out`; else None."""
     cdef const char* s = PyBytes_AS_STRING(line)
     cdef Py_ssize_t n = PyBytes_GET_SIZE(line)
     cdef Py_ssize_t starts[5]
@@ -100,4 +107,8 @@ cdef inline object _c_set_line(bytes line):
     size = _c_digits(s + starts[3], ends[3] - starts[3])
     if flags < 0 or exptime < 0 or size < 0:
         return None
-    return (PyUnicode_DecodeLatin1(s + starts[0], ends[0] - starts[0], NULL), flags, exptime, size, noreply)
+    out.flags = flags
+    out.exptime = exptime
+    out.size = size
+    out.noreply = noreply
+    return PyUnicode_DecodeLatin1(s + starts[0], ends[0] - starts[0], NULL)
