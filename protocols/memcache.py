@@ -54,7 +54,7 @@ from lanner.protocols.memcache_commands import (
     FlushExpired, FlushAllExpired, Stats,
     DumpStats, DumpConfig, Monitor, Confirm, Status, Version, Reload, Shutdown, Quit, ProtocolError, Command)
 from lanner.protocols.memcache_replies import client_error
-from lanner.protocols.stream import TOO_LONG, StreamParser
+from lanner.protocols.stream import StreamParser
 
 # COMPILED: as in stream.py (its branches name stream.pxd's C helpers)
 try:
@@ -333,12 +333,30 @@ class MemcacheParser(StreamParser):
                     if first == BINARY_MAGIC:
                         return self._stop(ProtocolError(client_error(
                             "the memcache binary protocol is not supported; use the text protocol"), True))
-                line = self._take_line()
-                if line is None:
-                    return None
-                if line is TOO_LONG:
+                i = self._line_end()
+                if i < 0:
+                    if i == -1:
+                        return None
                     return self._stop(ProtocolError(
                         client_error("line longer than %d bytes" % self.max_line), True))
+                end = i - 1 if self._before(i) == 13 else i
+                if COMPILED:
+                    # the two lines of nearly every request, read in place (memcache.pxd): no
+                    # line object; exactly the lines the parse in _line makes ["get", key] (no
+                    # b"/" in key) or a set of plain numbers
+                    name = _c_hot_line(self._buf, pos, end, cython.address(sl))
+                    if name is not None:
+                        self._consumed(i + 1)
+                        if sl.get:
+                            return plain_get(name)
+                        cmd = self._set_cmd(name, sl.flags, sl.exptime, sl.size, sl.noreply)
+                        if cmd is not None:
+                            return cmd
+                        continue
+                    line = _c_slice(self._buf, pos, end - pos)
+                else:
+                    line = bytes(self._buf[pos:end])
+                self._consumed(i + 1)
                 cmd = self._line(line)
                 if cmd is not None:
                     return cmd
@@ -404,16 +422,7 @@ class MemcacheParser(StreamParser):
 
     def _line(self, line: bytes):
         """Parse one request line; return a command, or None after arming a data block."""
-        if COMPILED:
-            # the hot paths, read in place (memcache.pxd): exactly the lines the parse below
-            # makes ["get", key] (no b"/" in key) or a set of plain numbers
-            raw = _c_get_key(line)
-            if raw is not None:
-                return plain_get(raw)
-            queue = _c_set_line(line, cython.address(sl))
-            if queue is not None:
-                return self._set_cmd(queue, sl.flags, sl.exptime, sl.size, sl.noreply)
-        elif line.startswith(b"get "):
+        if not COMPILED and line.startswith(b"get "):       # (compiled: read in place in next)
             # the hot path: `get <key>` with one plain key, which split(" ") below would make
             # exactly ["get", key]: straight to its command, without the split
             key = line[4:]
@@ -477,10 +486,12 @@ class MemcacheParser(StreamParser):
                     limit = limits[queue]
             else:
                 limit = limits(queue)
-            if limit is not None and size > limit:
+            # (compiled: a C compare, no int object made for size)
+            if _c_over(size, limit) if COMPILED else limit is not None and size > limit:
                 self._skip(size + 2, None)
                 return SetRefused(queue, size, noreply)
-        if self.stream_over is not None and size > self.stream_over:
+        over = self.stream_over
+        if _c_over(size, over) if COMPILED else over is not None and size > over:
             self._state = _BODY
             self._need = size
             return SetHead(queue, flags, exptime, size, noreply)

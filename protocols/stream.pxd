@@ -13,7 +13,10 @@ cdef class StreamParser:
     @cython.locals(pos=Py_ssize_t)
     cpdef _append(self, object data)
     cpdef _consumed(self, Py_ssize_t pos)
-    @cython.locals(pos=Py_ssize_t, i=Py_ssize_t, end=Py_ssize_t, n=Py_ssize_t)
+    @cython.locals(pos=Py_ssize_t, i=Py_ssize_t, n=Py_ssize_t)
+    cpdef Py_ssize_t _line_end(self) except -3
+    cpdef int _before(self, Py_ssize_t i) except -2
+    @cython.locals(pos=Py_ssize_t, i=Py_ssize_t, end=Py_ssize_t)
     cpdef object _take_line(self)
 
 cpdef object joined(object buf, Py_ssize_t pos, object data)

@@ -74,12 +74,12 @@ class StreamParser:
         else:
             self._pos = self._scan = pos
 
-    def _take_line(self):
-        """The next line of a line-based protocol (memcache, text), consumed without its LF and
-        one CR right before it; None when its LF has not arrived; TOO_LONG when it is longer
-        than `max_line` bytes, which is known before its LF arrives, so no line is buffered
-        beyond the bound.  `_scan` (>= `_pos`) remembers how far `_buf` holds no LF, so feeding
-        a long line byte by byte stays linear."""
+    def _line_end(self) -> int:
+        """Where the next line's LF is in `_buf`; -1 when it has not arrived, -2 when the line
+        is longer than `max_line` bytes (its LF and one CR right before it not counted), which
+        is known before its LF arrives, so no line is buffered beyond the bound.  `_scan`
+        (>= `_pos`) remembers how far `_buf` holds no LF, so feeding a long line byte by byte
+        stays linear."""
         buf = self._buf
         pos = self._pos
         if COMPILED:
@@ -89,24 +89,34 @@ class StreamParser:
         if i < 0:
             n = len(buf)
             if n - pos > self.max_line + 1:  # + 1: room for the CR of CRLF
-                return TOO_LONG
+                return -2
             self._scan = n
-            return None
-        if COMPILED:
-            end = i - 1 if i > pos and _c_byte(buf, i - 1) == 13 else i
-        else:
-            end = i - 1 if i > pos and buf[i - 1] == 13 else i
-        if end - pos > self.max_line:
-            return TOO_LONG
-        line = _c_slice(buf, pos, end - pos) if COMPILED else bytes(buf[pos:end])    # one copy
-        i += 1
-        if i == len(buf):
-            self._buf = b""
-            self._pos = self._scan = 0
-        else:
-            self._pos = self._scan = i
-        return line
+            return -1
+        if i - pos > self.max_line and (i - pos > self.max_line + 1 or self._before(i) != 13):
+            return -2
+        return i
 
+    def _before(self, i: int) -> int:
+        """The byte before index `i` of `_buf` (i > `_pos`); -1 at `_pos`: whether a line
+        ending in LF at `i` also drops a CR."""
+        if i <= self._pos:
+            return -1
+        if COMPILED:
+            return _c_byte(self._buf, i - 1)
+        return self._buf[i - 1]
+
+    def _take_line(self):
+        """The next line of a line-based protocol (memcache, text), consumed without its LF and
+        one CR right before it; None when its LF has not arrived; TOO_LONG past `max_line`
+        (`_line_end`)."""
+        i = self._line_end()
+        if i < 0:
+            return None if i == -1 else TOO_LONG
+        pos = self._pos
+        end = i - 1 if self._before(i) == 13 else i
+        line = _c_slice(self._buf, pos, end - pos) if COMPILED else bytes(self._buf[pos:end])
+        self._consumed(i + 1)
+        return line
 
 def joined(buf, pos: int, data):
     """A buffer holding `buf[pos:]` and then `data`, for a parser to read from its offset 0: the
