@@ -40,9 +40,10 @@ Memory bounds (Kestrel had none; a front facing the network needs them):
   parser yields `SetHead` at once, then `SetPiece`s of at least STREAM_PIECE bytes (the
   last may be shorter) as the bytes arrive, so the front can pass them on.
 
-The buffer invariant: `_buf` holds only bytes not yet consumed; in the LINE
-state `_scan` is how far it is already known to contain no LF, so feeding a
-long line one byte at a time stays linear.
+The buffer invariant (stream.py): `_buf[_pos:]` holds the bytes not yet consumed; in the LINE
+state `_scan` is how far it is already known to contain no LF, so feeding a long line one byte
+at a time stays linear.  The compiled parser reads `set` and plain `get` lines where they lie
+in the buffer (memcache.pxd `_c_hot_line`); every other line is cut out and parsed by `_line`.
 """
 from __future__ import annotations
 
