@@ -182,26 +182,26 @@ class AdminParser(StreamParser):
     def __init__(self, max_head: int = 8192, max_body: int = 1 << 16) -> None:
         self.max_head = max_head
         self.max_body = max_body
-        self._buf = bytearray()
-        self._scan = 0
+        self._reset()
         self._state = _HEAD
         self._skip = 0                      # BODY: bytes of body still to drop
         self._pending: HttpRequest | None = None  # BODY: yielded once its body is past
 
     def feed(self, data: bytes) -> None:
         if self._state != _STOPPED:
-            self._buf += data
+            self._append(data)
 
     def requests(self) -> Iterator[HttpRequest | HttpError]:
         while (req := self.next()) is not None:
             yield req
 
     def next(self) -> HttpRequest | HttpError | None:
-        buf = self._buf
         while True:
+            buf = self._buf
+            pos = self._pos
             if self._state == _BODY:
-                n = min(self._skip, len(buf))
-                del buf[:n]
+                n = min(self._skip, len(buf) - pos)
+                self._consumed(pos + n)
                 self._skip -= n
                 if self._skip:
                     return None
@@ -211,25 +211,27 @@ class AdminParser(StreamParser):
             if self._state == _STOPPED:
                 return None
             # Blank lines before a request line are allowed (RFC 9112 §2.2).
-            while buf[:2] == b"\r\n" or buf[:1] == b"\n":
-                del buf[:2 if buf[:1] == b"\r" else 1]
-                self._scan = 0
-            end = buf.find(b"\n\r\n", max(0, self._scan - 2))
-            lf_end = buf.find(b"\n\n", max(0, self._scan - 1))
+            if buf[pos:pos + 2] == b"\r\n" or buf[pos:pos + 1] == b"\n":
+                while buf[pos:pos + 2] == b"\r\n" or buf[pos:pos + 1] == b"\n":
+                    pos += 2 if buf[pos] == 13 else 1
+                self._consumed(pos)
+                buf = self._buf
+                pos = self._pos
+            end = buf.find(b"\n\r\n", max(pos, self._scan - 2))
+            lf_end = buf.find(b"\n\n", max(pos, self._scan - 1))
             if end < 0 and lf_end < 0:
-                if len(buf) > self.max_head:
+                if len(buf) - pos > self.max_head:
                     return self._stop(_http_error(431, "request head longer than %d bytes" % self.max_head))
                 self._scan = len(buf)
                 return None
             if end < 0 or (0 <= lf_end < end):
-                head_len, cut = lf_end + 1, lf_end + 2
+                head_end, cut = lf_end + 1, lf_end + 2
             else:
-                head_len, cut = end + 1, end + 3
-            self._scan = 0
-            if head_len > self.max_head:
+                head_end, cut = end + 1, end + 3
+            if head_end - pos > self.max_head:
                 return self._stop(_http_error(431, "request head longer than %d bytes" % self.max_head))
-            head = bytes(buf[:head_len])
-            del buf[:cut]
+            head = bytes(buf[pos:head_end])
+            self._consumed(cut)
             result = self._parse_head(head)
             if type(result) is HttpError:
                 return self._stop(result)
@@ -248,7 +250,7 @@ class AdminParser(StreamParser):
 
     def _stop(self, result):
         self._state = _STOPPED
-        self._buf.clear()
+        self._reset()
         self._pending = None
         return result
 

@@ -40,9 +40,10 @@ Memory bounds (Kestrel had none; a front facing the network needs them):
   parser yields `SetHead` at once, then `SetPiece`s of at least STREAM_PIECE bytes (the
   last may be shorter) as the bytes arrive, so the front can pass them on.
 
-The buffer invariant: `_buf` holds only bytes not yet consumed; in the LINE
-state `_scan` is how far it is already known to contain no LF, so feeding a
-long line one byte at a time stays linear.
+The buffer invariant (stream.py): `_buf[_pos:]` holds the bytes not yet consumed; in the LINE
+state `_scan` is how far it is already known to contain no LF, so feeding a long line one byte
+at a time stays linear.  The compiled parser reads `set` and plain `get` lines where they lie
+in the buffer (memcache.pxd `_c_hot_line`); every other line is cut out and parsed by `_line`.
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ from lanner.protocols.memcache_commands import (
     FlushExpired, FlushAllExpired, Stats,
     DumpStats, DumpConfig, Monitor, Confirm, Status, Version, Reload, Shutdown, Quit, ProtocolError, Command)
 from lanner.protocols.memcache_replies import client_error
-from lanner.protocols.stream import TOO_LONG, StreamParser
+from lanner.protocols.stream import StreamParser
 
 # COMPILED: as in stream.py (its branches name stream.pxd's C helpers)
 try:
@@ -277,51 +278,43 @@ class MemcacheParser(StreamParser):
     """Feed socket bytes with `feed`, take commands with `next` until it returns None.
 
     `item_limit(queue_name) -> int | None` gives the queue's max item size (inclusive);
-    None for the callable or its result means unlimited.  A `set` body larger than
+    None for the callable or its result means unlimited.  It may also be a dict (queue name ->
+    limit, its `__missing__` computing a miss): looked up, not called.  A `set` body larger than
     `stream_over` bytes is yielded as SetHead then SetPiece commands as it arrives, never
     buffered whole (None: every body is buffered and yielded as one Set)."""
 
-    __slots__ = ("item_limit", "stream_over", "_need", "_set", "_after", "_direct")
+    __slots__ = ("item_limit", "stream_over", "_need", "_set", "_after")
     BETWEEN, STOPPED = _LINE, _STOPPED
 
     def __init__(self, max_line: int = 1 << 20,
-                 item_limit: Callable[[str], int | None] | None = None,
+                 item_limit: Callable[[str], int | None] | dict | None = None,
                  stream_over: int | None = None) -> None:
         self.max_line = max_line
         self.item_limit = item_limit
         self.stream_over = stream_over
-        self._buf = bytearray()
-        self._scan = 0          # LINE: _buf[:_scan] is known to hold no LF
+        self._reset()           # _buf[_pos:] unconsumed; LINE: _buf[:_scan] holds no LF
         self._state = _LINE
         self._need = 0          # DATA: bytes to wait for (data + 2); SKIP: bytes still to drop;
                                 # BODY: body bytes not yet yielded
         self._set: Set | None = None       # DATA: the Set waiting for its data
         self._after = None      # SKIP: what to yield once the skipped block is past
-        self._direct = None     # BODY, nothing buffered: bytes fed, yielded as they are
 
     def feed(self, data: bytes) -> None:
         state = self._state
-        if state == _BODY:
-            if self._direct is None and not self._buf and len(data) >= STREAM_PIECE:
-                # a streamed body's bytes as they came, one piece, never copied here (issue 8:
-                # the buffer and the piece cut from it were two copies of each 8 MiB body)
-                self._direct = data
-                return
-            if self._direct is not None:
-                self._buf += self._direct
-                self._direct = None
-        if state == _SKIP and not self._buf:
+        if state == _SKIP and self._pos == len(self._buf):
+            # nothing held: the bytes to skip are dropped as they come, never buffered
             n = len(data)
             need = self._need
             if n <= need:
                 self._need = need - n
                 return
             self._need = 0
-            self._buf += memoryview(data)[need:]
+            self._append(data)
+            self._pos = self._scan = need
             return
         if state == _STOPPED:
             return
-        self._buf += data
+        self._append(data)
 
     def commands(self) -> Iterator[Command]:
         """Every command the buffered bytes complete, in order."""
@@ -329,51 +322,72 @@ class MemcacheParser(StreamParser):
             yield cmd
 
     def next(self) -> Command | None:
-        buf = self._buf
         while True:
             state = self._state
             if state == _LINE:
-                if not self._scan and buf and buf[0] == BINARY_MAGIC:
-                    return self._stop(ProtocolError(client_error(
-                        "the memcache binary protocol is not supported; use the text protocol"), True))
-                line = self._take_line()
-                if line is None:
-                    return None
-                if line is TOO_LONG:
+                pos = self._pos
+                if self._scan == pos and pos < len(self._buf):      # a line's first byte
+                    if COMPILED:
+                        first = _c_byte(self._buf, pos)
+                    else:
+                        first = self._buf[pos]
+                    if first == BINARY_MAGIC:
+                        return self._stop(ProtocolError(client_error(
+                            "the memcache binary protocol is not supported; use the text protocol"), True))
+                i = self._line_end()
+                if i < 0:
+                    if i == -1:
+                        return None
                     return self._stop(ProtocolError(
                         client_error("line longer than %d bytes" % self.max_line), True))
+                end = i - 1 if self._before(i) == 13 else i
+                if COMPILED:
+                    # the two lines of nearly every request, read in place (memcache.pxd): no
+                    # line object; exactly the lines the parse in _line makes ["get", key] (no
+                    # b"/" in key) or a set of plain numbers
+                    name = _c_hot_line(self._buf, pos, end, cython.address(sl))
+                    if name is not None:
+                        self._consumed(i + 1)
+                        if sl.get:
+                            return plain_get(name)
+                        cmd = self._set_cmd(name, sl.flags, sl.exptime, sl.size, sl.noreply)
+                        if cmd is not None:
+                            return cmd
+                        continue
+                    line = _c_slice(self._buf, pos, end - pos)
+                else:
+                    line = bytes(self._buf[pos:end])
+                self._consumed(i + 1)
                 cmd = self._line(line)
                 if cmd is not None:
                     return cmd
             elif state == _DATA:
+                buf = self._buf
+                pos = self._pos
                 need = self._need
-                if len(buf) < need:
+                if len(buf) - pos < need:
                     return None
-                cmd = self._set
-                cmd.data = _c_head(buf, need - 2) if COMPILED else bytes(buf[:need - 2])
-                del buf[:need]
+                set_ = self._set
+                set_.data = _c_slice(buf, pos, need - 2) if COMPILED else bytes(buf[pos:pos + need - 2])
+                self._consumed(pos + need)
                 self._set = None
                 self._state = _LINE
-                return cmd
+                return set_
             elif state == _BODY:
+                buf = self._buf
+                pos = self._pos
                 need = self._need
-                piece = self._direct
-                if piece is not None:        # (nothing is buffered before it)
-                    self._direct = None
-                    if len(piece) > need:
-                        buf += memoryview(piece)[need:]
-                        piece = piece[:need]
+                n = len(buf) - pos
+                if n < need and n < STREAM_PIECE:
+                    return None
+                if n > need:
+                    n = need
+                if not pos and n == len(buf) and type(buf) is bytes:
+                    piece = buf         # a read that is all body: the piece itself, no copy
                 else:
-                    n = len(buf)
-                    if n < need and n < STREAM_PIECE:
-                        return None
-                    if n <= need:
-                        piece = bytes(buf)
-                        buf.clear()
-                    else:
-                        piece = bytes(buf[:need])
-                        del buf[:need]
-                self._need = need - len(piece)
+                    piece = _c_slice(buf, pos, n) if COMPILED else bytes(buf[pos:pos + n])
+                self._consumed(pos + n)
+                self._need = need - n
                 if self._need:
                     return SetPiece(piece, False)
                 self._skip(2, None)          # the 2 bytes after the data, unchecked
@@ -381,14 +395,17 @@ class MemcacheParser(StreamParser):
             elif state == _SKIP:
                 n = self._need
                 if n:
-                    if len(buf) < n:
-                        self._need = n - len(buf)
-                        buf.clear()
+                    pos = self._pos
+                    have = len(self._buf) - pos
+                    if have < n:
+                        self._need = n - have
+                        self._reset()
                         return None
-                    del buf[:n]
+                    self._consumed(pos + n)
                     self._need = 0
                 self._state = _LINE
-                cmd, self._after = self._after, None
+                cmd = self._after
+                self._after = None
                 if cmd is not None:
                     if type(cmd) is ProtocolError and cmd.close:
                         return self._stop(cmd)
@@ -400,22 +417,13 @@ class MemcacheParser(StreamParser):
 
     def _stop(self, cmd):
         self._state = _STOPPED
-        self._buf.clear()
+        self._reset()
         self._set = self._after = None
         return cmd
 
     def _line(self, line: bytes):
         """Parse one request line; return a command, or None after arming a data block."""
-        if COMPILED:
-            # the hot paths, read in place (memcache.pxd): exactly the lines the parse below
-            # makes ["get", key] (no b"/" in key) or a set of plain numbers
-            raw = _c_get_key(line)
-            if raw is not None:
-                return plain_get(raw)
-            fields = _c_set_line(line)
-            if fields is not None:
-                return self._set_cmd(fields[0], fields[1], fields[2], fields[3], fields[4])
-        elif line.startswith(b"get "):
+        if not COMPILED and line.startswith(b"get "):       # (compiled: read in place in next)
             # the hot path: `get <key>` with one plain key, which split(" ") below would make
             # exactly ["get", key]: straight to its command, without the split
             key = line[4:]
@@ -469,11 +477,22 @@ class MemcacheParser(StreamParser):
     def _set_cmd(self, queue: str, flags: int, exptime: int, size: int, noreply: bool):
         """A set line's command once its fields are read: refused over the queue's item limit,
         announced (SetHead) when its body is streamed, else its body is awaited (None)."""
-        limit = self.item_limit(queue) if self.item_limit is not None else None
-        if limit is not None and size > limit:
-            self._skip(size + 2, None)
-            return SetRefused(queue, size, noreply)
-        if self.stream_over is not None and size > self.stream_over:
+        limits = self.item_limit
+        if limits is not None:
+            if isinstance(limits, dict):
+                # a C lookup: a dict subclass's own [] goes through a Python-level __getitem__
+                # (slot_mp_subscript, ~500 instructions); a miss asks it, so __missing__ runs
+                limit = dict.get(limits, queue)
+                if limit is None:
+                    limit = limits[queue]
+            else:
+                limit = limits(queue)
+            # (compiled: a C compare, no int object made for size)
+            if _c_over(size, limit) if COMPILED else limit is not None and size > limit:
+                self._skip(size + 2, None)
+                return SetRefused(queue, size, noreply)
+        over = self.stream_over
+        if _c_over(size, over) if COMPILED else over is not None and size > over:
             self._state = _BODY
             self._need = size
             return SetHead(queue, flags, exptime, size, noreply)

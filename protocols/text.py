@@ -286,8 +286,7 @@ class TextParser(StreamParser):
         self.max_block = max_block
         self.item_limit = item_limit
         self.skip_over = skip_over
-        self._buf = bytearray()
-        self._scan = 0          # _buf[:_scan] is known to hold no LF
+        self._reset()           # _buf[_pos:] unconsumed; _buf[:_scan] is known to hold no LF
         self._state = _LINE
         self._toks: list[bytes] = []     # BLOCK: the command that opened the block
         self._items: list = []           # BLOCK: items read so far (bytes or Oversized)
@@ -300,11 +299,11 @@ class TextParser(StreamParser):
     @property
     def buffered(self) -> int:
         """Bytes held and not yet parsed, put items already read included."""
-        return len(self._buf) + self._kept
+        return len(self._buf) - self._pos + self._kept
 
     def feed(self, data: bytes) -> None:
         if self._state != _STOPPED:
-            self._buf += data
+            self._append(data)
 
     def commands(self) -> Iterator[Command]:
         while (cmd := self.next()) is not None:
@@ -357,11 +356,11 @@ class TextParser(StreamParser):
             return line
         if line is None:
             buf = self._buf
-            if len(buf) > self.skip_over + 1 and len(buf) > self._item_bound() + 1:
-                self._skipped = len(buf)         # (+ 1: room for the CR of a CRLF)
+            n = len(buf) - self._pos
+            if n > self.skip_over + 1 and n > self._item_bound() + 1:
+                self._skipped = n                # (+ 1: room for the CR of a CRLF)
                 self._skip_cr = buf[-1] == 13
-                del buf[:]
-                self._scan = 0
+                self._reset()
                 return self._skip_rest()
             return None
         if line is not TOO_LONG and len(line) > self.skip_over and len(line) > self._item_bound():
@@ -370,19 +369,20 @@ class TextParser(StreamParser):
 
     def _skip_rest(self):
         buf = self._buf
-        i = buf.find(b"\n")
+        pos = self._pos
+        i = buf.find(b"\n", pos)
         if i < 0:
-            if buf:
-                self._skipped += len(buf)
+            if len(buf) > pos:
+                self._skipped += len(buf) - pos
                 self._skip_cr = buf[-1] == 13
-                del buf[:]
+                self._reset()
             if self._skipped > self.max_line + 1:
                 self._skipped = -1
                 return TOO_LONG
             return None
-        cr = buf[i - 1] == 13 if i else self._skip_cr
-        size = self._skipped + i - cr
-        del buf[:i + 1]
+        cr = buf[i - 1] == 13 if i > pos else self._skip_cr
+        size = self._skipped + i - pos - cr
+        self._consumed(i + 1)
         self._skipped = -1
         return TOO_LONG if size > self.max_line else Oversized(size)
 
@@ -405,5 +405,5 @@ class TextParser(StreamParser):
     def _stop(self, cmd):
         self._end_block()
         self._state = _STOPPED
-        self._buf.clear()
+        self._reset()
         return cmd

@@ -64,6 +64,7 @@ from lanner.protocols.thrift_wire import (
     too_deep, truncated, truncated_string, unknown_element, unknown_type,
 )
 from lanner.protocols.thrift_put import PutStream
+from lanner.protocols.stream import joined
 
 log = logging.getLogger(__name__)
 
@@ -365,7 +366,7 @@ class ThriftParser:
     `stream_over` is decoded as it arrives (thrift_put.py) and an item over the limit reaches
     the call as an `Oversized`, its bytes never held."""
 
-    __slots__ = ("max_frame", "upgraded", "item_limit", "stream_over", "_buf", "_stopped",
+    __slots__ = ("max_frame", "upgraded", "item_limit", "stream_over", "_buf", "_pos", "_stopped",
                  "_put", "_call", "_whole", "_tried")
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME, item_limit=None,
@@ -374,7 +375,8 @@ class ThriftParser:
         self.upgraded = False
         self.item_limit = item_limit
         self.stream_over = stream_over
-        self._buf = bytearray()
+        self._buf = b""         # _buf[_pos:]: the bytes not decoded yet (stream.py `joined`)
+        self._pos = 0
         self._stopped = False
         self._put: PutStream | None = None      # the put frame being decoded as it arrives
         self._call: tuple | None = None         # (seqid, client id) of that put
@@ -384,12 +386,12 @@ class ThriftParser:
     @property
     def buffered(self) -> int:
         """Bytes held and not yet decoded (the front watches this for back-pressure)."""
-        return len(self._buf)
+        return len(self._buf) - self._pos
 
     @property
     def held(self) -> int:
         """Every byte of the connection's input held: not yet decoded, or a put item kept."""
-        return len(self._buf) + (self._put.kept if self._put is not None else 0)
+        return len(self._buf) - self._pos + (self._put.kept if self._put is not None else 0)
 
     @property
     def stopped(self) -> bool:
@@ -397,8 +399,13 @@ class ThriftParser:
         return self._stopped
 
     def feed(self, data: bytes) -> None:
-        if not self._stopped:
+        if self._stopped:
+            return
+        if self._put is not None:       # the put decodes from this very bytearray (thrift_put.py)
             self._buf += data
+            return
+        self._buf = joined(self._buf, self._pos, data)
+        self._pos = 0
 
     def commands(self) -> Iterator[Call | Upgrade | BadCall | ProtocolError]:
         """Every outcome the buffered bytes complete, in order."""
@@ -412,21 +419,29 @@ class ThriftParser:
         if self._put is not None:
             return self._streamed()
         buf = self._buf
-        if len(buf) < 4:
+        pos = self._pos
+        if len(buf) - pos < 4:
             return None
-        n = _I32.unpack_from(buf, 0)[0]
+        n = _I32.unpack_from(buf, pos)[0]
         if n < 0 or n > self.max_frame:
             return self._stop(f"frame length {n} outside 0..{self.max_frame}")
-        end = 4 + n
+        end = pos + 4 + n
         if len(buf) < end:
             if n > self.stream_over and self.item_limit is not None and not self._whole:
                 return self._start_put(n)
             return None
         self._whole = False
         self._tried = 0
-        with memoryview(buf) as view:
-            frame = bytes(view[4:end])
-        del buf[:end]
+        if type(buf) is bytes:
+            frame = buf[pos + 4:end]
+        else:
+            with memoryview(buf) as view:           # one copy, not two
+                frame = bytes(view[pos + 4:end])
+        if end == len(buf):             # all taken: the read is let go (stream.py)
+            self._buf = b""
+            self._pos = 0
+        else:
+            self._pos = end
         return self._decode(frame)
 
     def _start_put(self, n: int) -> Call | BadCall | None:
@@ -436,11 +451,12 @@ class ThriftParser:
         time that doubled (so feeding it byte by byte stays linear); a header that decodes from
         a prefix decodes the same from the whole frame."""
         buf = self._buf
-        have = len(buf) - 4
+        start = self._pos + 4
+        have = len(buf) - start
         if have < self._tried:
             return None
         self._tried = 2 * have
-        head = bytes(buf[4:4 + min(have, _HEAD_MAX)])
+        head = bytes(buf[start:start + min(have, _HEAD_MAX)])
         try:
             client_id, pos = _read_request_header(head, 0) if self.upgraded else (None, 0)
             name, _, seqid, pos = _read_message_begin(head, pos)
@@ -450,7 +466,12 @@ class ThriftParser:
         if name != "put":
             self._whole = True
             return None
-        del buf[:4 + pos]
+        if type(buf) is bytes:          # the put takes bytes from the front of a bytearray
+            buf = bytearray(memoryview(buf)[start + pos:])
+        else:
+            del buf[:start + pos]
+        self._buf = buf
+        self._pos = 0
         defaults, fields = _ARGS["put"]
         self._put = PutStream(buf, pos, n, defaults(), fields, self.item_limit)
         self._call = (seqid, client_id)
@@ -467,7 +488,8 @@ class ThriftParser:
 
     def _stop(self, reason: str) -> ProtocolError:
         self._stopped = True
-        self._buf = bytearray()
+        self._buf = b""
+        self._pos = 0
         self._put = self._call = None
         log.debug("thrift connection unframeable: %s", reason)
         return ProtocolError(reason)

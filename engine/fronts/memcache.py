@@ -27,7 +27,7 @@ STREAM_OVER = 64 << 10
 class MemcacheConn(Conn):
     def __init__(self, front):
         # the queue's max_item_size under the config in force now (it changes on reload)
-        super().__init__(front, mc.MemcacheParser(item_limit=front.item_limits.__getitem__,
+        super().__init__(front, mc.MemcacheParser(item_limit=front.item_limits,
                                                   stream_over=STREAM_OVER))
 
     def handle(self, cmd) -> None:
