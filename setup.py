@@ -58,12 +58,13 @@ def pxd_include_dir() -> str:
 
 
 _warned = False
+_rejected: list[str] = []       # modules Cython rejected (cythonized), for OptionalBuildExt
 
 
 def drop_stale_build(module: str) -> None:
-    """Remove the extension an earlier build left next to `module`'s source.  The import
-    system prefers it to the .py, so after a failed build the old code would run while the
-    warning says pure Python is installed."""
+    """Remove the extension an earlier in-place build left next to `module`'s source.  The
+    import system prefers it to the .py, so after a failed build the old code would run while
+    the warning says pure Python is installed."""
     path = os.path.join(HERE, source_of(module)[:-3] + sysconfig.get_config_var("EXT_SUFFIX"))
     if os.path.exists(path):
         os.remove(path)
@@ -107,27 +108,38 @@ def cythonized(exts: list, include_path: list[str]) -> list:
                              })
         except Exception as e:      # Cython's CompileError: this module stays pure Python
             warn("Cython rejected %s: %s: %s" % (ext.name, type(e).__name__, e))
-            drop_stale_build(ext.name)
+            _rejected.append(ext.name)
     return out
 
 
 class OptionalBuildExt(build_ext):
     """Compile what can be compiled; a missing compiler or header is one warning, not a failure."""
 
+    failed: list[str]
+
     def run(self):
+        self.failed = list(_rejected)
         try:
             super().run()
         except Exception as e:      # no compiler at all (DistutilsPlatformError and kin)
             self.announce_failure(e)
-            for ext in self.extensions:
-                drop_stale_build(ext.name)
+            self.failed += [ext.name for ext in self.extensions]
+        self.forget_failed_builds()
 
     def build_extension(self, ext):
         try:
             super().build_extension(ext)
         except Exception as e:      # CompileError, LinkError: this module stays pure Python
             self.announce_failure(e)
-            drop_stale_build(ext.name)
+            self.failed.append(ext.name)
+
+    def forget_failed_builds(self) -> None:
+        """An in-place (`pip install -e`) build puts extensions beside their sources; one that
+        failed this time must not leave the last one there.  A build into a build folder
+        leaves the source tree alone."""
+        if self.inplace or getattr(self, "editable_mode", False):
+            for name in self.failed:
+                drop_stale_build(name)
 
     def announce_failure(self, e: Exception) -> None:
         warn("%s: %s" % (type(e).__name__, e))

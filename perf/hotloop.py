@@ -137,7 +137,10 @@ class Rig:
 
     def close(self) -> None:
         self.worker.shutdown()
+        self.worker.release()
         self.sup.close()
+        for wake in self.mesh.worker_wake + self.mesh.front_wake:
+            wake.close()
 
 
 class _Clock:

@@ -251,9 +251,11 @@ def ready_line(proc: subprocess.Popen, timeout: float) -> bytes:
     helpers start servers through it too, so both wait for readiness the same way."""
     deadline = time.monotonic() + timeout
     line = b""
+    # poll, not select: a test process may hold descriptors past select's FD_SETSIZE (1024)
+    waiting = select.poll()
+    waiting.register(proc.stdout, select.POLLIN)
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
-        if ready:
+        if waiting.poll(500):
             line = proc.stdout.readline()
             if line.startswith(b"lanner ready"):
                 return line

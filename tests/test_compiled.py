@@ -136,22 +136,32 @@ def _setup_in(tmp_path, monkeypatch):
     return setup
 
 
+def _in_place(setup, failed: list[str], in_place: bool = True):
+    cmd = setup.OptionalBuildExt(Distribution())
+    cmd.inplace = in_place
+    cmd.failed = failed
+    return cmd
+
+
 def test_a_module_cython_rejects_loses_its_stale_build(tmp_path, monkeypatch, capsys):
-    """The warning says pure Python; an extension an earlier build left beside the source
-    would still be what Python imports."""
+    """The warning says pure Python; an extension an earlier in-place build left beside the
+    source would still be what Python imports."""
     pytest.importorskip("Cython")
     setup = _setup_in(tmp_path, monkeypatch)
+    monkeypatch.setattr(setup, "_rejected", [])
     monkeypatch.setattr(setup, "hot_modules", lambda: ("bad",))
     monkeypatch.setattr(setup, "pxd_include_dir", lambda: str(tmp_path))
     (tmp_path / "bad.py").write_text("def f(:\n    pass\n")
     stale = tmp_path / ("bad" + sysconfig.get_config_var("EXT_SUFFIX"))
     stale.write_bytes(b"an old build")
     assert setup.extensions() == []
+    assert setup._rejected == ["bad"]
+    _in_place(setup, list(setup._rejected)).forget_failed_builds()
     assert not stale.exists()
     assert "removed the stale build" in capsys.readouterr().err
 
 
-def test_a_module_gcc_fails_on_loses_its_stale_build(tmp_path, monkeypatch, capsys):
+def test_a_module_gcc_fails_on_loses_its_stale_build_only_in_place(tmp_path, monkeypatch, capsys):
     setup = _setup_in(tmp_path, monkeypatch)
 
     def fails(self, ext):
@@ -159,7 +169,11 @@ def test_a_module_gcc_fails_on_loses_its_stale_build(tmp_path, monkeypatch, caps
     monkeypatch.setattr(setup.build_ext, "build_extension", fails)
     stale = tmp_path / ("mod" + sysconfig.get_config_var("EXT_SUFFIX"))
     stale.write_bytes(b"an old build")
-    setup.OptionalBuildExt(Distribution()).build_extension(Extension("mod", ["mod.c"]))
-    assert not stale.exists()
+    for in_place in (False, True):
+        cmd = _in_place(setup, [], in_place)
+        cmd.build_extension(Extension("mod", ["mod.c"]))
+        assert cmd.failed == ["mod"]
+        cmd.forget_failed_builds()
+        assert stale.exists() != in_place       # a build into a build folder leaves it alone
     err = capsys.readouterr().err
     assert "WARNING: lanner: the compiled hot path was not built (RuntimeError: gcc: error)" in err

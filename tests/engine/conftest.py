@@ -52,6 +52,7 @@ def worker(tmp_path, clock, monkeypatch):
     for w, a, b in made:
         if not w.coll.closed:
             w.coll.close()
+        w.release()
         a.close()
         b.close()
 

@@ -102,6 +102,11 @@ class Harness:
     def close(self) -> None:
         for wk in self.workers:
             wk.shutdown()
+            wk.release()
+        for s in self.ctl:
+            s.close()
+        for wake in self.mesh.worker_wake + self.mesh.front_wake:
+            wake.close()
 
 
 @pytest.fixture
