@@ -151,10 +151,9 @@ def test_a_move_whose_add_raised_is_sent_again(harness, monkeypatch):
     assert target_holds(h, dst, 3) == [(3, R_ITEM, b"moved")]
 
 
-def test_a_move_within_one_worker_whose_write_failed_is_made_again(harness, monkeypatch):
-    """Source and target on one worker, separate journals: the source's removal is written, the
-    target's add is not (disk full) and is rolled back.  The move is made again RETRY_MS later;
-    before, the item was in neither queue."""
+def move_into_a_target_that_cannot_write(harness, monkeypatch):
+    """Source and target on one worker, separate journals: an item expires in the source and
+    its move's add in the target fails (disk full) and is rolled back."""
     src, dst = next((f"s{i}", f"d{i}") for i in range(100)
                     if worker_of(f"s{i}", 2) == 0 and worker_of(f"d{i}", 2) == 0)
     h = harness(workers=2, config=config(src, dst))
@@ -175,6 +174,14 @@ def test_a_move_within_one_worker_whose_write_failed_is_made_again(harness, monk
     f.send(0, 1, 3, OP_GET, src.encode(), 0, a=-1)          # the sweep moves the item
     h.settle()
     monkeypatch.undo()
+    return h, f, src, dst
+
+
+def test_a_move_within_one_worker_whose_write_failed_is_made_again(harness, monkeypatch):
+    """Source and target on one worker, separate journals: the source's removal is written, the
+    target's add is not (disk full) and is rolled back.  The move is made again RETRY_MS later;
+    before, the item was in neither queue."""
+    h, f, src, dst = move_into_a_target_that_cannot_write(harness, monkeypatch)
     assert statuses(f.replies(0)) == [(3, R_EMPTY, b"")]
     assert h.workers[0].coll.queue(dst).length == 0
     h.clock.advance(RETRY_MS)
@@ -189,30 +196,11 @@ def test_a_move_within_one_worker_whose_write_failed_survives_a_stop_before_its_
     open (it was never acknowledged), so the next start has the item in the source, to move
     again.  Before, the source had logged a plain remove and the retry lived only in memory:
     the item was in neither queue."""
-    src, dst = next((f"s{i}", f"d{i}") for i in range(100)
-                    if worker_of(f"s{i}", 2) == 0 and worker_of(f"d{i}", 2) == 0)
-    h = harness(workers=2, config=config(src, dst))
-    f = h.fronts[0]
-    f.send(0, 1, 1, OP_SET, src.encode(), payload=b"moved")
-    f.send(0, 1, 2, OP_GET, dst.encode(), 0, a=-1)          # the target's journal exists
-    h.settle()
-    assert statuses(f.replies(0)) == [(1, R_OK, b""), (2, R_EMPTY, b"")]
-    h.clock.advance(5000)
+    h, f, src, dst = move_into_a_target_that_cannot_write(harness, monkeypatch)
     w = h.workers[0]
-    target_fd = w.coll.queue(dst).storage._fd
-    real_write = J._write
-
-    def write(fd, data):
-        if fd == target_fd:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write(fd, data)
-    monkeypatch.setattr(J, "_write", write)
-    f.send(0, 1, 3, OP_GET, src.encode(), 0, a=-1)          # the sweep moves the item
-    h.settle()
     assert statuses(f.replies(0)) == [(3, R_EMPTY, b"")]
     assert w.coll.queue(dst).length == 0 and w.moves.pending() == 1
     assert w.coll.queue(src).moves_open == 1                  # held open in the source
-    monkeypatch.undo()
     w.shutdown()                                              # before the retry is due
     h.workers = h.workers[1:]                      # (stopped: the harness must not stop it again)
     again = QueueCollection(h.config, h.clock, owns=lambda n: worker_of(n, 2) == 0)

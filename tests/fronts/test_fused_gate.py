@@ -14,24 +14,10 @@ from lanner import clock as clock_mod
 from lanner.config import Config, QueueConfig, ServerConfig
 from lanner.fronts.inline import FusedQueues
 from lanner.fronts.memcache import MemcacheConn
-from lanner.perf.hotloop import NullTransport, Rig
+from lanner.perf.hotloop import Rig
+from tests.fronts.test_inline import Transport
 
 NOW = 1_790_000_000_000
-
-
-class Transport(NullTransport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.closed = False
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    def abort(self) -> None:
-        self.closed = True
 
 
 class NeverFused(FusedQueues):

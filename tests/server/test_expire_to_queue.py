@@ -211,6 +211,19 @@ def test_moves_held_at_a_graceful_stop_reach_their_target_after_the_restart(tmp_
     start moves them.  Before, it logged that they may be lost, and they were."""
     src, dst = pair_from(0)
     conf = config_for([(src, dst)])
+    h = stopped_with_moves_held(tmp_path, conf, src)
+    stopped = h.log()
+    h = start_server(tmp_path, workers=2, config=conf, queue_path=h.queue_path)
+    try:
+        every_item_reaches(h, src, dst, N_HELD)
+    finally:
+        assert h.stop() == 0
+    assert "move again after the next start" in stopped and "may be lost" not in stopped, stopped
+
+
+def stopped_with_moves_held(tmp_path, conf: str, src: str):
+    """A server stopped gracefully (SIGTERM) while N_HELD moves out of `src` wait for their
+    stopped target; returns its handle, stopped."""
     h = start_server(tmp_path, workers=2, config=conf)
     try:
         source, target = expire_into_a_stopped_target(h, src, N_HELD)
@@ -222,13 +235,7 @@ def test_moves_held_at_a_graceful_stop_reach_their_target_after_the_restart(tmp_
         assert h.stop() == 0, h.log()
     finally:
         h.stop()
-    stopped = h.log()
-    h = start_server(tmp_path, workers=2, config=conf, queue_path=h.queue_path)
-    try:
-        every_item_reaches(h, src, dst, N_HELD)
-    finally:
-        assert h.stop() == 0
-    assert "move again after the next start" in stopped and "may be lost" not in stopped, stopped
+    return h
 
 
 def target_receives(h, dst: str, n: int) -> list[bytes]:
@@ -273,17 +280,7 @@ def test_moves_left_open_by_a_killed_source_go_when_it_is_back_without_a_client(
 def test_moves_held_at_a_graceful_stop_go_at_the_next_start_without_a_client(tmp_path):
     src, dst = pair_from(0)
     conf = config_for([(src, dst)])
-    h = start_server(tmp_path, workers=2, config=conf)
-    try:
-        source, target = expire_into_a_stopped_target(h, src, N_HELD)
-        try:
-            h.proc.send_signal(signal.SIGTERM)
-            assert wait_for(lambda: gone(source)), h.log()
-        finally:
-            target.send_signal(signal.SIGCONT)
-        assert h.stop() == 0, h.log()
-    finally:
-        h.stop()
+    h = stopped_with_moves_held(tmp_path, conf, src)
     h = start_server(tmp_path, workers=2, config=conf, queue_path=h.queue_path)
     try:
         assert set(target_receives(h, dst, N_HELD)) == {b"%03d" % i for i in range(N_HELD)}
