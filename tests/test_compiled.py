@@ -97,31 +97,6 @@ def test_without_a_compiler_the_build_warns_once_and_succeeds(tmp_path):
     assert not list((tmp_path / "lib").rglob("*.so"))
 
 
-def test_a_module_cython_rejects_stays_pure_python_with_one_warning(tmp_path, monkeypatch, capsys):
-    """A Cython compile error (not a C one) failed `pip install` outright: cythonize ran before
-    build_ext, whose fallback only catches the C step.  Now that module is left out, with the
-    one warning, and the others are still translated."""
-    pytest.importorskip("Cython")
-    sys.path.insert(0, str(ROOT))
-    try:
-        setup = importlib.import_module("setup")
-    finally:
-        sys.path.remove(str(ROOT))
-    monkeypatch.setattr(setup, "_warned", False, raising=False)
-    monkeypatch.setattr(setup, "hot_modules", lambda: ("bad", "good", "worse"))
-    monkeypatch.setattr(setup, "source_of", lambda name: name + ".py")
-    monkeypatch.setattr(setup, "pxd_include_dir", lambda: str(tmp_path))
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "bad.py").write_text("def f(:\n    pass\n")          # a syntax Cython rejects
-    (tmp_path / "worse.py").write_text("x = = 1\n")
-    (tmp_path / "good.py").write_text("def f():\n    return 1\n")
-    out = setup.extensions()
-    assert [e.name for e in out] == ["good"]
-    err = capsys.readouterr().err
-    assert err.count("WARNING: lanner: the compiled hot path was not built") == 1, err
-    assert "Cython rejected bad" in err
-
-
 def _setup_in(tmp_path, monkeypatch):
     """setup.py's helpers, pointed at a source tree in tmp_path."""
     sys.path.insert(0, str(ROOT))
@@ -134,6 +109,24 @@ def _setup_in(tmp_path, monkeypatch):
     monkeypatch.setattr(setup, "source_of", lambda name: name + ".py")
     monkeypatch.chdir(tmp_path)
     return setup
+
+
+def test_a_module_cython_rejects_stays_pure_python_with_one_warning(tmp_path, monkeypatch, capsys):
+    """A Cython compile error (not a C one) failed `pip install` outright: cythonize ran before
+    build_ext, whose fallback only catches the C step.  Now that module is left out, with the
+    one warning, and the others are still translated."""
+    pytest.importorskip("Cython")
+    setup = _setup_in(tmp_path, monkeypatch)
+    monkeypatch.setattr(setup, "hot_modules", lambda: ("bad", "good", "worse"))
+    monkeypatch.setattr(setup, "pxd_include_dir", lambda: str(tmp_path))
+    (tmp_path / "bad.py").write_text("def f(:\n    pass\n")          # a syntax Cython rejects
+    (tmp_path / "worse.py").write_text("x = = 1\n")
+    (tmp_path / "good.py").write_text("def f():\n    return 1\n")
+    out = setup.extensions()
+    assert [e.name for e in out] == ["good"]
+    err = capsys.readouterr().err
+    assert err.count("WARNING: lanner: the compiled hot path was not built") == 1, err
+    assert "Cython rejected bad" in err
 
 
 def _in_place(setup, failed: list[str], in_place: bool = True):

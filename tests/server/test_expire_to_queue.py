@@ -190,16 +190,8 @@ def test_moves_held_by_a_source_worker_that_is_killed_reach_their_target(tmp_pat
     so the moves that had not reached the ring were in neither queue (a command log's replay
     dropped the expired jobs)."""
     src, dst = pair_from(0)
-    h = start_server(tmp_path, workers=2, config=config_for([(src, dst)]).replace(
-        "\n", f'\nstorage = "{storage}"\n', 1))
+    h = source_killed_with_moves_held(tmp_path, storage, src, dst)
     try:
-        source, target = expire_into_a_stopped_target(h, src, N_HELD)
-        try:
-            source.send_signal(signal.SIGKILL)
-            assert wait_for(lambda: gone(source)), h.log()
-        finally:
-            target.send_signal(signal.SIGCONT)
-        assert wait_for(lambda: h.log().count("worker 0 ready") >= 2, timeout=20), h.log()
         every_item_reaches(h, src, dst, N_HELD)
     finally:
         assert h.stop() == 0
@@ -219,6 +211,25 @@ def test_moves_held_at_a_graceful_stop_reach_their_target_after_the_restart(tmp_
     finally:
         assert h.stop() == 0
     assert "move again after the next start" in stopped and "may be lost" not in stopped, stopped
+
+
+def source_killed_with_moves_held(tmp_path, storage: str, src: str, dst: str):
+    """A server whose source worker was killed (-9) while N_HELD moves out of `src` waited for
+    their stopped target, once the source's replacement is ready."""
+    h = start_server(tmp_path, workers=2, config=config_for([(src, dst)]).replace(
+        "\n", f'\nstorage = "{storage}"\n', 1))
+    try:
+        source, target = expire_into_a_stopped_target(h, src, N_HELD)
+        try:
+            source.send_signal(signal.SIGKILL)
+            assert wait_for(lambda: gone(source)), h.log()
+        finally:
+            target.send_signal(signal.SIGCONT)
+        assert wait_for(lambda: h.log().count("worker 0 ready") >= 2, timeout=20), h.log()
+    except BaseException:
+        h.stop()
+        raise
+    return h
 
 
 def stopped_with_moves_held(tmp_path, conf: str, src: str):
@@ -262,16 +273,8 @@ def test_moves_left_open_by_a_killed_source_go_when_it_is_back_without_a_client(
     moves what replay put back as soon as it is up.  Before, the items waited in the source
     until a client touched it (the expiration timer is off by default)."""
     src, dst = pair_from(0)
-    h = start_server(tmp_path, workers=2, config=config_for([(src, dst)]).replace(
-        "\n", f'\nstorage = "{storage}"\n', 1))
+    h = source_killed_with_moves_held(tmp_path, storage, src, dst)
     try:
-        source, target = expire_into_a_stopped_target(h, src, N_HELD)
-        try:
-            source.send_signal(signal.SIGKILL)
-            assert wait_for(lambda: gone(source)), h.log()
-        finally:
-            target.send_signal(signal.SIGCONT)
-        assert wait_for(lambda: h.log().count("worker 0 ready") >= 2, timeout=20), h.log()
         assert set(target_receives(h, dst, N_HELD)) == {b"%03d" % i for i in range(N_HELD)}
     finally:
         assert h.stop() == 0
