@@ -69,10 +69,14 @@ class OpenReads:
         return True
 
     def _abort(self, item: QItem, xid: int, primary: bool = True) -> None:
-        self._push_head(item)
-        self._log(self.storage.record_unremove(item, xid), UNREMOVE, item, xid, primary)
-        item.xid = 0
+        self._put_back(item, xid, UNREMOVE, primary)
         self.canceled_transactions += 1
+
+    def _put_back(self, item: QItem, xid: int, kind: int, primary: bool) -> None:
+        """An open read's item goes back to the head (an UNREMOVE record, logged as `kind`)."""
+        self._push_head(item)
+        self._log(self.storage.record_unremove(item, xid), kind, item, xid, primary)
+        item.xid = 0
 
     # -- held reads ----------------------------------------------------------------------------
     def remove_held(self) -> QItem | None:
@@ -114,9 +118,7 @@ class OpenReads:
         item = self._held.pop(xid, None) if not self.closed else None
         if item is None:
             return False
-        self._push_head(item)
-        self._log(self.storage.record_unremove(item, xid), HELD_ABORT, item, xid, False)
-        item.xid = 0
+        self._put_back(item, xid, HELD_ABORT, False)
         if self.waiters:
             self._wake_one()
         return True

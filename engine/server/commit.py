@@ -21,7 +21,7 @@ import select
 
 from lanner.errors import describe_os_error
 from lanner.ipc.messages import (R_SERVER_ERROR, RF_CLOSE, pack_resp, resp_fields, send)
-from lanner.queues.undo import ADD, CONFIRM, HELD_ABORT, HELD_CONFIRM, HELD_OPEN, MOVE, OPEN, UNREMOVE
+from lanner.queues.undo import CONFIRM, HELD_ABORT, HELD_CONFIRM, HELD_OPEN, OPEN, UNREMOVE
 from lanner.server.waiting import STRAND_RETRY_MS, Pending
 from lanner.storage.journal.journal import Journal
 
@@ -248,10 +248,6 @@ class GroupCommit:
             elif kind == HELD_OPEN:
                 self.forget_held(u.queue, u.xid)     # its reply fails below: nothing to settle
             if ctx is None:
-                continue
-            if ctx is MOVE:         # an expired item's move: nobody's reply, but it must not be lost
-                if u.kind == ADD:
-                    self.move_failed(u.queue, u.item.data)
                 continue
             if type(ctx) is Pending:
                 thrift.setdefault(ctx, set()).add(id(u.item.data))

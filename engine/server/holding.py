@@ -84,13 +84,7 @@ class Holding:
         q, item = self.coll.remove_held(queue)
         if item is None:
             return False
-        h = self.holding                    # Holds.add, inline: once per routed get
-        h.seq = seq = (h.seq + 1) & 0xFFFFFFFF
-        hid = h.base | seq
-        held = h.by_src.get(src)
-        if held is None:
-            held = h.by_src[src] = {}
-        held[hid] = (q, item.xid)
+        hid = self.holding.add(src, q, item.xid)
         self.replies.append((src, pack_resp(conn, req, R_ITEM, RF_HELD, 0, hid), item.data))
         return True
 
@@ -112,15 +106,10 @@ class Holding:
         ids = array("q")
         ids.frombytes(payload)
         self.coll.undo.ctx = None           # nobody's reply
-        pop = held.pop
         for hid in ids[:nconfirm]:
-            entry = pop(hid, None)
+            entry = held.pop(hid, None)
             if entry is not None:
-                q, xids = entry
-                if xids.__class__ is int:   # a plain get's: the common case, inline
-                    q.confirm_held(xids)
-                else:
-                    settle(entry, abort=False)
+                settle(entry, abort=False)
         for hid in reversed(ids[nconfirm:]):
             entry = held.pop(hid, None)
             if entry is not None:

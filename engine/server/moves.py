@@ -50,8 +50,8 @@ RETRY_MS = 1000
 ACK_HEAD = FWD_ACK_CONN.to_bytes(4, "little")     # how an ack starts (a request never does)
 
 #: A move: (target queue name, data, source queue or None, the source's move xid or 0).
-#: With a source, the source's journal holds the item until `confirm_move`; without one
-#: (a move made without a source: undo.MOVE) it exists only here.
+#: The source's journal holds the item until `confirm_move`, unless the source keeps no
+#: journal (`medium` None): then it exists only here.
 Move = tuple
 
 
@@ -232,11 +232,6 @@ class MoveOps:
             for peer in list(moves.waiting):
                 if peer not in self.down_peers:
                     self.send_parked(peer)
-
-    def move_failed(self, target: str, data: bytes) -> None:
-        """A move into a queue of this worker made without a source (undo.MOVE) was rolled back."""
-        self.moves.failed(self.own_slot, (target, data, None, 0), self.clock.now_ms())
-        self.note_deadline(self.moves.retry_ms)
 
     def from_worker(self, src: int, msg) -> None:
         """A message on another worker's ring: a request it sends (a move), or the ack of one
