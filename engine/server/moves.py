@@ -201,15 +201,19 @@ class MoveOps:
         acknowledged to this worker with the batch's replies (publish: `moved_here`), so its
         source confirms it only once the add is written (fsynced under "always"); an add rolled
         back turns the ack into SERVER_ERROR, and the move goes again, still open in its source."""
-        target, data = move[0], move[1]
         own = self.own_slot
-        seq = self.moves.sent(own, move)
+        self.add_move(own, self.moves.sent(own, move), move[0], move[1])
+
+    def add_move(self, src: int, seq: int, target: str, data: bytes) -> None:
+        """Add move `seq` of worker slot `src` (a peer's OP_FORWARD_ADD, or `move_here`) and
+        acknowledge it with the batch's replies, which leave once the add is written; a failed
+        add's ack is SERVER_ERROR, and its source sends it again later."""
         try:
-            self.coll.add_forwarded(target, data, self.clock.now_ms(), (own, FWD_ACK_CONN, seq))
-        except Exception as e:     # its SERVER_ERROR ack: made again later
-            self.request_failed(own, FWD_ACK_CONN, seq, target, e)
+            self.coll.add_forwarded(target, data, self.clock.now_ms(), (src, FWD_ACK_CONN, seq))
+        except Exception as e:     # one bad move must not take the shard down
+            self.request_failed(src, FWD_ACK_CONN, seq, target, e)
         else:
-            self.reply(own, FWD_ACK_CONN, seq, R_OK)
+            self.reply(src, FWD_ACK_CONN, seq, R_OK)
 
     def moved_here(self, ack) -> None:
         """The ack of a `move_here`, published: its add is written (or failed)."""

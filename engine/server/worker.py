@@ -48,7 +48,7 @@ from lanner.ipc.messages import (F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_STREAM, F_T
                        OP_ALIAS_PUT, OP_CONFIRM, OP_DELETE, OP_DISCONNECT, OP_DUMP_CONFIG, OP_FLUSH,
                        OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED, OP_FLUSH_EXPIRED, OP_FORWARD_ADD, OP_GET,
                        OP_HELD, OP_MONITOR, OP_PUT_MANY, OP_RELOAD, OP_SET, OP_SET_DATA, OP_STATS, OP_TABORT,
-                       OP_TCONFIRM, OP_TGET, OP_TPEEK, OP_HANDOFF, FWD_ACK_CONN, R_CLIENT_ERROR, R_DATA, R_ERROR,
+                       OP_TCONFIRM, OP_TGET, OP_TPEEK, OP_HANDOFF, R_CLIENT_ERROR, R_DATA, R_ERROR,
                        R_NOT_STORED, R_OK, R_SERVER_ERROR, R_VALUE, REQ_SIZE, RF_CLOSE, Reassembler, pack_resp, unpack_req)
 from lanner.queues.placement import worker_of
 from lanner.queues.sessions import Session
@@ -354,13 +354,7 @@ class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
         elif op == OP_ALIAS_PUT:
             coll.count_alias_put(queue, a, b)
         elif op == OP_FORWARD_ADD:
-            ack = (src, FWD_ACK_CONN, req)     # leaves with the batch: once the add is written
-            try:
-                coll.add_forwarded(queue, bytes(payload), self.clock.now_ms(), ack)
-            except Exception as e:     # its SERVER_ERROR ack: the sender tries again later
-                self.request_failed(src, FWD_ACK_CONN, req, queue, e)
-            else:
-                self.reply(*ack, R_OK)
+            self.add_move(src, req, queue, bytes(payload))
         elif op == OP_RELOAD:
             err = self.reload()
             if err is None:
