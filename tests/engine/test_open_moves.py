@@ -159,6 +159,15 @@ def no_job_left(q) -> bool:
     return not r.jobs
 
 
+def gone_after_a_restart(s, q, tmp_path, clock, storage: str) -> None:
+    """Close source `s`: no job is left in `q`'s log, and a restart finds `src` empty."""
+    s.coll.close()
+    assert no_job_left(q)
+    s = Source(tmp_path, clock, storage=storage)
+    assert s.coll.queue("src").length == 0
+    s.coll.close()
+
+
 def write_fails(monkeypatch, q) -> None:
     """Every write of `q`'s storage fails (disk full) until monkeypatch.undo()."""
     def enospc(fd, data):
@@ -189,12 +198,7 @@ def test_a_move_whose_open_record_is_lost_goes_back_to_its_source(tmp_path, cloc
     assert s.coll.flush_all_expired() == 1
     *_, data, _, _, xid = s.sent.pop()
     assert data == b"moving" and s.coll.confirm_move(q, xid)
-    s.coll.close()
-    assert no_job_left(q)
-
-    s = Source(tmp_path, clock, storage=storage)
-    assert s.coll.queue("src").length == 0
-    s.coll.close()
+    gone_after_a_restart(s, q, tmp_path, clock, storage)
 
 
 @pytest.mark.parametrize("storage", ["journal", "cmdlog"])
@@ -210,12 +214,7 @@ def test_a_move_whose_confirm_is_lost_is_confirmed_again(tmp_path, clock, monkey
     assert q.moves_open == 1 and s.coll.stranded == {"src": [xid]}
     assert s.coll.abort_stranded() == 1
     assert q.moves_open == 0 and q.length == 0
-    s.coll.close()
-    assert no_job_left(q)
-
-    s = Source(tmp_path, clock, storage=storage)
-    assert s.coll.queue("src").length == 0
-    s.coll.close()
+    gone_after_a_restart(s, q, tmp_path, clock, storage)
 
 
 # -- deleting a source queue with open moves (queues/deletes.py) ----------------------------------

@@ -39,6 +39,18 @@ def statuses(w):
     return out
 
 
+def journal_writes(monkeypatch) -> list:
+    """The size of every journal write from now on."""
+    writes = []
+    real = J._write
+
+    def write(fd, data):
+        writes.append(len(data))
+        return real(fd, data)
+    monkeypatch.setattr(J, "_write", write)
+    return writes
+
+
 def counting(w, method: str) -> list:
     """Count the calls of the worker's `method` (replaced on the instance: the loop and
     data_received both call it through the instance): one entry per call."""
@@ -237,13 +249,7 @@ def test_two_connections_share_the_turn_and_its_one_journal_write(tmp_path, monk
     write for both sets, then both replies."""
     rig = Rig(str(tmp_path), 2)
     try:
-        writes = []
-        real = J._write
-
-        def write(fd, data):
-            writes.append(len(data))
-            return real(fd, data)
-        monkeypatch.setattr(J, "_write", write)
+        writes = journal_writes(monkeypatch)
         a, b = rig.conns
         a.data_received(b"set q 0 0 1\r\nx\r\n")
         b.data_received(b"set q 0 0 1\r\ny\r\n")
@@ -336,13 +342,7 @@ def test_a_loop_iteration_ends_the_batch_every_turn_reads_connections(tmp_path, 
     folder = tmp_path / "q"
     rig = Rig(str(tmp_path), n, transport=lambda: JournalAtWrite(str(folder)))
     try:
-        writes = []
-        real = J._write
-
-        def write(fd, data):
-            writes.append(len(data))
-            return real(fd, data)
-        monkeypatch.setattr(J, "_write", write)
+        writes = journal_writes(monkeypatch)
         w = rig.worker
         ends = counting(w, "end_turn")
         for i, c in enumerate(rig.conns):
