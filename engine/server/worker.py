@@ -99,6 +99,7 @@ class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
         self.deadlines_changed = True     # a deadline may be earlier than the armed timer
         self.config = config
         self.epoch = epoch if epoch is not None else ConfigEpoch()    # generation of `config`
+        self._own_epoch = epoch is None       # made here (tests, the rig): `release` closes it
         self.status = status
         self.inbound = inbound
         self.outbound = outbound
@@ -511,7 +512,8 @@ class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
             except OSError:     # closed already
                 pass
         self.control.close()
-
+        if self._own_epoch:
+            self.epoch.counter.close()
 
 
 def worker_main(index, peers, config, status, inbound, outbound, wake_fd, control_sock,

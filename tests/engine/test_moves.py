@@ -112,6 +112,7 @@ def test_moves_a_dead_source_published_arrive_once(harness, storage):
     assert held == [(3, R_EMPTY, b"")]                 # main: the item, a second copy to come
     source = h.workers[0]
     source.shutdown()                              # (as a kill -9 would: the move stays open)
+    source.release()
     h.workers = h.workers[1:]
     again = QueueCollection(h.config, h.clock, owns=lambda n: worker_of(n, 2) == 0)
     again.load()
@@ -202,6 +203,7 @@ def test_a_move_within_one_worker_whose_write_failed_survives_a_stop_before_its_
     assert w.coll.queue(dst).length == 0 and w.moves.pending() == 1
     assert w.coll.queue(src).moves_open == 1                  # held open in the source
     w.shutdown()                                              # before the retry is due
+    w.release()
     h.workers = h.workers[1:]                      # (stopped: the harness must not stop it again)
     again = QueueCollection(h.config, h.clock, owns=lambda n: worker_of(n, 2) == 0)
     again.load()

@@ -73,6 +73,30 @@ class FakeSupervisor(Supervisor):
     def turn(self) -> None:
         self.tick(0)
 
+    def close(self) -> None:
+        """What a real supervisor's exit closes: its selector, its ends of the children's
+        control sockets, and the children's ends this fake kept (the suite makes dozens)."""
+        self.sel.close()
+        for c in self.children.values():
+            if c.sock is not None:
+                c.sock.close()
+        for end in self.ends.values():
+            end.sock.close()
+
+
+@pytest.fixture
+def fake():
+    """FakeSupervisor's constructor, closing every one made at the test's end."""
+    made = []
+
+    def make(config):
+        s = FakeSupervisor(config, FakeClock())
+        made.append(s)
+        return s
+    yield make
+    for s in made:
+        s.close()
+
 
 @pytest.fixture
 def sup(tmp_path):
@@ -91,6 +115,7 @@ def sup(tmp_path):
     s.turn()
     assert all(c.ready for c in s.children.values())
     yield s
+    s.close()
 
 
 def test_signals_are_queued_and_dispatched_by_name(sup, monkeypatch):
@@ -157,14 +182,13 @@ def test_a_replacement_is_announced_ready_only_after_its_peers_acknowledged_peer
     assert [r.getMessage() for r in caplog.records].count("worker 0 ready") == 1
 
 
-def test_only_a_replacement_has_its_rings_emptied_at_its_fork(tmp_path):
+def test_only_a_replacement_has_its_rings_emptied_at_its_fork(tmp_path, fake):
     """A first start finds fresh rings; a peer forked before it may already have sent into
     them (worker 0's moves at its start, once its replay is done): emptying them at that fork
     stranded those moves.  A replacement's rings are emptied (what its predecessor left)."""
     cfg = tmp_path / "lanner.toml"
     cfg.write_text("")
-    s = FakeSupervisor(load_config(str(cfg), {"workers": "2", "fronts": "0", "admin_port": "off"}),
-                       FakeClock())
+    s = fake(load_config(str(cfg), {"workers": "2", "fronts": "0", "admin_port": "off"}))
     emptied = []
 
     class Mesh:
@@ -191,13 +215,13 @@ def test_a_dead_worker_is_named_the_way_each_peer_numbers_it(sup):
     assert sup.children[(WORKER, 1)].awaiting_acks == {(FRONT, 0), (FRONT, 1), (WORKER, 0)}
 
 
-def test_a_dead_serving_worker_is_named_after_the_front_slots(tmp_path):
+def test_a_dead_serving_worker_is_named_after_the_front_slots(tmp_path, fake):
     """Workers that serve clients are front slots too (mesh.Peers): with 2 dedicated fronts,
     the admin process (front slot 2) and 2 serving workers, a worker is peer 5 + index to the
     other workers; the admin process hears of it like any front."""
     config = load_config(None, {"workers": "2", "fronts": "2", "heartbeat_timeout": "2s",
                                 "queue_path": str(tmp_path / "q")})
-    s = FakeSupervisor(config, FakeClock())
+    s = fake(config)
     for kind, n in ((WORKER, 2), (FRONT, 3)):
         for i in range(n):
             s.spawn(kind, i)
@@ -215,7 +239,7 @@ def test_a_dead_serving_worker_is_named_after_the_front_slots(tmp_path):
     assert (FRONT, 2) in s.children[(WORKER, 1)].awaiting_acks
 
 
-def test_the_admin_process_alone_serves_the_admin_port(tmp_path):
+def test_the_admin_process_alone_serves_the_admin_port(tmp_path, fake):
     """The admin port's one listening socket belongs to the admin process's front slot (the
     last dedicated one); the other ports have a socket for every other slot, so no worker or
     queue front ever accepts an admin connection.  The admin process is named for its role."""
@@ -224,7 +248,7 @@ def test_the_admin_process_alone_serves_the_admin_port(tmp_path):
                                 "status_file": str(tmp_path / "status"),
                                 "listen_address": "127.0.0.1", "memcache_port": str(mc),
                                 "text_port": str(tx), "thrift_port": "off", "admin_port": str(ad)})
-    s = FakeSupervisor(config, FakeClock())
+    s = fake(config)
     assert s.peers.slots == 4 and s.admin_index == 1        # f0, admin, w0's front, w1's front
     s.prepare()
     try:
@@ -240,7 +264,7 @@ def test_the_admin_process_alone_serves_the_admin_port(tmp_path):
         s.shutdown()
     off = load_config(None, {"workers": "2", "fronts": "1", "admin_port": "off",
                              "queue_path": str(tmp_path / "q2")})
-    s = FakeSupervisor(off, FakeClock())
+    s = fake(off)
     assert s.admin_index is None and s.peers.slots == 3      # no admin port: no admin process
 
 

@@ -107,6 +107,7 @@ class Harness:
             s.close()
         for wake in self.mesh.worker_wake + self.mesh.front_wake:
             wake.close()
+        self.counter.close()
 
 
 @pytest.fixture
