@@ -213,7 +213,7 @@ class Conn(InlineReplies, SpillWriter, HeldItems, ServerCommands, asyncio.Protoc
         try:
             self.pump()
         finally:
-            w.end_turn()
+            w.end_quiet_turn()
 
     def connection_lost(self, exc):
         f = self.front
@@ -247,16 +247,18 @@ class Conn(InlineReplies, SpillWriter, HeldItems, ServerCommands, asyncio.Protoc
             self.flush_out()
         buffered = self.parser.buffered      # (a descriptor call on the compiled parser: once)
         if buffered or self.body is not None:    # no bytes held: no command to take
-            self.process()
-            buffered = self.parser.buffered
+            # taken to the last whole command, room to spare: what is left (a part of one)
+            # cannot stop the reading below, however big (update_reading), so it is not read
+            buffered = 0 if self.process() else self.parser.buffered
         if self.out or self.closing:
             self.flush_out()
         if self.reading_paused or self.stopped or self.paused_writing or buffered > INPUT_LIMIT:
             self.update_reading()      # else reading is on and stays on: the common case, no call
 
-    def process(self) -> None:
+    def process(self) -> bool:
         """Take commands while `room` allows; a handler that took the fused path returns True:
-        that used exactly the one reply in flight `room` counted, anything else asks again."""
+        that used exactly the one reply in flight `room` counted, anything else asks again.
+        True when it stopped for want of a whole command, with room for more (pump)."""
         parser = self.parser
         handlers = self.handlers
         handle = self.handle
@@ -264,7 +266,7 @@ class Conn(InlineReplies, SpillWriter, HeldItems, ServerCommands, asyncio.Protoc
         while room:
             cmd = parser.next()
             if cmd is None:
-                return
+                return True
             kind = type(cmd)
             self.cur_fam = BY_TYPE[kind] if kind in BY_TYPE else family_of(cmd)
             if handlers is None:

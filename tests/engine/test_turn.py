@@ -230,7 +230,7 @@ def test_the_one_connection_ends_its_turn_in_data_received_journal_first(tmp_pat
     try:
         w = rig.worker
         c = rig.conns[0]
-        ends = counting(w, "end_turn")
+        ends = counting(w, "end_quiet_turn")
         c.data_received(b"set q 0 0 3\r\nabc\r\n")
         assert b"".join(c.transport.written) == b"STORED\r\n"     # before the loop turned
         assert c.transport.journal_sizes[0] > 3                    # the record was written first
