@@ -206,8 +206,12 @@ class ShardLoop:
                 if self.front.deliver(replies, self.local_src) != len(replies):
                     self.send_replies(replies)
         front = self.front
-        if front.write_pending:
-            front.flush_writes()
+        pending = front.write_pending
+        if pending:
+            if len(pending) == 1:       # the connection (Front.flush_writes, without its frame)
+                pending.pop().pump()
+            else:
+                front.flush_writes()
         if front.candidates:
             front.try_handoffs()
         if self.deadlines_changed:
