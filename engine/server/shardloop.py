@@ -8,7 +8,8 @@ per dirty journal, replies published or held for the group fsync), writes the
 worker's own clients' replies and re-arms the one timer at the earliest deadline
 (waiters, expiration, periodic syncs, the cleaner's packs).  Requests that run
 in the same iteration share a batch, so the journal write and the fsync are per
-batch, never per request; an iteration that reads more than TURN_READS connections
+batch, never per request (a worker with one connection ends its turn as that connection's
+read returns, by `end_quiet_turn`); an iteration that reads more than TURN_READS connections
 ends a batch after every TURN_READS of them (`cut_turn`), while they are still in
 the caches.
 
