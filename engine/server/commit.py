@@ -209,6 +209,12 @@ class GroupCommit:
         local = self.local_src
         if local >= 0 and self.front.deliver(replies, local) == len(replies):
             return                          # every reply was the worker's own clients'
+        self.send_replies(replies)
+
+    def send_replies(self, replies) -> None:
+        """The replies not to the worker's own clients (`publish` delivered those): one ring
+        publish per peer."""
+        local = self.local_src
         touched = None
         own = self.own_slot
         for dst, head, payload in replies:

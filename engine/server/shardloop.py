@@ -8,7 +8,8 @@ per dirty journal, replies published or held for the group fsync), writes the
 worker's own clients' replies and re-arms the one timer at the earliest deadline
 (waiters, expiration, periodic syncs, the cleaner's packs).  Requests that run
 in the same iteration share a batch, so the journal write and the fsync are per
-batch, never per request; an iteration that reads more than TURN_READS connections
+batch, never per request (a worker with one connection ends its turn as that connection's
+read returns, by `end_quiet_turn`); an iteration that reads more than TURN_READS connections
 ends a batch after every TURN_READS of them (`cut_turn`), while they are still in
 the caches.
 
@@ -173,6 +174,47 @@ class ShardLoop:
                 front.flush_writes()
             if front.candidates:
                 front.try_handoffs()
+        if self.deadlines_changed:
+            self.arm_timer()
+
+    def end_quiet_turn(self) -> None:
+        """end_turn for a turn that read only the worker's one connection (Conn.data_received):
+        while nothing of the general batch end has work (nobody woken, no write behind, no
+        fsync round under way or due, no reply held back), the same steps in one frame, with
+        finish_batch's and publish's checks of what a quiet turn cannot have left out (issue 8,
+        c=1: a turn per request).  The commit rule is finish_batch's: the batch's records are
+        written (write_out) before its replies go; a write that went behind the writer or
+        waits for an fsync hands the batch to finish_batch there and then."""
+        coll = self.coll
+        if coll.woken or self.writing or self.settled or self.write_held or self.held or \
+                self.sync_queue or self.syncer.rounds:
+            self.end_turn()
+            return
+        self.turn_scheduled = False     # (reads_left is TURN_READS: no turn was scheduled)
+        undo = coll.undo
+        undo.ctx = None
+        dirty = coll.dirty_storages()
+        if dirty:
+            self.write_out(dirty)
+        if self.writing or self.sync_queue:
+            self.finish_batch()         # nothing left to write: it holds or rounds the replies
+        else:
+            if undo.entries:
+                undo.trim()
+            replies = self.replies
+            if replies:
+                self.replies = []
+                if self.front.deliver(replies, self.local_src) != len(replies):
+                    self.send_replies(replies)
+        front = self.front
+        pending = front.write_pending
+        if pending:
+            if len(pending) == 1:       # the connection (Front.flush_writes, without its frame)
+                pending.pop().pump()
+            else:
+                front.flush_writes()
+        if front.candidates:
+            front.try_handoffs()
         if self.deadlines_changed:
             self.arm_timer()
 

@@ -15,6 +15,7 @@ import pytest
 from lanner.config import QueueConfig, load_config
 from lanner.ipc.messages import OP_SET, R_OK, pack_req, unpack_resp
 from lanner.perf.hotloop import NullTransport, Rig
+from lanner.protocols.memcache import Set
 from lanner.queues.item import QItem
 from lanner.server.commit import WRITE_BEHIND_BYTES
 from lanner.server.shardloop import TURN_READS
@@ -230,7 +231,7 @@ def test_the_one_connection_ends_its_turn_in_data_received_journal_first(tmp_pat
     try:
         w = rig.worker
         c = rig.conns[0]
-        ends = counting(w, "end_turn")
+        ends = counting(w, "end_quiet_turn")
         c.data_received(b"set q 0 0 3\r\nabc\r\n")
         assert b"".join(c.transport.written) == b"STORED\r\n"     # before the loop turned
         assert c.transport.journal_sizes[0] > 3                    # the record was written first
@@ -268,16 +269,17 @@ def test_a_turn_ended_in_data_received_ends_even_when_a_command_raises(tmp_path)
     try:
         w = rig.worker
         c = rig.conns[0]
-        real = c.process
+        handlers = c.handlers
+        real = handlers[Set]
 
-        def process():
-            real()
+        def store(conn, cmd):
+            real(conn, cmd)
             raise RuntimeError("a handler bug")
-        c.process = process
+        c.handlers = {**handlers, Set: store}
         with pytest.raises(RuntimeError):
             c.data_received(b"set q 0 0 1\r\nx\r\n")
         assert not w.turn_scheduled
-        del c.process
+        del c.handlers                  # the class's table again
         c.data_received(b"get q\r\n")
         assert b"".join(c.transport.written) == b"STORED\r\nVALUE q 0 1\r\nx\r\nEND\r\n"
     finally:

@@ -1,0 +1,200 @@
+"""The quiet turn (ShardLoop.end_quiet_turn): a worker's one connection ends its turn in one
+straight line while nothing is behind, held or woken, and in every other case exactly as the
+general batch end (end_turn) would."""
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+
+import pytest
+
+from lanner.config import load_config
+from lanner.perf.hotloop import NullTransport, Rig
+from lanner.server import commit
+
+BEHIND = 4096      # write-behind threshold in the equivalence runs: some sets go to the writer
+
+
+class JournalAtWrite(NullTransport):
+    """Records, at each reply write, how many bytes the queue's journal file held then."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+        self.journal_sizes: list[int] = []
+
+    def write(self, data: bytes) -> None:
+        self.journal_sizes.append(os.path.getsize(self.path))
+        super().write(data)
+
+
+def counting(obj, method: str) -> list:
+    """Count the calls of `obj`'s `method` (replaced on the instance)."""
+    calls = []
+    real = getattr(obj, method)
+
+    def counted(*args):
+        calls.append(1)
+        return real(*args)
+    setattr(obj, method, counted)
+    return calls
+
+
+def make_rig(tmp_path, name: str, policy: str = "never") -> Rig:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "lanner.toml").write_text('[default]\nsync_journal = "%s"\n' % policy)
+    config = load_config(str(folder / "lanner.toml"), {"queue_path": str(folder / "q"),
+                                                       "status_file": str(folder / "status")})
+    return Rig(str(folder), 1, config=config)
+
+
+def test_a_quiet_turn_skips_the_general_batch_end_and_writes_the_journal_first(tmp_path):
+    """A set, then a get, each its own turn on the worker's one connection: both end in
+    end_quiet_turn without end_turn, finish_batch, publish or flush_writes (their frames are
+    what a turn of `mixed -c 1` paid for), and each reply leaves after its record's write."""
+    rig = Rig(str(tmp_path), 1, transport=lambda: JournalAtWrite(str(tmp_path / "q" / "q")))
+    try:
+        w = rig.worker
+        c = rig.conns[0]
+        general = [counting(w, m) for m in ("end_turn", "finish_batch", "publish")]
+        general.append(counting(w.front, "flush_writes"))
+        c.data_received(b"set q 0 0 3\r\nabc\r\n")
+        first = os.path.getsize(tmp_path / "q" / "q")
+        c.data_received(b"get q\r\n")
+        assert b"".join(c.transport.written) == b"STORED\r\nVALUE q 0 3\r\nabc\r\nEND\r\n"
+        assert c.transport.journal_sizes[0] == first > 3          # the add's record first
+        assert c.transport.journal_sizes[1] > first                 # the remove's record first
+        assert general == [[], [], [], []] and not w.turn_scheduled
+    finally:
+        rig.close()
+
+
+def test_a_turn_with_a_write_under_way_takes_the_general_end(tmp_path, monkeypatch):
+    """A set big enough to go to the writer's thread: its turn's batch goes to finish_batch
+    (the reply waits for that write), and the next turn, with the write under way or just
+    taken, is not quiet: end_turn."""
+    monkeypatch.setattr(commit, "WRITE_BEHIND_BYTES", BEHIND)
+    rig = Rig(str(tmp_path), 1)
+    try:
+        w = rig.worker
+        c = rig.conns[0]
+        batches = counting(w, "finish_batch")
+        big = b"x" * BEHIND
+        c.data_received(b"set q 0 0 %d\r\n%s\r\n" % (len(big), big))
+        assert batches == [1] and w.writing and w.write_held      # behind: the reply waits
+        ends = counting(w, "end_turn")
+        c.data_received(b"get q\r\n")
+        assert ends == [1]
+        settle(rig)
+        assert b"".join(c.transport.written) == b"STORED\r\nVALUE q 0 %d\r\n%s\r\nEND\r\n" % (
+            len(big), big)
+    finally:
+        rig.close()
+
+
+def settle(rig: Rig) -> None:
+    """Turn the worker's loop until nothing is under way: no turn due, no write behind, no
+    fsync round, no reply held."""
+    w = rig.worker
+    loop = w.loop
+    deadline = loop.time() + 10
+    while w.turn_scheduled or w.writing or w.write_held or w.held or w.syncer.rounds or \
+            w.sync_queue or w.settled:
+        assert loop.time() < deadline, "the worker did not settle"
+        rig.turn()
+        if w.writing or w.syncer.rounds:
+            loop.run_until_complete(_tick())
+
+
+async def _tick() -> None:
+    """Let the loop wait a moment for a thread's or the kernel's completion."""
+    await asyncio.sleep(0.001)
+
+
+def script(seed: int) -> list[bytes]:
+    """Random chunks of one connection's input: sets (small and past BEHIND, with and without
+    expiry or noreply), plain gets, open/close/abort/peek reads, deletes, two queues, some
+    chunks pipelining several commands.  Nothing that closes the connection: while a read may
+    be open on a queue (after any `/open`), only `/close`, `/abort`, `/close/open` and peeks
+    read it."""
+    rnd = random.Random(seed)
+    out = []
+    n = 0
+    opened = set()
+    for _ in range(120):
+        chunk = b""
+        for _ in range(rnd.choice((1, 1, 1, 2, 3))):
+            q = rnd.choice((b"a", b"a", b"b"))
+            op = rnd.random()
+            if op < 0.45:
+                n += 1
+                data = (b"%d." % n) * rnd.choice((1, 3, BEHIND // 3 + 1))
+                exp = rnd.choice((0, 0, 0, 100000))
+                chunk += b"set %s 0 %d %d%s\r\n%s\r\n" % (q, exp, len(data),
+                                                          rnd.choice((b"", b"", b" noreply")), data)
+            elif op < 0.9 and q in opened:
+                verb = rnd.choice((b"close", b"abort", b"close/open", b"peek"))
+                chunk += b"get %s/%s\r\n" % (q, verb)
+                if verb in (b"close", b"abort"):
+                    opened.discard(q)
+            elif op < 0.75:
+                chunk += b"get %s\r\n" % q
+            elif op < 0.82:
+                chunk += b"get %s/open\r\n" % q
+                opened.add(q)
+            elif op < 0.9:
+                chunk += b"get %s/peek\r\n" % q
+            elif q not in opened:
+                chunk += b"delete %s\r\n" % q
+        out.append(chunk)
+    for q in opened:
+        out.append(b"get %s/abort\r\n" % q)
+    return out
+
+
+@pytest.mark.parametrize("policy", ["never", "always", "10ms"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_quiet_turns_answer_as_the_general_batch_end(tmp_path, monkeypatch, policy, seed):
+    """The same random input on two workers' one connection, one ending its turns by
+    end_quiet_turn, the other by end_turn always (the general path): the same replies, in
+    the same order, and the same items left; under each sync policy, with writes going
+    behind the writer's thread now and then."""
+    monkeypatch.setattr(commit, "WRITE_BEHIND_BYTES", BEHIND)
+    quiet = make_rig(tmp_path, "quiet", policy)
+    general = make_rig(tmp_path, "general", policy)
+    try:
+        general.worker.end_quiet_turn = general.worker.end_turn
+        ends = counting(quiet.worker, "end_turn")
+        chunks = script(seed)
+        for chunk in chunks:
+            for rig in (quiet, general):
+                rig.conns[0].data_received(chunk)
+                settle(rig)
+            assert b"".join(quiet.conns[0].transport.written) == \
+                b"".join(general.conns[0].transport.written)
+        assert 0 < len(ends) < len(chunks)      # both ways were taken
+        for rig in (quiet, general):
+            rig.conns[0].data_received(b"get a\r\nget b\r\n" * 100)
+            settle(rig)
+        assert b"".join(quiet.conns[0].transport.written) == \
+            b"".join(general.conns[0].transport.written)
+    finally:
+        quiet.close()
+        general.close()
+
+
+def test_under_sync_always_a_quiet_turns_reply_waits_for_its_fsync(tmp_path):
+    """A quiet turn whose write needs an fsync ("always") goes on as finish_batch: the STORED
+    leaves only after the fsync round, which the loop reports."""
+    rig = make_rig(tmp_path, "always", "always")
+    try:
+        w = rig.worker
+        c = rig.conns[0]
+        c.data_received(b"set q 0 0 1\r\nx\r\n")
+        assert not c.transport.written and w.syncer.rounds
+        settle(rig)
+        assert c.transport.written == [b"STORED\r\n"]
+    finally:
+        rig.close()
