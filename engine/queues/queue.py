@@ -45,6 +45,7 @@ from lanner.queues.waiters import Waiter, WaitList
 
 log = logging.getLogger(__name__)
 
+_new_item = object.__new__
 _XID_MAX = 0x7FFFFFFF     # journal xids are i32; wrap to 1 (0 is never used)
 
 
@@ -184,7 +185,15 @@ class PersistentQueue(OpenReads):
             cap = now + max_age
             if not expiry or cap < expiry:
                 expiry = cap
-        item = QItem(now if add_time_ms is None else add_time_ms, expiry, data)
+        # QItem(...) without type_call and a Python __init__: ~700 of ~2.1k instructions less a
+        # set; every field is stored (test_hot_path: the item equals QItem(add_time, expiry, data))
+        item = _new_item(QItem)
+        item.add_time = now if add_time_ms is None else add_time_ms
+        item.expiry = expiry
+        item.data = data
+        item.xid = 0
+        item.job_id = None
+        item.priority = 0
         storage = self.storage
         if storage.check_due:                  # (seam.py, point 3)
             storage.before_add(self, config, now)
