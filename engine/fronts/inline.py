@@ -3,10 +3,13 @@
 A memcache `set` or plain `get` for a queue the worker owns, taken while no Slot is queued on
 the connection, runs against the queue at once (Worker.inline_set / inline_get) with no Slot,
 Part, routing or request record; only its number and how to render its reply wait in
-`Conn.fast`, as the entry `(req, ok, render, call, latency family, t0)`: `ok` is the reply's
-bytes when the worker answers R_OK (None: none known in advance), else `render(out, status,
-flags, payload, call)` appends the reply to the connection's output and says its size, or -1
-when it closes the connection.  Whether a request may take this path is decided in one place,
+`Conn.fast`, as the entry `(req, ok, render, call, latency family, t0)`: for a set, `ok` is the
+reply's bytes when the worker answers R_OK; for a plain get (never answered R_OK), the table of
+VALUE lines (memcache_replies.value_heads, by `call`, the key as sent, and the value's size)
+used when it answers R_ITEM with a value under SPLICE_MIN, spliced here with no render call
+(a Python call is ~800 instructions all told); None: nothing known in advance.  Any other
+answer goes to `render(out, status, flags, payload, call)`, which appends the reply to the
+connection's output and says its size, or -1 when it closes the connection.  Whether a request may take this path is decided in one place,
 the gate FusedQueues (configuration, placement) with the status's `clear` (status.py); the two
 fused branches (MemcacheConn.store and on_get) then number the request, append its entry and
 make sure the worker's turn is scheduled in their own frame before calling the worker (a
@@ -19,7 +22,8 @@ conn.py's concern; this is the slot-less path beside it (Conn keeps the two in o
 from __future__ import annotations
 
 from lanner.fronts.flow import MAX_INFLIGHT, SMALL_REPLY
-from lanner.ipc.messages import R_OK
+from lanner.ipc.messages import R_ITEM, R_OK
+from lanner.protocols.memcache_replies import END_TAIL, SPLICE_MIN
 
 
 class FusedQueues(dict):
@@ -67,9 +71,18 @@ class InlineReplies:
         out = self.out
         while True:
             _, ok, render, call, fam, t0 = fast.popleft()
-            if status == R_OK and ok is not None:
+            if ok is None:
+                n = render(out, status, flags, payload, call)
+            elif status == R_OK:                # a set's STORED
                 out.append(ok)
                 n = len(ok)
+            elif status == R_ITEM and payload.__class__ is bytes and len(payload) < SPLICE_MIN:
+                # a get's value: its VALUE line (`ok`: value_heads; `call`: the key as sent),
+                # its own bytes and END, joined only with the turn's other output (flush_out)
+                n = len(payload)
+                head = ok[call, n]
+                out += (head, payload, END_TAIL)
+                n += len(head) + 7
             else:
                 n = render(out, status, flags, payload, call)
             f.latency.since(fam, t0)

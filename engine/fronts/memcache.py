@@ -158,7 +158,7 @@ class MemcacheConn(Conn):
                 if f.streak:
                     f.streak.pop(self.id, None)
                 f.inline_requests += 1
-                self.fast.append((req, None, get1_fused, k.raw, self.cur_fam, self.t_in))
+                self.fast.append((req, mr.value_heads, get1_fused, k.raw, self.cur_fam, self.t_in))
                 w = self.worker
                 if not w.turn_scheduled:
                     w.schedule_turn()
@@ -424,15 +424,8 @@ def set_fused(out: list, status: int, flags: int, payload, call=None) -> int:
 
 
 def get1_fused(out: list, status: int, flags: int, payload, key) -> int:
-    """get1_reply for the fused path, as set_fused: a value up to SPLICE_MIN goes to `out` as
-    its VALUE line, its own bytes and END, joined only with the rest of the turn's output
-    (Conn.flush_out) instead of copied into one reply first."""
-    if status == R_ITEM and payload.__class__ is bytes:
-        n = len(payload)
-        if n < mr.SPLICE_MIN:
-            head = mr.value_heads[key, n]
-            out += (head, payload, mr.END_TAIL)
-            return len(head) + n + 7
+    """get1_reply for the fused path, as set_fused, for what InlineReplies.fast_reply does not
+    splice itself (an empty queue, a failure, a big value or one that is not `bytes`)."""
     return _fused(out, get1_reply(status, flags, payload, key))
 
 

@@ -95,6 +95,8 @@ class QueueCollection(WriteFailures, Deletes):
         self._owns = owns
         self._expire_forward = expire_forward
         self._queues: dict[str, PersistentQueue] = {}
+        # read-only for others: the worker's fused set/get look a queue up here (worker.py)
+        self.queues = self._queues
         self._parked: dict[str, PersistentQueue] = {}   # deleted, moves still open (`_park`)
         self._children: dict[str, list[str]] = {}      # master name -> registered child names
         self._alias_counts = AliasCounts()

@@ -103,3 +103,48 @@ def test_the_compiled_clocks_read_what_the_time_module_reads():
     words = list(block.slot(0).words)
     assert words[col + latency.BOUNDS.index(0.005)] == 1
     assert 3000 <= words[col + len(latency.BOUNDS) + 1] < 1_000_000
+
+
+class CountingClock(FakeClock):
+    """A FakeClock that counts its readings."""
+
+    __slots__ = ("reads",)
+
+    def __init__(self, now_ms: int = 1_700_000_000_000) -> None:
+        super().__init__(now_ms)
+        self.reads = 0
+
+    def now_ms(self) -> int:
+        self.reads += 1
+        return super().now_ms()
+
+
+def test_a_plain_remove_reads_no_clock_and_one_that_needs_it_reads_it_once():
+    """PersistentQueue.remove reads the clock only for what needs it (a head that may have
+    expired, a deadline, read-behind, a storage check), and then once: an expiry is judged
+    against that one reading, as before."""
+    from lanner.queues.queue import PersistentQueue
+    from lanner.storage.seam import MemoryStorage
+
+    def queue(clock, **cfg):
+        q = PersistentQueue("q", QueueConfig(**cfg), MemoryStorage(), clock)
+        q.replay()
+        return q
+
+    clock = CountingClock()
+    q = queue(clock)
+    assert q.add(b"a") and q.add(b"b", clock.now_ms() + 10)
+    clock.reads = 0
+    assert q.remove().data == b"a"
+    assert clock.reads == 0                     # never-expiring head, nothing else due
+    clock.advance(11)
+    assert q.remove() is None and clock.reads == 1      # its expiry judged on one reading
+    assert dict(q.stats())["expired_items"] == "1"
+
+    clock = CountingClock()
+    q = queue(clock, open_transaction_timeout=1000, max_age=60_000)
+    assert q.add(b"x")
+    clock.reads = 0
+    item = q.remove(transactional=True)
+    assert item.data == b"x" and clock.reads == 1       # max_age and the deadline: one reading
+    assert q._open_deadline == {item.xid: clock.now_ms() + 1000}

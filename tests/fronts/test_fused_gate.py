@@ -2,7 +2,9 @@
 path: the same random commands on two in-process workers, one whose front may fuse and one
 whose front never does, give the same replies, the same journal bytes and the same stats.
 Aliases, a whitelisted queue, a bad name, full queues, noreply, expiries and status changes
-are among the commands, so every reason the gate says "no" is crossed both ways."""
+are among the commands, so every reason the gate says "no" is crossed both ways; so are a
+fanout child and open reads, which the worker's fused set and get (Worker.inline_set /
+inline_get) hand to the collection's add and to Waiting.plain_get."""
 from __future__ import annotations
 
 import os
@@ -50,8 +52,13 @@ def command(rnd: random.Random) -> bytes:
         return b"get %s\r\n" % q.encode()
     if kind < 0.92:
         return b"status %s\r\n" % rnd.choice([b"readonly", b"up", b"up", b"up", b"quiescent", b"writeavoid"])
-    if kind < 0.96:
+    if kind < 0.95:
         return b"get %s/peek\r\n" % q.encode()
+    if kind < 0.98:
+        # a fanout child (its master's sets then go to the collection's add) and open reads (the
+        # worker then has sessions: its plain gets go through Waiting.plain_get)
+        return rnd.choice([b"get a+x\r\n", b"get a/open\r\n", b"get a/close\r\n", b"get b/open\r\n",
+                           b"get b/close/open\r\n", b"get a/abort\r\n"])
     return b"stats\r\n"
 
 
