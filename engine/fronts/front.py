@@ -30,7 +30,8 @@ from lanner.fronts.spill import SpillTurns
 from lanner.fronts.text import TextConn
 from lanner.fronts.thrift import ThriftConn
 from lanner.ipc import control
-from lanner.ipc.messages import RESP_SIZE, RF_HELD, Reassembler, pack_req, send, unpack_resp
+from lanner.ipc.messages import (FRAG_SIZE, RESP_SIZE, RF_HELD, Reassembler, pack_req, send,
+                                 unpack_resp)
 from lanner.ipc.shm import ConfigEpoch
 from lanner.ipc.wake import drain_eventfd, prepare_sleep_all
 from lanner.ops import latency
@@ -143,6 +144,10 @@ class Front:
             self.loop.call_soon(self.flush_rings)
         return True
 
+    def note_routed(self, worker: int, conn_id: int) -> None:
+        """A request of connection `conn_id` went to `worker` over its ring (a dedicated front's
+        every request does: nothing to note; a worker's own front counts them, local.py)."""
+
     def ring_room(self, targets, conn: Conn) -> bool:
         """Whether the request rings to the workers of `targets` ((worker, request) pairs) hold
         no overflow.  If one does, `conn` is pumped again when the workers make room: a streamed
@@ -212,14 +217,14 @@ class Front:
                 if not batch:
                     break
                 for rec in batch:
-                    msg = asm.feed(rec)
+                    # a whole small message is the record itself: no call (messages.Reassembler)
+                    msg = rec if asm.partial is None and len(rec) != FRAG_SIZE else asm.feed(rec)
                     if msg is None:
                         continue
                     conn_id, req, status, flags, _, value = unpack_resp(msg, 0)
                     c = conns.get(conn_id)
-                    if c is not None:
-                        c.on_response(req, status, flags, value, msg[RESP_SIZE:])
-                    elif flags & RF_HELD:           # its client is gone: the item goes back
+                    if (c is None or not c.on_response(req, status, flags, value, msg[RESP_SIZE:])) \
+                            and flags & RF_HELD:    # nobody will write it: the item goes back
                         self.settles.add(w, value, abort=True)
                 del batch
                 ring.release()

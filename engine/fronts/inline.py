@@ -3,7 +3,7 @@
 A memcache `set` or plain `get` for a queue the worker owns, taken while no Slot is queued on
 the connection, runs against the queue at once (Worker.inline_set / inline_get) with no Slot,
 Part, routing or request record; only its number and how to render its reply wait in
-`Conn.fast`, as the entry `(req, ok, render, call, latency family, t0)`: `ok` is the reply's
+`Conn.fast`, as the entry `(req, ok, render, call, latency family, t0, worker)`: `ok` is the reply's
 bytes when the worker answers R_OK (None: none known in advance), else `render(out, status,
 flags, payload, call)` appends the reply to the connection's output and says its size, or -1
 when it closes the connection.  Whether a request may take this path is decided in one place,
@@ -19,7 +19,7 @@ conn.py's concern; this is the slot-less path beside it (Conn keeps the two in o
 from __future__ import annotations
 
 from lanner.fronts.flow import MAX_INFLIGHT, SMALL_REPLY
-from lanner.ipc.messages import R_OK
+from lanner.ipc.messages import R_OK, RF_HELD
 
 
 class FusedQueues(dict):
@@ -60,13 +60,15 @@ class InlineReplies:
 
     __slots__ = ()
 
-    def fast_reply(self, status: int, flags: int, payload) -> None:
-        """The reply of the oldest inline request (then of any that came back before it)."""
+    def fast_reply(self, status: int, flags: int, payload, value: int = 0) -> None:
+        """The reply of the oldest inline (or routed: routed.py) request, then of any that came
+        back before it.  A held read's id (RF_HELD, `value`) waits with the reply's bytes in
+        `unwritten` (held.py)."""
         fast = self.fast
         f = self.front
         out = self.out
         while True:
-            _, ok, render, call, fam, t0 = fast.popleft()
+            _, ok, render, call, fam, t0, w = fast.popleft()
             if status == R_OK and ok is not None:
                 out.append(ok)
                 n = len(ok)
@@ -75,15 +77,21 @@ class InlineReplies:
             f.latency.since(fam, t0)
             if n < 0:                   # the reply closes the connection
                 self.closing = self.stopped = True
+                if self.early:
+                    self.drop_early()
                 fast.clear()
-                self.early.clear()
                 self.slots.clear()      # what was sent after the closing command goes unanswered
                 self.held = 0
                 f.write_pending.add(self)
                 return
+            if flags & RF_HELD:
+                if self.unwritten is None:
+                    self.unwritten = [(w, value)]
+                else:
+                    self.unwritten.append((w, value))
             if not (self.early and fast and fast[0][0] in self.early):
                 break
-            status, flags, payload = self.early.pop(fast[0][0])
+            status, flags, payload, value = self.early.pop(fast[0][0])
         # the last one's size is estimate enough; below SMALL_REPLY with full room it would
         # change nothing (Conn.note_reply), and skipping only keeps the estimate higher
         if n > SMALL_REPLY or self.idle_room != MAX_INFLIGHT:

@@ -87,7 +87,7 @@ class MemcacheConn(Conn):
             if f.streak:
                 f.streak.pop(self.id, None)     # a local request breaks a streak towards a handoff
             f.inline_requests += 1
-            self.fast.append((req, mr.STORED, set_fused, None, self.cur_fam, self.t_in))
+            self.fast.append((req, mr.STORED, set_fused, None, self.cur_fam, self.t_in, self.local))
             w = self.worker
             if not w.turn_scheduled:
                 w.schedule_turn()
@@ -106,8 +106,11 @@ class MemcacheConn(Conn):
                 self.begin_body([(w, req)])
             return
         if dests is None:                # one queue, one reply, through its worker's ring
+            w = f.owner(q)
+            if not stream and self.route_fast(w, OP_SET, q, expiry, payload, mr.STORED, set_fused, None):
+                return True             # no Slot: one reply in flight, as fused (routed.py)
             slot = self.new_slot(_finish_stored)
-            part = self.request(slot, f.owner(q), OP_SET, flags, q, expiry, size, payload)
+            part = self.request(slot, w, OP_SET, flags, q, expiry, size, payload)
             self.seal(slot)
             if stream:
                 self.begin_body([(part.worker, part.req)])
@@ -158,7 +161,7 @@ class MemcacheConn(Conn):
                 if f.streak:
                     f.streak.pop(self.id, None)
                 f.inline_requests += 1
-                self.fast.append((req, None, get1_fused, k.raw, self.cur_fam, self.t_in))
+                self.fast.append((req, None, get1_fused, k.raw, self.cur_fam, self.t_in, self.local))
                 w = self.worker
                 if not w.turn_scheduled:
                     w.schedule_turn()
@@ -168,6 +171,8 @@ class MemcacheConn(Conn):
                 self.reply_now(mr.END)
                 return
             w = f.owner(q)
+            if self.route_fast(w, OP_GET, q, -1, b"", None, get1_fused, k.raw):
+                return True         # no Slot: one reply in flight, as fused (routed.py)
             slot = self.new_slot(_finish_get1, call=k.raw)
             self.request(slot, w, OP_GET, 0, q, -1)
             self.seal(slot)

@@ -49,7 +49,8 @@ from lanner.ipc.messages import (F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_STREAM, F_T
                        OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED, OP_FLUSH_EXPIRED, OP_FORWARD_ADD, OP_GET,
                        OP_HELD, OP_MONITOR, OP_PUT_MANY, OP_RELOAD, OP_SET, OP_SET_DATA, OP_STATS, OP_TABORT,
                        OP_TCONFIRM, OP_TGET, OP_TPEEK, OP_HANDOFF, R_CLIENT_ERROR, R_DATA, R_ERROR,
-                       R_NOT_STORED, R_OK, R_SERVER_ERROR, R_VALUE, REQ_SIZE, RF_CLOSE, Reassembler, pack_resp, unpack_req)
+                       R_NOT_STORED, R_OK, R_SERVER_ERROR, R_VALUE, REQ_SIZE, RF_CLOSE, FRAG_SIZE, Reassembler,
+                       pack_resp, unpack_req)
 from lanner.queues.placement import worker_of
 from lanner.queues.sessions import Session
 from lanner.storage.factory import StorageFactory
@@ -213,7 +214,8 @@ class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
                     # an expired item whose source a client has just seen empty) goes first.
                     self.drain(worker_rings)
                 for rec in batch:
-                    msg = asm.feed(rec)
+                    # a whole small message is the record itself: no call (messages.Reassembler)
+                    msg = rec if asm.partial is None and len(rec) != FRAG_SIZE else asm.feed(rec)
                     if msg is None:
                         continue
                     try:
