@@ -26,6 +26,7 @@ from lanner.fronts.held import Settles
 from lanner.fronts.inline import FusedQueues
 from lanner.fronts.memcache import MemcacheConn
 from lanner.fronts.putbound import put_bound
+from lanner.fronts.routed import Routes
 from lanner.fronts.spill import SpillTurns
 from lanner.fronts.text import TextConn
 from lanner.fronts.thrift import ThriftConn
@@ -118,6 +119,7 @@ class Front:
         self.owners: dict[str, int] = {}       # queue -> worker, a cache of placement
         self.settles = Settles(self)           # held reads written or not, for their owners (held.py)
         self.fused = FusedQueues(self)         # queue -> fused path allowed (cleared by use_config)
+        self.routes = Routes(self)             # queue -> (owner, name as bytes) (fronts/routed.py)
 
     # -- routing ---------------------------------------------------------------------------------
     def owner(self, queue: str) -> int:

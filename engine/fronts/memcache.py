@@ -106,11 +106,10 @@ class MemcacheConn(Conn):
                 self.begin_body([(w, req)])
             return
         if dests is None:                # one queue, one reply, through its worker's ring
-            w = f.owner(q)
-            if not stream and self.route_fast(w, OP_SET, q, expiry, payload, mr.STORED, set_fused, None):
+            if not stream and self.route_fast(q, OP_SET, expiry, payload, mr.STORED, set_fused, None):
                 return True             # no Slot: one reply in flight, as fused (routed.py)
             slot = self.new_slot(_finish_stored)
-            part = self.request(slot, w, OP_SET, flags, q, expiry, size, payload)
+            part = self.request(slot, f.owner(q), OP_SET, flags, q, expiry, size, payload)
             self.seal(slot)
             if stream:
                 self.begin_body([(part.worker, part.req)])
@@ -170,9 +169,9 @@ class MemcacheConn(Conn):
             if f.config.aliases.get(q) is not None:
                 self.reply_now(mr.END)
                 return
-            w = f.owner(q)
-            if self.route_fast(w, OP_GET, q, -1, b"", None, get1_fused, k.raw):
+            if self.route_fast(q, OP_GET, -1, b"", None, get1_fused, k.raw):
                 return True         # no Slot: one reply in flight, as fused (routed.py)
+            w = f.owner(q)
             slot = self.new_slot(_finish_get1, call=k.raw)
             self.request(slot, w, OP_GET, 0, q, -1)
             self.seal(slot)
@@ -432,11 +431,12 @@ def get1_fused(out: list, status: int, flags: int, payload, key) -> int:
     """get1_reply for the fused path, as set_fused: a value up to SPLICE_MIN goes to `out` as
     its VALUE line, its own bytes and END, joined only with the rest of the turn's output
     (Conn.flush_out) instead of copied into one reply first."""
-    if status == R_ITEM and payload.__class__ is bytes:
+    if status == R_ITEM:
         n = len(payload)
         if n < mr.SPLICE_MIN:
             head = mr.value_heads[key, n]
-            out += (head, payload, mr.END_TAIL)
+            # a routed reply's value is a view of the ring, reused once read: copied here
+            out += (head, payload if payload.__class__ is bytes else bytes(payload), mr.END_TAIL)
             return len(head) + n + 7
     return _fused(out, get1_reply(status, flags, payload, key))
 

@@ -254,11 +254,25 @@ class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
 
     # -- requests --------------------------------------------------------------------------------
     def handle(self, src: int, rec) -> None:
+        """One request from a ring.  A plain set or get, most of what arrives, runs here as
+        `execute` would run it, without that call and its walk down the ops (issue 8, the routed
+        request)."""
         conn, req, op, flags, qlen, a, b = unpack_req(rec, 0)
         if self.closed_conns and self.void_after_close(src, conn, op, flags):
             return
-        queue = bytes(rec[REQ_SIZE:REQ_SIZE + qlen]).decode("latin-1")
-        self.execute(src, conn, req, op, flags, queue, a, b, rec[REQ_SIZE + qlen:])
+        end = REQ_SIZE + qlen
+        queue = str(rec[REQ_SIZE:end], "latin-1")
+        if not flags:
+            if op == OP_SET:
+                coll = self.coll
+                coll.undo.ctx = (src, conn, req)    # whose reply a rolled-back change must fail
+                ok = coll.add(queue, bytes(rec[end:]), a or None)
+                self.replies.append((src, pack_resp(conn, req, R_OK if ok else R_NOT_STORED, 0, 0, 0), b""))
+                return
+            if op == OP_GET and a <= 0:
+                self.plain_get(src, conn, req, queue)
+                return
+        self.execute(src, conn, req, op, flags, queue, a, b, rec[end:])
 
     def void_after_close(self, src: int, conn: int, op: int, flags: int) -> bool:
         """This worker told the connection to close; what its front sent before learning it
