@@ -225,8 +225,14 @@ class Front:
                         continue
                     conn_id, req, status, flags, _, value = unpack_resp(msg, 0)
                     c = conns.get(conn_id)
-                    if (c is None or not c.on_response(req, status, flags, value, msg[RESP_SIZE:])) \
-                            and flags & RF_HELD:    # nobody will write it: the item goes back
+                    if c is not None:
+                        fast = c.fast
+                        if fast and fast[0][0] == req and not c.closing:    # on_response's first case
+                            c.fast_reply(status, flags, msg[RESP_SIZE:], value)
+                            continue
+                        if c.on_response(req, status, flags, value, msg[RESP_SIZE:]):
+                            continue
+                    if flags & RF_HELD:             # nobody will write it: the item goes back
                         self.settles.add(w, value, abort=True)
                 del batch
                 ring.release()
