@@ -3,8 +3,9 @@
 A memcache `set` or plain `get` for a queue the worker owns, taken while no Slot is queued on
 the connection, runs against the queue at once (Worker.inline_set / inline_get) with no Slot,
 Part, routing or request record; only its number and how to render its reply wait in
-`Conn.fast`, as the entry `(req, ok, render, call, latency family, t0, worker)`: `ok` is the reply's
-bytes when the worker answers R_OK (None: none known in advance), else `render(out, status,
+`Conn.fast`, as the entry `(req, ok, render, call, latency family, t0, worker)` (worker -1:
+this one, which cannot die while its front runs; routed.py's entries name theirs): `ok` is
+the reply's bytes when the worker answers R_OK (None: none known in advance), else `render(out, status,
 flags, payload, call)` appends the reply to the connection's output and says its size, or -1
 when it closes the connection.  Whether a request may take this path is decided in one place,
 the gate FusedQueues (configuration, placement) with the status's `clear` (status.py); the two

@@ -87,7 +87,7 @@ class MemcacheConn(Conn):
             if f.streak:
                 f.streak.pop(self.id, None)     # a local request breaks a streak towards a handoff
             f.inline_requests += 1
-            self.fast.append((req, mr.STORED, set_fused, None, self.cur_fam, self.t_in, self.local))
+            self.fast.append((req, mr.STORED, set_fused, None, self.cur_fam, self.t_in, -1))
             w = self.worker
             if not w.turn_scheduled:
                 w.schedule_turn()
@@ -160,7 +160,7 @@ class MemcacheConn(Conn):
                 if f.streak:
                     f.streak.pop(self.id, None)
                 f.inline_requests += 1
-                self.fast.append((req, None, get1_fused, k.raw, self.cur_fam, self.t_in, self.local))
+                self.fast.append((req, None, get1_fused, k.raw, self.cur_fam, self.t_in, -1))
                 w = self.worker
                 if not w.turn_scheduled:
                     w.schedule_turn()
