@@ -83,7 +83,8 @@ def expiry_at(ms: int) -> int:
     return ms if ms > 0 else 1
 
 
-class Conn(InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands, asyncio.Protocol, abc.ABC):
+class Conn(InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands, asyncio.Protocol,
+           abc.ABC):
     """One client connection.  A subclass passes its protocol's parser (`feed(bytes)`, `next()`
     -> command or None, `buffered` -> bytes held) and implements `handle` and `unavailable`.
 
