@@ -215,10 +215,11 @@ def compiled_modules() -> list[str]:
     return out
 
 
-def instructions(args: list[str], requests: int) -> int:
-    """Instructions this benchmark executes for `requests` requests, start-up included."""
+def instructions(args: list[str], requests: int, module: str = "lanner.perf.hotloop") -> int:
+    """Instructions this benchmark (or `module`'s, hotroute.py) executes for `requests`
+    requests, start-up included."""
     cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-m",
-           "lanner.perf.hotloop", "-n", str(requests), "--rounds", "1", *args]
+           module, "-n", str(requests), "--rounds", "1", *args]
     env = dict(os.environ, PYTHONHASHSEED="0")      # the same dict layouts in both runs
     done = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
     m = re.search(r"Collected\s*:\s*(\d+)", done.stderr)

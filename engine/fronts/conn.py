@@ -26,6 +26,7 @@ from lanner.fronts.counters import C_CURR, C_HERE, C_READ, C_TOTAL, C_WRITTEN
 from lanner.fronts.flow import MAX_INFLIGHT, SMALL_REPLY, room_for
 from lanner.fronts.held import HeldItems
 from lanner.fronts.inline import InlineReplies
+from lanner.fronts.routed import RoutedRequests
 from lanner.fronts.servercmds import ServerCommands
 from lanner.fronts.spill import REPLY_BUDGET, WRITE_CHUNK, WRITE_LOW, SpillWriter  # noqa: F401 (WRITE_LOW: tests)
 from lanner.ops.latency import BY_TYPE, family_of
@@ -82,7 +83,8 @@ def expiry_at(ms: int) -> int:
     return ms if ms > 0 else 1
 
 
-class Conn(InlineReplies, SpillWriter, HeldItems, ServerCommands, asyncio.Protocol, abc.ABC):
+class Conn(InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands, asyncio.Protocol,
+           abc.ABC):
     """One client connection.  A subclass passes its protocol's parser (`feed(bytes)`, `next()`
     -> command or None, `buffered` -> bytes held) and implements `handle` and `unavailable`.
 
@@ -222,8 +224,9 @@ class Conn(InlineReplies, SpillWriter, HeldItems, ServerCommands, asyncio.Protoc
         if f.idle is not None:
             f.idle.pop(self.id, None)
         f.ring_waiters.discard(self)
+        if self.early:
+            self.drop_early()
         self.fast.clear()
-        self.early.clear()
         if self.counts_connection and not self.moved:
             f.my.decr(C_CURR)
             if not self.moving:
@@ -413,20 +416,23 @@ class Conn(InlineReplies, SpillWriter, HeldItems, ServerCommands, asyncio.Protoc
         elif slot.blocking:
             self.blocked = slot
 
-    def on_response(self, req: int, status: int, flags: int, value: int, payload) -> None:
+    def on_response(self, req: int, status: int, flags: int, value: int, payload) -> bool:
+        """A worker's response to request `req`.  False when nobody takes it (the connection
+        closes, or no longer waits for it): the caller, which knows the worker, then aborts
+        the held read it carries (RF_HELD, held.py)."""
         fast = self.fast
         if fast and fast[0][0] == req:
-            if not self.closing:
-                self.fast_reply(status, flags, payload)
-            return
+            if self.closing:
+                return False
+            self.fast_reply(status, flags, payload, value)
+            return True
         part = self.parts.pop(req, None)
         if part is None or self.closing:
-            if flags & RF_HELD and part is not None:     # nobody will read it: it goes back
-                self.front.settles.add(part.worker, value, abort=True)
             if part is None and fast and not self.closing and any(e[0] == req for e in fast):
-                # an inline request's reply ahead of an older one's: keep it until that comes
-                self.early[req] = (status, flags, bytes(payload) if payload else b"")
-            return
+                # a fast request's reply ahead of an older one's: keep it until that comes
+                self.early[req] = (status, flags, bytes(payload) if payload else b"", value)
+                return True
+            return False
         slot = part.slot
         if flags & RF_MORE:                # more responses follow for this request
             self.parts[req] = part
@@ -440,7 +446,7 @@ class Conn(InlineReplies, SpillWriter, HeldItems, ServerCommands, asyncio.Protoc
                         slot.out += data
                         self.held += len(data)
                     self.front.write_pending.add(self)
-            return
+            return True
         part.status, part.flags, part.value = status, flags, value
         part.payload = bytes(payload) if payload else b""
         part.done = True
@@ -449,6 +455,7 @@ class Conn(InlineReplies, SpillWriter, HeldItems, ServerCommands, asyncio.Protoc
         slot.remaining -= 1
         if slot.remaining == 0:
             self.complete(slot)
+        return True
 
     def note_reply(self, n: int) -> None:
         """A reply of `n` bytes moves the running estimate flow control uses (class doc).  Fused
@@ -535,7 +542,7 @@ class Conn(InlineReplies, SpillWriter, HeldItems, ServerCommands, asyncio.Protoc
         failed = [req for req, p in self.parts.items() if p.worker == w]
         for req in failed:
             self.on_response(req, R_SERVER_ERROR, RF_CLOSE, 0, b"worker %d restarted" % w)
-        if failed:
+        if (self.fast and self.fail_fast(w)) or failed:
             self.front.write_pending.add(self)
         self.touched &= ~(1 << w)
 

@@ -26,11 +26,13 @@ from lanner.fronts.held import Settles
 from lanner.fronts.inline import FusedQueues
 from lanner.fronts.memcache import MemcacheConn
 from lanner.fronts.putbound import put_bound
+from lanner.fronts.routed import Routes
 from lanner.fronts.spill import SpillTurns
 from lanner.fronts.text import TextConn
 from lanner.fronts.thrift import ThriftConn
 from lanner.ipc import control
-from lanner.ipc.messages import RESP_SIZE, RF_HELD, Reassembler, pack_req, send, unpack_resp
+from lanner.ipc.messages import (FRAG_SIZE, RESP_SIZE, RF_HELD, Reassembler, pack_req, send,
+                                 unpack_resp)
 from lanner.ipc.shm import ConfigEpoch
 from lanner.ipc.wake import drain_eventfd, prepare_sleep_all
 from lanner.ops import latency
@@ -117,6 +119,7 @@ class Front:
         self.owners: dict[str, int] = {}       # queue -> worker, a cache of placement
         self.settles = Settles(self)           # held reads written or not, for their owners (held.py)
         self.fused = FusedQueues(self)         # queue -> fused path allowed (cleared by use_config)
+        self.routes = Routes(self)             # queue -> (owner, name as bytes) (fronts/routed.py)
 
     # -- routing ---------------------------------------------------------------------------------
     def owner(self, queue: str) -> int:
@@ -142,6 +145,10 @@ class Front:
             self.flush_scheduled = True
             self.loop.call_soon(self.flush_rings)
         return True
+
+    def note_routed(self, worker: int, conn_id: int) -> None:
+        """A request of connection `conn_id` went to `worker` over its ring (a dedicated front's
+        every request does: nothing to note; a worker's own front counts them, local.py)."""
 
     def ring_room(self, targets, conn: Conn) -> bool:
         """Whether the request rings to the workers of `targets` ((worker, request) pairs) hold
@@ -212,14 +219,20 @@ class Front:
                 if not batch:
                     break
                 for rec in batch:
-                    msg = asm.feed(rec)
+                    # a whole small message is the record itself: no call (messages.Reassembler)
+                    msg = rec if asm.partial is None and len(rec) != FRAG_SIZE else asm.feed(rec)
                     if msg is None:
                         continue
                     conn_id, req, status, flags, _, value = unpack_resp(msg, 0)
                     c = conns.get(conn_id)
                     if c is not None:
-                        c.on_response(req, status, flags, value, msg[RESP_SIZE:])
-                    elif flags & RF_HELD:           # its client is gone: the item goes back
+                        fast = c.fast
+                        if fast and fast[0][0] == req and not c.closing:    # on_response's first case
+                            c.fast_reply(status, flags, msg[RESP_SIZE:], value)
+                            continue
+                        if c.on_response(req, status, flags, value, msg[RESP_SIZE:]):
+                            continue
+                    if flags & RF_HELD:             # nobody will write it: the item goes back
                         self.settles.add(w, value, abort=True)
                 del batch
                 ring.release()

@@ -60,6 +60,21 @@ class Settles:
             self.armed = True
             self.front.loop.call_later(SETTLE_LAG, self.on_timer)
 
+    def confirm_all(self, held: list) -> None:
+        """`add` of every (worker, id) of `held` as written: one call per connection's write,
+        not one per id (issue 8, the routed request)."""
+        confirm = self.confirm
+        for w, hid in held:
+            ids = confirm.get(w)
+            if ids is None:
+                confirm[w] = [hid]
+            else:
+                ids.append(hid)
+        self.due = True
+        if not self.armed:
+            self.armed = True
+            self.front.loop.call_later(SETTLE_LAG, self.on_timer)
+
     def on_timer(self) -> None:
         self.armed = False
         if self.due:
@@ -129,9 +144,7 @@ class HeldItems:
         t = self.transport
         if self.out or self.spilled or t is None or t.is_closing() or t.get_write_buffer_size():
             return
-        settles = self.front.settles
-        for w, hid in self.unwritten:
-            settles.add(w, hid)
+        self.front.settles.confirm_all(self.unwritten)
         self.unwritten = None
 
     def drop_held(self) -> None:

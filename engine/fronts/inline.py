@@ -3,17 +3,19 @@
 A memcache `set` or plain `get` for a queue the worker owns, taken while no Slot is queued on
 the connection, runs against the queue at once (Worker.inline_set / inline_get) with no Slot,
 Part, routing or request record; only its number and how to render its reply wait in
-`Conn.fast`, as the entry `(req, ok, render, call, latency family, t0)`: for a set, `ok` is the
-reply's bytes when the worker answers R_OK; for a plain get (never answered R_OK), the table of
-VALUE lines (memcache_replies.value_heads, by `call`, the key as sent, and the value's size)
-used when it answers R_ITEM with a value under SPLICE_MIN, spliced here with no render call
-(a Python call is ~800 instructions all told); None: nothing known in advance.  Any other
-answer goes to `render(out, status, flags, payload, call)`, which appends the reply to the
-connection's output and says its size, or -1 when it closes the connection.  Whether a request may take this path is decided in one place,
+`Conn.fast`, as the entry `(req, ok, render, call, latency family, t0, worker)` (worker -1:
+this one, which cannot die while its front runs; routed.py's entries name theirs): for a set,
+`ok` is the reply's bytes when the worker answers R_OK; for a plain get (never answered R_OK),
+the table of VALUE lines (memcache_replies.value_heads, by `call`, the key as sent, and the
+value's size) used when it answers R_ITEM with a value under SPLICE_MIN, spliced here with no
+render call; None: nothing known in advance (a routed get: its value is a view of the ring).
+Any other answer goes to `render(out, status, flags, payload, call)`, which appends the reply
+to the connection's output and says its size, or -1 when it closes the connection.  Whether a
+request may take this path is decided in one place,
 the gate FusedQueues (configuration, placement) with the status's `clear` (status.py); the two
 fused branches (MemcacheConn.store and on_get) then number the request, append its entry and
 make sure the worker's turn is scheduled in their own frame before calling the worker (a
-Python call is ~800 instructions all told, a sixtieth of a request).  Its reply still joins
+Python call costs 150-300 instructions here, besides its bytecodes: perf/README.md, stop 14).  Its reply still joins
 the worker's batch, so it leaves only when the commit rules allow, and comes back through
 LocalFront.deliver to `fast_reply`.  Why apart from conn.py: the in-order Slot queue is
 conn.py's concern; this is the slot-less path beside it (Conn keeps the two in order:
@@ -22,7 +24,7 @@ conn.py's concern; this is the slot-less path beside it (Conn keeps the two in o
 from __future__ import annotations
 
 from lanner.fronts.flow import MAX_INFLIGHT, SMALL_REPLY
-from lanner.ipc.messages import R_ITEM, R_OK
+from lanner.ipc.messages import R_ITEM, R_OK, RF_HELD
 from lanner.protocols.memcache_replies import END_TAIL, SPLICE_MIN
 
 
@@ -64,13 +66,15 @@ class InlineReplies:
 
     __slots__ = ()
 
-    def fast_reply(self, status: int, flags: int, payload) -> None:
-        """The reply of the oldest inline request (then of any that came back before it)."""
+    def fast_reply(self, status: int, flags: int, payload, value: int = 0) -> None:
+        """The reply of the oldest inline (or routed: routed.py) request, then of any that came
+        back before it.  A held read's id (RF_HELD, `value`) waits with the reply's bytes in
+        `unwritten` (held.py)."""
         fast = self.fast
         f = self.front
         out = self.out
         while True:
-            _, ok, render, call, fam, t0 = fast.popleft()
+            _, ok, render, call, fam, t0, w = fast.popleft()
             if ok is None:
                 n = render(out, status, flags, payload, call)
             elif status == R_OK:                # a set's STORED
@@ -88,15 +92,21 @@ class InlineReplies:
             f.latency.since(fam, t0)
             if n < 0:                   # the reply closes the connection
                 self.closing = self.stopped = True
+                if self.early:
+                    self.drop_early()
                 fast.clear()
-                self.early.clear()
                 self.slots.clear()      # what was sent after the closing command goes unanswered
                 self.held = 0
                 f.write_pending.add(self)
                 return
+            if flags & RF_HELD:
+                if self.unwritten is None:
+                    self.unwritten = [(w, value)]
+                else:
+                    self.unwritten.append((w, value))
             if not (self.early and fast and fast[0][0] in self.early):
                 break
-            status, flags, payload = self.early.pop(fast[0][0])
+            status, flags, payload, value = self.early.pop(fast[0][0])
         # the last one's size is estimate enough; below SMALL_REPLY with full room it would
         # change nothing (Conn.note_reply), and skipping only keeps the estimate higher
         if n > SMALL_REPLY or self.idle_room != MAX_INFLIGHT:

@@ -87,7 +87,7 @@ class MemcacheConn(Conn):
             if f.streak:
                 f.streak.pop(self.id, None)     # a local request breaks a streak towards a handoff
             f.inline_requests += 1
-            self.fast.append((req, mr.STORED, set_fused, None, self.cur_fam, self.t_in))
+            self.fast.append((req, mr.STORED, set_fused, None, self.cur_fam, self.t_in, -1))
             w = self.worker
             if not w.turn_scheduled:
                 w.schedule_turn()
@@ -106,6 +106,8 @@ class MemcacheConn(Conn):
                 self.begin_body([(w, req)])
             return
         if dests is None:                # one queue, one reply, through its worker's ring
+            if not stream and self.route_fast(q, OP_SET, expiry, payload, mr.STORED, set_fused, None):
+                return True             # no Slot: one reply in flight, as fused (routed.py)
             slot = self.new_slot(_finish_stored)
             part = self.request(slot, f.owner(q), OP_SET, flags, q, expiry, size, payload)
             self.seal(slot)
@@ -158,7 +160,7 @@ class MemcacheConn(Conn):
                 if f.streak:
                     f.streak.pop(self.id, None)
                 f.inline_requests += 1
-                self.fast.append((req, mr.value_heads, get1_fused, k.raw, self.cur_fam, self.t_in))
+                self.fast.append((req, mr.value_heads, get1_fused, k.raw, self.cur_fam, self.t_in, -1))
                 w = self.worker
                 if not w.turn_scheduled:
                     w.schedule_turn()
@@ -167,6 +169,8 @@ class MemcacheConn(Conn):
             if f.config.aliases.get(q) is not None:
                 self.reply_now(mr.END)
                 return
+            if self.route_fast(q, OP_GET, -1, b"", None, get1_fused, k.raw):
+                return True         # no Slot: one reply in flight, as fused (routed.py)
             w = f.owner(q)
             slot = self.new_slot(_finish_get1, call=k.raw)
             self.request(slot, w, OP_GET, 0, q, -1)
@@ -424,8 +428,16 @@ def set_fused(out: list, status: int, flags: int, payload, call=None) -> int:
 
 
 def get1_fused(out: list, status: int, flags: int, payload, key) -> int:
-    """get1_reply for the fused path, as set_fused, for what InlineReplies.fast_reply does not
-    splice itself (an empty queue, a failure, a big value or one that is not `bytes`)."""
+    """get1_reply for the fused and routed paths, as set_fused, for what InlineReplies.fast_reply
+    does not splice itself: a value up to SPLICE_MIN that is not `bytes` (a routed reply's view
+    of the ring, reused once read: copied here) goes to `out` as its VALUE line, its own bytes
+    and END, joined only with the rest of the turn's output (Conn.flush_out)."""
+    if status == R_ITEM:
+        n = len(payload)
+        if n < mr.SPLICE_MIN:
+            head = mr.value_heads[key, n]
+            out += (head, payload if payload.__class__ is bytes else bytes(payload), mr.END_TAIL)
+            return len(head) + n + 7
     return _fused(out, get1_reply(status, flags, payload, key))
 
 

@@ -112,6 +112,11 @@ FRAG = struct.Struct("<IQ")
 CHUNK = (1 << 18) - 64     # fits the smallest ring (worker to worker, 256 KiB)
 
 
+#: A payload shorter than this makes a message of one record whatever its head (a head is at
+#: most REQ_SIZE + a 16-bit queue name's length): a caller may `ring.send_parts` it directly.
+SMALL_MESSAGE = CHUNK - REQ_SIZE - 0xFFFF
+
+
 def send(ring, head: bytes, payload=b"") -> None:
     """Queue one message on `ring` (the caller publishes)."""
     n = len(head) + len(payload)
@@ -124,32 +129,40 @@ def send(ring, head: bytes, payload=b"") -> None:
         ring.send(whole[i:i + CHUNK])
 
 
-class Reassembler:
-    """Consumer side of `send`: feed every record, get whole messages back."""
+#: The one record length at which a record may be a FRAG marker (requests and responses are
+#: longer; a chunk record is only ever read while `Reassembler.partial` is set).
+FRAG_SIZE = FRAG.size
+assert FRAG_SIZE < min(REQ_SIZE, RESP_SIZE)
 
-    __slots__ = ("_buf", "_need")
+
+class Reassembler:
+    """Consumer side of `send`: feed every record, get whole messages back.  A consumer may take
+    a record as the whole message itself, without the call, while `partial` is None and the
+    record is not FRAG_SIZE long (worker.py's and front.py's drains)."""
+
+    __slots__ = ("partial", "_need")
 
     def __init__(self) -> None:
-        self._buf: bytearray | None = None
+        self.partial: bytearray | None = None     # a large message being put together
         self._need = 0
 
     def feed(self, rec):
         """Return the message this record completes (the record itself when it is a
         whole small message), or None while a large message is still arriving."""
-        buf = self._buf
+        buf = self.partial
         if buf is not None:
             buf += rec
             if len(buf) < self._need:
                 return None
-            self._buf = None
+            self.partial = None
             return buf
-        if len(rec) == FRAG.size and rec[0] == 0xFF and rec[1] == 0xFF and rec[2] == 0xFF \
+        if len(rec) == FRAG_SIZE and rec[0] == 0xFF and rec[1] == 0xFF and rec[2] == 0xFF \
                 and rec[3] == 0xFF:
             self._need = FRAG.unpack_from(rec)[1]
-            self._buf = bytearray()
+            self.partial = bytearray()
             return None
         return rec
 
     def reset(self) -> None:
-        self._buf = None
+        self.partial = None
         self._need = 0

@@ -20,7 +20,8 @@ import os
 import select
 
 from lanner.errors import describe_os_error
-from lanner.ipc.messages import (R_SERVER_ERROR, RF_CLOSE, pack_resp, resp_fields, send)
+from lanner.ipc.messages import (R_SERVER_ERROR, RF_CLOSE, SMALL_MESSAGE, pack_resp, resp_fields,
+                                 send)
 from lanner.queues.undo import CONFIRM, HELD_ABORT, HELD_CONFIRM, HELD_OPEN, OPEN, UNREMOVE
 from lanner.server.waiting import STRAND_RETRY_MS, Pending
 from lanner.storage.journal.journal import Journal
@@ -227,7 +228,10 @@ class GroupCommit:
                 continue
             if head.__class__ is tuple:     # (a fused-path reply's head is packed only for a ring)
                 head = pack_resp(*head)
-            send(self.outbound[dst], head, payload)
+            if len(payload) < SMALL_MESSAGE:
+                self.outbound[dst].send_parts(head, payload)     # messages.send's common case
+            else:
+                send(self.outbound[dst], head, payload)
             if touched is None:
                 touched = {dst}
             else:

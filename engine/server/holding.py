@@ -109,7 +109,11 @@ class Holding:
         for hid in ids[:nconfirm]:
             entry = held.pop(hid, None)
             if entry is not None:
-                settle(entry, abort=False)
+                q, xids = entry
+                if xids.__class__ is int:   # a plain get's one read: `settle`, inline
+                    q.confirm_held(xids)
+                else:
+                    settle(entry, abort=False)
         for hid in reversed(ids[nconfirm:]):
             entry = held.pop(hid, None)
             if entry is not None:

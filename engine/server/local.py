@@ -96,18 +96,25 @@ class LocalFront(Front):
         if op == OP_DISCONNECT:
             streak.pop(conn_id, None)
         elif op != OP_HANDOFF:
-            self.my.incr(C_ROUTED)
             if op in FANOUT_OPS:           # a command for every worker: no worker to move to
+                self.my.incr(C_ROUTED)
                 streak.pop(conn_id, None)
-                return Front.send(self, worker, conn_id, req, op, flags, queue, a, b, payload)
-            st = streak.get(conn_id)
-            if st is None or st[0] != worker:
-                streak[conn_id] = [worker, 1]
             else:
-                st[1] += 1
-                if st[1] >= HANDOFF_AFTER and self.channels is not None:
-                    self.candidates.add(conn_id)
+                self.note_routed(worker, conn_id)
         return Front.send(self, worker, conn_id, req, op, flags, queue, a, b, payload)
+
+    def note_routed(self, worker: int, conn_id: int) -> None:
+        """A request of connection `conn_id` went to `worker` (`send`, or a routed request
+        without a Slot: fronts/routed.py): counted, and a step towards handing it over."""
+        self.my.incr(C_ROUTED)
+        streak = self.streak
+        st = streak.get(conn_id)
+        if st is None or st[0] != worker:
+            streak[conn_id] = [worker, 1]
+        else:
+            st[1] += 1
+            if st[1] >= HANDOFF_AFTER and self.channels is not None:
+                self.candidates.add(conn_id)
 
     # -- handing connections to the worker they use -----------------------------------------------
     def try_handoffs(self) -> None:

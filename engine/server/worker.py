@@ -49,7 +49,8 @@ from lanner.ipc.messages import (F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_STREAM, F_T
                        OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED, OP_FLUSH_EXPIRED, OP_FORWARD_ADD, OP_GET,
                        OP_HELD, OP_MONITOR, OP_PUT_MANY, OP_RELOAD, OP_SET, OP_SET_DATA, OP_STATS, OP_TABORT,
                        OP_TCONFIRM, OP_TGET, OP_TPEEK, OP_HANDOFF, R_CLIENT_ERROR, R_DATA, R_EMPTY, R_ERROR, R_ITEM,
-                       R_NOT_STORED, R_OK, R_SERVER_ERROR, R_VALUE, REQ_SIZE, RF_CLOSE, Reassembler, pack_resp, unpack_req)
+                       R_NOT_STORED, R_OK, R_SERVER_ERROR, R_VALUE, REQ_SIZE, RF_CLOSE, FRAG_SIZE, Reassembler,
+                       pack_resp, unpack_req)
 from lanner.queues.placement import worker_of
 from lanner.queues.sessions import Session
 from lanner.storage.factory import StorageFactory
@@ -214,7 +215,8 @@ class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
                     # an expired item whose source a client has just seen empty) goes first.
                     self.drain(worker_rings)
                 for rec in batch:
-                    msg = asm.feed(rec)
+                    # a whole small message is the record itself: no call (messages.Reassembler)
+                    msg = rec if asm.partial is None and len(rec) != FRAG_SIZE else asm.feed(rec)
                     if msg is None:
                         continue
                     try:
@@ -253,11 +255,25 @@ class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
 
     # -- requests --------------------------------------------------------------------------------
     def handle(self, src: int, rec) -> None:
+        """One request from a ring.  A plain set or get, most of what arrives, runs here as
+        `execute` would run it, without that call and its walk down the ops (issue 8, the routed
+        request)."""
         conn, req, op, flags, qlen, a, b = unpack_req(rec, 0)
         if self.closed_conns and self.void_after_close(src, conn, op, flags):
             return
-        queue = bytes(rec[REQ_SIZE:REQ_SIZE + qlen]).decode("latin-1")
-        self.execute(src, conn, req, op, flags, queue, a, b, rec[REQ_SIZE + qlen:])
+        end = REQ_SIZE + qlen
+        queue = str(rec[REQ_SIZE:end], "latin-1")
+        if not flags:
+            if op == OP_SET:
+                coll = self.coll
+                coll.undo.ctx = (src, conn, req)    # whose reply a rolled-back change must fail
+                ok = coll.add(queue, bytes(rec[end:]), a or None)
+                self.replies.append((src, pack_resp(conn, req, R_OK if ok else R_NOT_STORED, 0, 0, 0), b""))
+                return
+            if op == OP_GET and a <= 0:
+                self.plain_get(src, conn, req, queue)
+                return
+        self.execute(src, conn, req, op, flags, queue, a, b, rec[end:])
 
     def void_after_close(self, src: int, conn: int, op: int, flags: int) -> bool:
         """This worker told the connection to close; what its front sent before learning it

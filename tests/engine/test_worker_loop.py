@@ -171,12 +171,12 @@ def test_a_replaced_front_is_served_before_its_peer_up_arrives(harness):
     f.req[0].publish()
     wk = h.workers[0]
     wk.step(wait=0)
-    assert wk.asm[0]._buf is not None                            # half a message is buffered
+    assert wk.asm[0].partial is not None                            # half a message is buffered
     h.tell(0, {"cmd": "peer_down", "peer": 0})
     h.clock.advance(5000)                                        # the next turn polls control
     h.settle()
     assert h.acks[0].read() == [{"cmd": "ack_down", "peer": 0, "worker": 0}]
-    assert wk.down_peers == {0} and wk.asm[0]._buf is None
+    assert wk.down_peers == {0} and wk.asm[0].partial is None
     # the supervisor forks the replacement only now; it reuses connection ids from 1
     h.mesh.discard_unread("front", 0)
     h.mesh.front_rings(0)
