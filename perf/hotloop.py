@@ -11,8 +11,8 @@ request per turn, a set in one turn and a get in the next, so the figure carries
 turn's fixed cost per request.  Everything a request costs in the server process is in the
 figure (parser, connection, routing, queue, journal `os.write`) except the socket syscalls
 and epoll.  `--prefill N` puts N items first (as `mixed` puts 512), so the queue is never empty
-and its journal may start past default_journal_size.  It prints CPU µs per request (process time, the best of the rounds) and which
-lanner modules are compiled (setup.py).
+and its journal may start past default_journal_size.  It prints CPU µs per request (process
+time, the best of the rounds) and which lanner modules are compiled (setup.py).
 
 Process time still moves by 10-30 % on a box whose other cores are busy (shared caches), so
 `--callgrind` counts instructions instead: it runs this benchmark twice under valgrind's
