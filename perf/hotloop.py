@@ -10,8 +10,9 @@ replies) and checks every reply.  `-r 1` is a closed-loop client's shape (`mixed
 request per turn, a set in one turn and a get in the next, so the figure carries a whole
 turn's fixed cost per request.  Everything a request costs in the server process is in the
 figure (parser, connection, routing, queue, journal `os.write`) except the socket syscalls
-and epoll.  It prints CPU µs per request (process time, the best of the rounds) and which
-lanner modules are compiled (setup.py).
+and epoll.  `--prefill N` puts N items first (as `mixed` puts 512), so the queue is never empty
+and its journal may start past default_journal_size.  It prints CPU µs per request (process
+time, the best of the rounds) and which lanner modules are compiled (setup.py).
 
 Process time still moves by 10-30 % on a box whose other cores are busy (shared caches), so
 `--callgrind` counts instructions instead: it runs this benchmark twice under valgrind's
@@ -155,8 +156,9 @@ class _Clock:
         return time.monotonic()
 
 
-def run(requests: int, conns: int, size: int, depth: int) -> float:
-    """CPU µs per request for `requests` requests; raises if a reply is wrong."""
+def run(requests: int, conns: int, size: int, depth: int, prefill: int = 0) -> float:
+    """CPU µs per request for `requests` requests after `prefill` items; raises if a reply is
+    wrong."""
     with tempfile.TemporaryDirectory(prefix="lanner-hotloop-") as folder:
         rig = Rig(folder, conns)
         try:
@@ -188,7 +190,12 @@ def run(requests: int, conns: int, size: int, depth: int) -> float:
                 def feed():
                     for c in conns:
                         c.data_received(chunk)
+            for i in range(0, prefill, 100):
+                rig.conns[0].data_received(set_req * min(100, prefill - i))
+                rig.turn()
             rig.turn()
+            for c in rig.conns:
+                c.transport.written.clear()
             t0 = time.process_time()
             rig.run_turns(turns, feed)
             cpu = time.process_time() - t0
@@ -236,6 +243,7 @@ def main(argv=None) -> int:
     p.add_argument("-r", "--depth", type=int, default=2,
                    help="requests per connection per turn: 1 (a set or a get per turn) or even")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--prefill", type=int, default=0, help="items put first (all alike: gets find them)")
     p.add_argument("--callgrind", action="store_true",
                    help="count instructions per request under valgrind instead of timing")
     a = p.parse_args(argv)
@@ -243,14 +251,14 @@ def main(argv=None) -> int:
         p.error("--depth must be 1 or an even number (set, get pairs)")
     child_gc()          # the collector as a server child has it (not in run(): tests call that)
     if a.callgrind:
-        same = ["-c", str(a.concurrency), "-i", str(a.item_size), "-r", str(a.depth)]
+        same = ["-c", str(a.concurrency), "-i", str(a.item_size), "-r", str(a.depth), "--prefill", str(a.prefill)]
         small = max(a.requests // 5, a.concurrency * a.depth)
         per = (instructions(same, a.requests) - instructions(same, small)) / (a.requests - small)
         print("hotloop: %d conns, %d B, %d per turn each: %.0f instructions/request (callgrind); "
               "compiled: %s" % (a.concurrency, a.item_size, a.depth, per,
                                 ", ".join(compiled_modules()) or "none"))
         return 0
-    best = min(run(a.requests, a.concurrency, a.item_size, a.depth) for _ in range(a.rounds))
+    best = min(run(a.requests, a.concurrency, a.item_size, a.depth, a.prefill) for _ in range(a.rounds))
     comp = compiled_modules()
     print("hotloop: %d requests, %d conns, %d B, %d per turn each: %.2f CPU µs/request; compiled: %s"
           % (a.requests, a.concurrency, a.item_size, a.depth, best, ", ".join(comp) or "none"))

@@ -195,7 +195,7 @@ class PersistentQueue(OpenReads):
         item.job_id = None
         item.priority = 0
         storage = self.storage
-        if storage.check_due:                  # (seam.py, point 3)
+        if storage.check_due and (storage.check_due is True or not self._length):     # (seam.py, point 3)
             storage.before_add(self, config, now)
         if self._bytes >= config.max_memory_size and storage.can_read_behind and not storage.in_read_behind:
             log.info("queue %r: dropping to read-behind at %d bytes", self.name, self._bytes)
@@ -279,12 +279,12 @@ class PersistentQueue(OpenReads):
         undo = self.undo
         if undo is not None and mark is not None:
             undo.entries.append((self.medium, mark, self, kind, item, xid if transactional else 0, undo.ctx))
-        if storage.in_read_behind or storage.check_due:
+        if storage.in_read_behind or storage.check_due and (storage.check_due is True or not self._length):
             if now is None:
                 now = self.clock.now_ms()
             if storage.in_read_behind:
                 self._refill(now)
-            if storage.check_due:
+            if storage.check_due and (storage.check_due is True or not self._length):     # (seam.py, point 3)
                 storage.after_remove(self, config, now)
         return item
 

@@ -30,6 +30,9 @@ Call protocol, as the queue uses it:
    whose hooks have nothing to do until its records grow (a journal below its
    size limits) clears it and sets it again itself (a record reaching the limit);
    the queue sets it on a reload (new limits).  Per request those were two calls.
+   `check_due` may also be `WHEN_EMPTY`: the queue calls them only while it is empty (a
+   journal past default_journal_size, whose only rule left before its next limit is the
+   empty queue's rewrite).
 4. Read-behind (§5.8): when `in_read_behind` is true the queue keeps only a
    prefix of its items in memory and asks `fill_read_behind(max_bytes, now)` for
    more after every removal.  Storages that cannot read behind return False from
@@ -109,6 +112,11 @@ class Medium(Protocol):
     def rollback(self, mark: int) -> None: ...
 
 
+#: `check_due` of a storage whose hooks have something to do only while the queue is empty
+#: (point 3); truthy, and not `True`, so a queue asks no more than before while it is False.
+WHEN_EMPTY = 2
+
+
 class QueueStorage(Protocol):
     sync_policy: str | int      # "never" | "always" | period in ms
     medium: Medium | None
@@ -122,7 +130,7 @@ class QueueStorage(Protocol):
     def undo_record(self, kind: int, item: QItem, xid: int) -> None: ...
     def before_add(self, view: QueueView, config, now_ms: int) -> None: ...
     def after_remove(self, view: QueueView, config, now_ms: int) -> None: ...
-    check_due: bool             # whether the queue calls the two above (point 3)
+    check_due: bool | int       # whether the queue calls the two above, or WHEN_EMPTY (point 3)
 
     @property
     def can_read_behind(self) -> bool: ...

@@ -57,6 +57,10 @@ CONFIGS = [
     dict(max_memory_size=300, default_journal_size=1000, max_journal_size=2500),
     dict(max_memory_size=2000, default_journal_size=400, max_journal_size=100_000),
     dict(max_memory_size=200, default_journal_size=5000, max_journal_size=900, disable_aggressive_rewrites=True),
+    # past default_journal_size long before the other limits (`check_due` = WHEN_EMPTY)
+    dict(max_memory_size=20_000, default_journal_size=300, max_journal_size=60_000),
+    dict(max_memory_size=20_000, default_journal_size=300, max_journal_size=60_000,
+         disable_aggressive_rewrites=True, min_journal_compact_delay=50),
 ]
 
 
@@ -112,3 +116,34 @@ def test_a_reload_to_lower_limits_checks_at_the_next_operation(tmp_path):
         q.reload(QueueConfig(max_memory_size=500, default_journal_size=1 << 30))
         q.add(b"y")                          # the journal is past the new max_memory_size
     assert fast.storage.rotations == slow.storage.rotations == 1
+
+
+@pytest.mark.parametrize("aggressive", [True, False])
+def test_past_default_journal_size_a_queue_is_checked_when_it_empties_not_per_operation(tmp_path, aggressive):
+    """Once the journal passes default_journal_size, only the empty queue's rewrite can match
+    until the next limit: the check runs when the queue empties, not at every add and remove
+    (a 1 KiB set/get passed 16 MiB within seconds and then paid ~2 µs a request, issue 8)."""
+    clock = FakeClock()
+    cfg = dict(max_memory_size=1 << 20, default_journal_size=1000,
+               disable_aggressive_rewrites=not aggressive, min_journal_compact_delay=None)
+    fast = make(tmp_path / "a", Counted, clock, **cfg)
+    slow = make(tmp_path / "b", AlwaysChecked, clock, **cfg)
+    for q in (fast, slow):
+        for _ in range(20):
+            q.add(b"x" * 100)              # 20 items, 2.4 KB of records: past 1000 bytes
+    before = fast.storage.checks
+    for _ in range(200):
+        for q in (fast, slow):
+            q.add(b"y" * 100)
+            q.remove()
+    assert fast.storage.checks - before <= 2          # 400 operations on a queue never empty
+    assert fast.storage.rewrites == slow.storage.rewrites == 0
+    for q in (fast, slow):
+        while q.remove() is not None:
+            pass
+    assert fast.storage.rewrites == slow.storage.rewrites == 1     # at the remove that emptied it
+    assert state(fast)[3:] == state(slow)[3:]
+    for q in (fast, slow):
+        q.add(b"z")                        # and below the limit again after the rewrite
+        q.remove()
+    assert state(fast)[:2] == state(slow)[:2] and state(fast)[3:] == state(slow)[3:]

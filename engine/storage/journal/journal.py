@@ -119,7 +119,8 @@ class Journal(JournalCompaction, JournalReadBehind):
         self._listing = listing
         # The rotation check (compaction.py, `_check_rotate`) has something to do only once the
         # records reach `check_at` (a mark): every record_* sets `check_due` when its end does,
-        # and the queue calls before_add / after_remove only while it is set (seam.py, point 3).
+        # and the queue calls before_add / after_remove only while it is set (seam.py, point 3;
+        # `WHEN_EMPTY`: only while the queue is empty).
         self.check_due = True
         self.check_at = 0
         self._init_compaction()
