@@ -463,7 +463,7 @@ class Journal(JournalCompaction, JournalReadBehind):
                 pass
             raise JournalError(self._path, f"write of {total} bytes failed: {e.strerror or e}", e.errno) from e
         self._disk_size += total
-        del p[:]                # (keeps big buffers cheap to refill, unlike clear())
+        del p[:]                # (frees the buffer, as clear() would: the next turn regrows it)
 
     def flush_turn(self, writer, behind: int) -> bool:
         """A batch's end (server/commit.py `write_out`): hand the buffer to `writer`'s thread
