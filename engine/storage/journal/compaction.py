@@ -158,10 +158,10 @@ class JournalCompaction:
                 if self.logsize > config.max_memory_size:
                     self._rotate(view, self.logsize + self._archived_size > config.max_journal_size)
 
-
     # the seam's hooks (seam.py) around every add and remove: both are the rotation check
     # itself, one call per operation
     before_add = after_remove = _check_rotate
+
     def _compact(self, view, config, total: int, allowed: bool) -> bool:
         """Kestrel's rule 2 (the same in both modes): the files together pass max_journal_size
         while the live state fits in memory, so a rewrite shrinks them; then rate-limited."""
