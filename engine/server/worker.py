@@ -202,7 +202,8 @@ class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
         worker_rings = self.worker_rings
         for src, ring in rings:
             asm = self.asm[src]
-            handle = self.from_worker if src in self.worker_srcs else self.handle
+            from_front = src not in self.worker_srcs
+            handle = self.handle if from_front else self.from_worker
             while True:
                 batch = ring.read_batch()
                 if not batch:
@@ -210,9 +211,12 @@ class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
                 busy = True
                 if src in self.down_peers:
                     self.peer_back(src)
-                if worker_rings and rings is not worker_rings:
+                if from_front and worker_rings and rings is not worker_rings:
                     # A worker's message published before this batch was read (e.g. the move of
                     # an expired item whose source a client has just seen empty) goes first.
+                    # Only before a front's batch: before a worker's, it would read on in that
+                    # ring and release it, freeing this batch's records for its producer to
+                    # overwrite before they ran (a restarted worker's first moves never arrived).
                     self.drain(worker_rings)
                 for rec in batch:
                     # a whole small message is the record itself: no call (messages.Reassembler)

@@ -254,3 +254,43 @@ def test_a_move_acknowledged_while_its_source_stops_is_confirmed_in_its_journal(
     again.load()
     assert again.queue(src).length == 0 and again.queue(src).moves_open == 0
     again.close()
+
+
+class WatchedRing:
+    """A ring whose batches must each be run and released before the ring is read again."""
+
+    def __init__(self, ring) -> None:
+        self.ring = ring
+        self.unreleased = False
+
+    def __getattr__(self, name):
+        return getattr(self.ring, name)
+
+    def read_batch(self, *a):
+        assert not self.unreleased, "the ring was read again while a batch of it had not run"
+        out = self.ring.read_batch(*a)
+        self.unreleased = bool(out)
+        return out
+
+    def release(self) -> None:
+        self.unreleased = False
+        self.ring.release()
+
+
+def test_a_workers_batch_runs_before_its_ring_is_read_again(harness):
+    """Draining every ring, a worker's batch is not preceded by a drain of the workers' rings
+    (only a front's is): that drain read on in the same ring and released it, so the producer
+    could overwrite the batch's records before they ran.  A restarted source's first moves
+    never arrived so (tests/server/test_expire_to_queue.py, the killed source, under load)."""
+    src, dst = pair()
+    h = harness(workers=2, config=config(src, dst))
+    moved_out(h, src)
+    target = h.workers[1]
+    peer = h.peers.of_worker(0)
+    watched = WatchedRing(dict(target.rings)[peer])
+    for pairs in (target.rings, target.worker_rings):       # (the lists drain uses, in place)
+        pairs[:] = [(s, watched if s == peer else r) for s, r in pairs]
+    target.step(wait=0)                                    # main: AssertionError
+    h.settle()
+    assert not h.workers[0].moves.pending()
+    assert target_holds(h, dst, 3) == [(3, R_ITEM, b"moved")]

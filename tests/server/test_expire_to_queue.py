@@ -104,7 +104,7 @@ def test_moves_in_flight_survive_the_death_of_the_target_worker(tmp_path):
         finally:
             target.send_signal(signal.SIGKILL)
         assert wait_for(lambda: len(worker_procs(h)) == 2 and target not in worker_procs(h)), h.log()
-        assert wait_for(lambda: h.log().count("worker 1 ready") >= 2, timeout=20), h.log()
+        assert wait_for(lambda: h.log().count("worker 1 ready") >= 2, timeout=60), h.log()
         got = []
 
         def drained() -> bool:
@@ -121,7 +121,7 @@ def test_moves_in_flight_survive_the_death_of_the_target_worker(tmp_path):
             finally:
                 d.close()
             return len(got) >= n
-        assert wait_for(drained, timeout=20), got
+        assert wait_for(drained, timeout=60), got
         assert sorted(got) == [b"%03d" % i for i in range(n)], got
     finally:
         assert h.stop() == 0
@@ -176,7 +176,7 @@ def every_item_reaches(h, src: str, dst: str, n: int) -> list[bytes]:
         finally:
             d.close()
         return len({g[:3] for g in got}) >= n
-    assert wait_for(drained, timeout=20), sorted({g[:3] for g in got})
+    assert wait_for(drained, timeout=60), sorted({g[:3] for g in got})
     assert {g[:3] for g in got} == {b"%03d" % i for i in range(n)}
     return got
 
@@ -225,7 +225,7 @@ def source_killed_with_moves_held(tmp_path, storage: str, src: str, dst: str):
             assert wait_for(lambda: gone(source)), h.log()
         finally:
             target.send_signal(signal.SIGCONT)
-        assert wait_for(lambda: h.log().count("worker 0 ready") >= 2, timeout=20), h.log()
+        assert wait_for(lambda: h.log().count("worker 0 ready") >= 2, timeout=60), h.log()
     except BaseException:
         h.stop()
         raise
@@ -263,7 +263,7 @@ def target_receives(h, dst: str, n: int) -> list[bytes]:
         finally:
             d.close()
         return len({g[:3] for g in got}) >= n
-    assert wait_for(drained, timeout=20), sorted({g[:3] for g in got})
+    assert wait_for(drained, timeout=60), (sorted({g[:3] for g in got}), h.log())
     return [g[:3] for g in got]
 
 
@@ -306,7 +306,7 @@ def test_moves_a_killed_source_left_in_the_ring_arrive_once(tmp_path):
             assert wait_for(lambda: "killed by signal 9" in h.log()), h.log()   # peer_down sent
         finally:
             target.send_signal(signal.SIGCONT)
-        assert wait_for(lambda: h.log().count("worker 0 ready") >= 2, timeout=20), h.log()
+        assert wait_for(lambda: h.log().count("worker 0 ready") >= 2, timeout=60), h.log()
         # (a copy the target ran would be ahead of the replacement's moves in the queue)
         got = target_receives(h, dst, N_HELD)
         assert sorted(got) == [b"%03d" % i for i in range(N_HELD)], got
@@ -332,7 +332,7 @@ def test_items_moving_out_of_a_deleted_queue_reach_their_target_after_kill_9(tmp
             assert wait_for(lambda: "killed by signal 9" in h.log()), h.log()
         finally:
             target.send_signal(signal.SIGCONT)
-        assert wait_for(lambda: h.log().count("worker 0 ready") >= 2, timeout=20), h.log()
+        assert wait_for(lambda: h.log().count("worker 0 ready") >= 2, timeout=60), h.log()
         got = target_receives(h, dst, N_HELD)
         assert sorted(got) == [b"%03d" % i for i in range(N_HELD)], got
     finally:
