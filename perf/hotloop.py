@@ -235,17 +235,22 @@ def instructions(args: list[str], requests: int, module: str = "lanner.perf.hotl
     return int(m.group(1))
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lanner.perf.hotloop", description=__doc__.split("\n\n")[0])
-    p.add_argument("-n", "--requests", type=int, default=200_000)
+def rig_arguments(p, requests: int, depth: int) -> None:
+    """The options of a rig run here or in hotroute.py (one spelling for both)."""
+    p.add_argument("-n", "--requests", type=int, default=requests)
     p.add_argument("-c", "--concurrency", type=int, default=10)
     p.add_argument("-i", "--item-size", type=int, default=1024)
-    p.add_argument("-r", "--depth", type=int, default=2,
+    p.add_argument("-r", "--depth", type=int, default=depth,
                    help="requests per connection per turn: 1 (a set or a get per turn) or even")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--prefill", type=int, default=0, help="items put first (all alike: gets find them)")
     p.add_argument("--callgrind", action="store_true",
                    help="count instructions per request under valgrind instead of timing")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lanner.perf.hotloop", description=__doc__.split("\n\n")[0])
+    rig_arguments(p, 200_000, 2)
+    p.add_argument("--prefill", type=int, default=0, help="items put first (all alike: gets find them)")
     a = p.parse_args(argv)
     if a.depth < 1 or (a.depth > 1 and a.depth % 2):
         p.error("--depth must be 1 or an even number (set, get pairs)")

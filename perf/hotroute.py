@@ -31,7 +31,7 @@ from lanner.fronts.counters import FRONT_COUNTERS
 from lanner.fronts.memcache import MemcacheConn
 from lanner.ipc.mesh import Mesh, Peers
 from lanner.ipc.shm import CounterBlock
-from lanner.perf.hotloop import NullTransport, _Clock, compiled_modules, instructions
+from lanner.perf.hotloop import NullTransport, _Clock, compiled_modules, instructions, rig_arguments
 from lanner.queues.placement import worker_of
 from lanner.server.heaptrim import child_gc
 from lanner.server.local import attach_front
@@ -152,15 +152,8 @@ def run(requests: int, conns: int, size: int, depth: int, local: bool = False) -
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m lanner.perf.hotroute", description=__doc__.split("\n\n")[0])
-    p.add_argument("-n", "--requests", type=int, default=100_000)
-    p.add_argument("-c", "--concurrency", type=int, default=10)
-    p.add_argument("-i", "--item-size", type=int, default=1024)
-    p.add_argument("-r", "--depth", type=int, default=1,
-                   help="requests per connection per turn: 1 (a set or a get per turn) or even")
+    rig_arguments(p, 100_000, 1)
     p.add_argument("--local", action="store_true", help="the connections on the queue's own worker")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--callgrind", action="store_true",
-                   help="count instructions per request under valgrind instead of timing")
     a = p.parse_args(argv)
     if a.depth < 1 or (a.depth > 1 and a.depth % 2):
         p.error("--depth must be 1 or an even number (set, get pairs)")

@@ -49,25 +49,18 @@ class Settles:
         self.armed = False
 
     def add(self, worker: int, hid: int, abort: bool = False) -> None:
-        by = self.abort if abort else self.confirm
-        ids = by.get(worker)
-        if ids is None:
-            by[worker] = [hid]
-        else:
-            ids.append(hid)
-        self.due = True
-        if not self.armed:
-            self.armed = True
-            self.front.loop.call_later(SETTLE_LAG, self.on_timer)
+        self.confirm_all(((worker, hid),), self.abort if abort else self.confirm)
 
-    def confirm_all(self, held: list) -> None:
-        """`add` of every (worker, id) of `held` as written: one call per connection's write,
-        not one per id (issue 8, the routed request)."""
-        confirm = self.confirm
+    def confirm_all(self, held, by: dict | None = None) -> None:
+        """Every (worker, id) of `held` into `by` (the confirms unless told), sent within
+        SETTLE_LAG: one call per connection's write, not one per id (issue 8, the routed
+        request)."""
+        if by is None:
+            by = self.confirm
         for w, hid in held:
-            ids = confirm.get(w)
+            ids = by.get(w)
             if ids is None:
-                confirm[w] = [hid]
+                by[w] = [hid]
             else:
                 ids.append(hid)
         self.due = True
