@@ -12,16 +12,7 @@ from lanner.fronts.routed import RoutedRequests
 from lanner.ipc import messages as m
 from lanner.perf.hotloop import NullTransport
 from lanner.perf.hotroute import RoutedRig, queue_of
-from tests.fronts.harness import Rig
-from tests.fronts.test_held import HoldingWorker, queue_on, settle
-
-
-@pytest.fixture
-def rig(tmp_path):
-    r = Rig(tmp_path, nworkers=2)
-    r.workers = [HoldingWorker(w, r.req[w], r.resp[w]) for w in range(2)]
-    yield r
-    r.close()
+from tests.fronts.test_held import queue_on, rig, settle  # noqa: F401 (a fixture)
 
 
 def test_a_routed_plain_set_and_get_take_no_slot(rig):
@@ -42,9 +33,9 @@ def test_a_routed_plain_set_and_get_take_no_slot(rig):
     assert not conn.fast
 
 
-def test_a_held_reply_kept_early_is_confirmed_once_written(rig):
-    """The reply of worker 1 comes before the older one of worker 0: it waits in `early` with its
-    hold, and is confirmed only after both are written, in command order."""
+def reply_kept_early(rig):
+    """A get of worker 0's queue (its reply held back) and then one of worker 1's, each finding
+    an item: the second's reply arrives first."""
     q0, q1 = queue_on(0), queue_on(1)
     w0, w1 = rig.worker(0), rig.worker(1)
     w0.queues[q0].append(b"x")
@@ -53,6 +44,13 @@ def test_a_held_reply_kept_early_is_confirmed_once_written(rig):
     c = rig.connect()
     c.send(b"get %s\r\nget %s\r\n" % (q0.encode(), q1.encode()))
     rig.run()
+    return c, (q0, q1), (w0, w1)
+
+
+def test_a_held_reply_kept_early_is_confirmed_once_written(rig):
+    """The reply of worker 1 comes before the older one of worker 0: it waits in `early` with its
+    hold, and is confirmed only after both are written, in command order."""
+    c, (q0, q1), (w0, w1) = reply_kept_early(rig)
     assert c.read() == b"" and list(c.conn.early) == [2]
     settle(rig)
     assert w1.settled == []                     # not written yet: not confirmed
@@ -68,14 +66,7 @@ def test_a_held_reply_kept_early_is_confirmed_once_written(rig):
 def test_a_held_reply_kept_early_goes_back_when_the_client_leaves(rig):
     """The client hangs up while a held reply waits in `early` and another is still owed: both
     items go back (aborted), none is confirmed."""
-    q0, q1 = queue_on(0), queue_on(1)
-    w0, w1 = rig.worker(0), rig.worker(1)
-    w0.queues[q0].append(b"x")
-    w1.queues[q1].append(b"y")
-    w0.hold = True
-    c = rig.connect()
-    c.send(b"get %s\r\nget %s\r\n" % (q0.encode(), q1.encode()))
-    rig.run()
+    c, (q0, q1), (w0, w1) = reply_kept_early(rig)
     assert list(c.conn.early) == [2]
     c.transport.hang_up()
     rig.run()
