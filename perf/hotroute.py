@@ -31,7 +31,7 @@ from lanner.fronts.counters import FRONT_COUNTERS
 from lanner.fronts.memcache import MemcacheConn
 from lanner.ipc.mesh import Mesh, Peers
 from lanner.ipc.shm import CounterBlock
-from lanner.perf.hotloop import NullTransport, _Clock, compiled_modules, instructions, rig_arguments
+from lanner.perf.hotloop import NullTransport, _Clock, check_replies, compiled_modules, instructions, rig_arguments
 from lanner.queues.placement import worker_of
 from lanner.server.heaptrim import child_gc
 from lanner.server.local import attach_front
@@ -140,11 +140,7 @@ def run(requests: int, conns: int, size: int, depth: int, local: bool = False) -
                 rig.spin(home)
                 rig.spin(owner)
             cpu = time.process_time() - t0
-            for c in rig.conns:
-                out = b"".join(c.transport.written)
-                expect = want * (turns * depth // 2)
-                if out != expect:
-                    raise AssertionError("wrong replies: %r..." % out[:200])
+            check_replies(rig.conns, want * (turns * depth // 2))
             return cpu / (turns * conns * depth) * 1e6
         finally:
             rig.close()

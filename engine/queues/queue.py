@@ -279,13 +279,13 @@ class PersistentQueue(OpenReads):
         undo = self.undo
         if undo is not None and mark is not None:
             undo.entries.append((self.medium, mark, self, kind, item, xid if transactional else 0, undo.ctx))
-        if storage.in_read_behind or storage.check_due and (storage.check_due is True or not self._length):
+        if storage.in_read_behind:
             if now is None:
                 now = self.clock.now_ms()
-            if storage.in_read_behind:
-                self._refill(now)
-            if storage.check_due and (storage.check_due is True or not self._length):     # (seam.py, point 3)
-                storage.after_remove(self, config, now)
+            self._refill(now)
+        due = storage.check_due
+        if due and (due is True or not self._length):     # (seam.py, point 3)
+            storage.after_remove(self, config, self.clock.now_ms() if now is None else now)
         return item
 
     def peek(self) -> QItem | None:

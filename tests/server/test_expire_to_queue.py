@@ -105,23 +105,7 @@ def test_moves_in_flight_survive_the_death_of_the_target_worker(tmp_path):
             target.send_signal(signal.SIGKILL)
         assert wait_for(lambda: len(worker_procs(h)) == 2 and target not in worker_procs(h)), h.log()
         assert wait_for(lambda: h.log().count("worker 1 ready") >= 2, timeout=60), h.log()
-        got = []
-
-        def drained() -> bool:
-            # A connection worker 0 takes before it has heard that worker 1 is back (its
-            # peer_up follows the ready line) is answered "SERVER_ERROR worker 1 is restarting"
-            # and closed: an error line, so the drain goes on through a new connection.  (That
-            # was the "close without a reply" once seen here: the old drain read the error line
-            # as an item, then the closed connection's EOF.)
-            d = Client(h.connect())
-            try:
-                drain_queue(d, dst, got)
-            except ConnectionError:
-                pass
-            finally:
-                d.close()
-            return len(got) >= n
-        assert wait_for(drained, timeout=60), got
+        got = target_receives(h, dst, n)
         assert sorted(got) == [b"%03d" % i for i in range(n)], got
     finally:
         assert h.stop() == 0
@@ -259,6 +243,9 @@ def target_receives(h, dst: str, n: int) -> list[bytes]:
         try:
             drain_queue(d, dst, got)
         except ConnectionError:
+            # a connection a worker takes before it has heard that the other is back (its
+            # peer_up follows the ready line) is answered "SERVER_ERROR worker N is restarting"
+            # and closed: the drain goes on through a new connection
             pass
         finally:
             d.close()
