@@ -6,11 +6,12 @@ client requests travel over the rings (ring.py, messages.py).
 """
 from __future__ import annotations
 
-import select
 import socket
 import struct
 
 import msgpack
+
+from lanner.ipc.fdwait import wait_writable
 
 _LEN = struct.Struct("<I")
 
@@ -25,7 +26,7 @@ def send(sock: socket.socket, msg: dict) -> None:
         try:
             data = data[sock.send(data):]
         except BlockingIOError:
-            select.select([], [sock], [], 1.0)
+            wait_writable(sock, 1.0)
 
 
 class Reader:

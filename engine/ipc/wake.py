@@ -24,9 +24,9 @@ flagged while it is back in the event loop.
 from __future__ import annotations
 
 import os
-import select
 from typing import Iterable
 
+from lanner.ipc.fdwait import wait_readable
 from lanner.ipc.ring import Ring, fence
 
 
@@ -66,8 +66,7 @@ class WakeFd:
     def wait(self, timeout: float | None = None) -> bool:
         """Block until signalled (True) or `timeout` seconds pass (False).  Does not
         drain: the caller drains after it has cleared its sleeping flags."""
-        r, _, _ = select.select((self.fd,), (), (), timeout)
-        return bool(r)
+        return wait_readable((self.fd,), timeout)
 
     def close(self) -> None:
         if self.fd >= 0:

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import json
 import logging
-import select
 import signal
 import socket
 import threading
@@ -229,13 +228,13 @@ def serverset_main(config, status, ports: dict[str, int], control_sock) -> int:
     sset.start()
     # lazy: kazoo and the control socket are loaded only in the zk child
     from lanner.ipc import control
+    from lanner.ipc.fdwait import wait_readable
     control.send(control_sock, {"cmd": "ready"})
     while not stop.is_set():
         sset.want(sets_for(status.enforced()))
         if not sset.in_sync():
             sset.reconcile()
-        r, _, _ = select.select([control_sock], [], [], POLL)
-        if r:
+        if wait_readable((control_sock,), POLL):
             try:
                 if not control_sock.recv(4096):
                     log.warning("serverset: supervisor gone, leaving")

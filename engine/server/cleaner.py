@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import selectors
 import signal
 import time
 
 from lanner.clock import SYSTEM_CLOCK
 from lanner.ipc import control
+from lanner.ipc.fdwait import wait_readable
 from lanner.storage.cmdlog.rewrite import rewrite_segments
 from lanner.storage.journal.packer import pack_files
 
@@ -60,7 +60,7 @@ def _wait_beating(pid: int, heart) -> int:
     try:
         while True:
             heart.beat(time.monotonic())
-            if select.select([pidfd], [], [], heart.interval)[0]:
+            if wait_readable((pidfd,), heart.interval):
                 return os.waitpid(pid, 0)[1]
     finally:
         os.close(pidfd)

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 
 from lanner.errors import describe_os_error
+from lanner.ipc.fdwait import wait_readable
 from lanner.ipc.messages import (R_SERVER_ERROR, RF_CLOSE, SMALL_MESSAGE, pack_resp, resp_fields,
                                  send)
 from lanner.queues.undo import CONFIRM, HELD_ABORT, HELD_CONFIRM, HELD_OPEN, OPEN, UNREMOVE
@@ -295,17 +295,8 @@ class GroupCommit:
         while self.syncer.rounds or self.held or self.sync_queue:
             if not self.syncer.rounds:
                 self.start_sync()
-            _wait_readable([self.sync_done_r] + ([self.syncer.fd] if self.syncer.fd >= 0 else []), 1.0)
+            wait_readable([self.sync_done_r] + ([self.syncer.fd] if self.syncer.fd >= 0 else []), 1.0)
             self.on_sync_done()
-
-
-def _wait_readable(fds: list[int], timeout: float) -> None:
-    """poll, not select: a worker serving a thousand connections has descriptors past
-    select's FD_SETSIZE (1024), where select raises ValueError."""
-    p = select.poll()
-    for fd in fds:
-        p.register(fd, select.POLLIN)
-    p.poll(timeout * 1000)
 
 
 def _fail_requests(replies: list, failed: set, why: bytes, seen: set) -> None:
