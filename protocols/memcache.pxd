@@ -4,12 +4,15 @@ cimport cython
 from cpython.unicode cimport PyUnicode_DecodeLatin1
 from cpython.long cimport PyLong_AsLongLongAndOverflow
 from cpython.exc cimport PyErr_Occurred
+from cpython.unicode cimport PyUnicode_GET_LENGTH, PyUnicode_DATA
+from cpython.ref cimport PyObject, _Py_REFCNT
 from libc.string cimport memchr, memcmp
 from lanner.protocols.stream cimport StreamParser, _c_slice, _c_byte, _c_ptr
-from lanner.protocols.memcache_commands cimport plain_get, new_set, Set as _CSet
+from lanner.protocols.memcache_commands cimport plain_get, new_set, Set as _CSet, Get as _CGet, GetKey as _CGetKey
 
 cdef bint COMPILED
 cdef int _LINE, _DATA, _SKIP, _STOPPED, _BODY, BINARY_MAGIC
+cdef Py_ssize_t SPARE_MAX
 
 ctypedef struct _SetLine:       # what _c_hot_line read besides the name
     bint get                    # a plain get (else a set, with the fields below)
@@ -41,6 +44,10 @@ cdef class MemcacheParser(StreamParser):
     cdef public Py_ssize_t _need
     cdef public object _set
     cdef public object _after
+    # the compiled hot line's reuse (_c_name, _c_plain_get, _c_new_set below): no Python field
+    cdef str _name
+    cdef _CGet _get
+    cdef _CSet _spare
 
     @cython.locals(buf=object, state=int, pos=Py_ssize_t, need=Py_ssize_t, n=Py_ssize_t,
                    have=Py_ssize_t, cmd=object, set_=_CSet, piece=object, first=int,
@@ -73,9 +80,10 @@ cdef inline long _c_digits(const char* s, Py_ssize_t n) noexcept:
         v = v * 10 + (s[i] - 48)
     return v
 
-cdef inline object _c_hot_line(object buf, Py_ssize_t pos, Py_ssize_t end, _SetLine* out):
+cdef inline object _c_hot_line(MemcacheParser p, object buf, Py_ssize_t pos, Py_ssize_t end,
+                               _SetLine* out):
     """The line buf[pos:end] if it is `get <key>`, one key with no space and no `/`: the key
-    (latin-1), out.get set; or `set <name> <flags> <exptime> <bytes>` and an optional
+    (latin-1, _c_name), out.get set; or `set <name> <flags> <exptime> <bytes>` and an optional
     ` noreply`, single spaces, each number 1 to 9 plain digits: the name (latin-1), its numbers
     in `out`.  Else None."""
     cdef const char* s = _c_ptr(buf) + pos
@@ -84,11 +92,62 @@ cdef inline object _c_hot_line(object buf, Py_ssize_t pos, Py_ssize_t end, _SetL
         if memchr(s + 4, 32, n - 4) != NULL or memchr(s + 4, 47, n - 4) != NULL:
             return None
         out.get = True
-        return PyUnicode_DecodeLatin1(s + 4, n - 4, NULL)
+        return _c_name(p, s + 4, n - 4)
     out.get = False
-    return _c_set_line(s, n, out)
+    return _c_set_line(p, s, n, out)
 
-cdef inline object _c_set_line(const char* s, Py_ssize_t n, _SetLine* out):
+cdef inline str _c_name(MemcacheParser p, const char* s, Py_ssize_t n):
+    """The name s[:n], latin-1: the connection's last one when it is the same (a client
+    mostly names one queue again and again), else a new str, kept as the last.  The same
+    object again is no decode, and no hash computed again by every dict it is looked up in
+    (the front's fused and valid names, the worker's queues, the item limits)."""
+    cdef str name = p._name
+    if name is not None and PyUnicode_GET_LENGTH(name) == n and \
+            memcmp(PyUnicode_DATA(name), s, n) == 0:     # latin-1: one byte a character
+        return name
+    name = PyUnicode_DecodeLatin1(s, n, NULL)
+    p._name = name
+    return name
+
+cdef inline object _c_plain_get(MemcacheParser p, str name):
+    """plain_get(name), in the parser's last plain Get when nothing else holds that Get, its
+    list of keys or its key (reference counts 1, 1 and 2: the list and `plain`): no caller can
+    tell it from a new one, and its three allocations and frees are saved (issue 8)."""
+    cdef _CGet g = p._get
+    cdef _CGetKey k
+    cdef PyObject* keys
+    if g is not None and _Py_REFCNT(<PyObject*>g) == 2:      # p._get and the local g
+        keys = <PyObject*>g.keys
+        if type(g.keys) is list and _Py_REFCNT(keys) == 1 and len(g.keys) == 1 and \
+                type(g.plain) is _CGetKey and (<list>g.keys)[0] is g.plain and \
+                _Py_REFCNT(<PyObject*>g.plain) == 2:
+            k = g.plain
+            k.raw = k.queue = name
+            k.timeout_ms = None
+            k.open = k.close = k.abort = k.peek = False
+            return g
+    g = plain_get(name)
+    p._get = g
+    return g
+
+cdef inline object _c_new_set(MemcacheParser p, str queue, object flags, object exptime,
+                              bint noreply):
+    """new_set(...), in the parser's last Set when nothing else holds it (as _c_plain_get).
+    `next` lets go of a Set whose body is bigger than SPARE_MAX, so a connection holds no big
+    body after its item is gone."""
+    cdef _CSet s = p._spare
+    if s is not None and _Py_REFCNT(<PyObject*>s) == 2:      # p._spare and the local s
+        s.queue = queue
+        s.flags = flags
+        s.exptime = exptime
+        s.data = b""
+        s.noreply = noreply
+        return s
+    s = new_set(queue, flags, exptime, noreply)
+    p._spare = s
+    return s
+
+cdef inline object _c_set_line(MemcacheParser p, const char* s, Py_ssize_t n, _SetLine* out):
     cdef Py_ssize_t starts[5]
     cdef Py_ssize_t ends[5]
     cdef Py_ssize_t i = 4, k = 0
@@ -128,4 +187,4 @@ cdef inline object _c_set_line(const char* s, Py_ssize_t n, _SetLine* out):
     out.exptime = exptime
     out.size = size
     out.noreply = noreply
-    return PyUnicode_DecodeLatin1(s + starts[0], ends[0] - starts[0], NULL)
+    return _c_name(p, s + starts[0], ends[0] - starts[0])

@@ -44,6 +44,9 @@ The buffer invariant (stream.py): `_buf[_pos:]` holds the bytes not yet consumed
 state `_scan` is how far it is already known to contain no LF, so feeding a long line one byte
 at a time stays linear.  The compiled parser reads `set` and plain `get` lines where they lie
 in the buffer (memcache.pxd `_c_hot_line`); every other line is cut out and parsed by `_line`.
+It also reuses, as no caller can tell: the last name when the next is the same, and its last
+plain Get and Set once nothing else holds them (memcache.pxd `_c_name`, `_c_plain_get`,
+`_c_new_set`).
 """
 from __future__ import annotations
 
@@ -75,6 +78,10 @@ __all__ = [
 
 INT_MIN = -(1 << 31)
 INT_MAX = (1 << 31) - 1
+
+#: The biggest set body (+ 2) whose Set the compiled parser keeps to make the next one in
+#: (memcache.pxd _c_new_set): a connection never holds more than this of a body it is done with.
+SPARE_MAX = 4096 + 2
 
 #: Status names `status <name>` accepts (case-insensitive); `down` exists but may not be set.
 STATUS_NAMES = ("up", "readonly", "quiescent", "writeavoid")
@@ -345,11 +352,11 @@ class MemcacheParser(StreamParser):
                     # the two lines of nearly every request, read in place (memcache.pxd): no
                     # line object; exactly the lines the parse in _line makes ["get", key] (no
                     # b"/" in key) or a set of plain numbers
-                    name = _c_hot_line(self._buf, pos, end, cython.address(sl))
+                    name = _c_hot_line(self, self._buf, pos, end, cython.address(sl))
                     if name is not None:
                         self._consumed(i + 1)
                         if sl.get:
-                            return plain_get(name)
+                            return _c_plain_get(self, name)
                         cmd = self._set_cmd(name, sl.flags, sl.exptime, sl.size, sl.noreply)
                         if cmd is not None:
                             return cmd
@@ -369,6 +376,8 @@ class MemcacheParser(StreamParser):
                     return None
                 set_ = self._set
                 set_.data = _c_slice(buf, pos, need - 2) if COMPILED else bytes(buf[pos:pos + need - 2])
+                if COMPILED and need > SPARE_MAX:
+                    self._spare = None      # (memcache.pxd _c_new_set)
                 self._consumed(pos + need)
                 self._set = None
                 self._state = _LINE
@@ -496,7 +505,8 @@ class MemcacheParser(StreamParser):
             self._state = _BODY
             self._need = size
             return SetHead(queue, flags, exptime, size, noreply)
-        self._set = new_set(queue, flags, exptime, noreply)
+        self._set = _c_new_set(self, queue, flags, exptime, noreply) if COMPILED else \
+            new_set(queue, flags, exptime, noreply)
         self._need = size + 2
         self._state = _DATA
         return None

@@ -17,3 +17,70 @@ cdef class Set(_Command):
 cpdef Get plain_get(str raw)
 @cython.locals(s=Set)
 cpdef Set new_set(str queue, object flags, object exptime, bint noreply)
+
+
+# The commands' fields as Python reads them (memcache_commands.py calls _c_slot_fields under
+# COMPILED only).  Cython makes a `cdef public object` field a getset descriptor, which
+# CPython 3.11 does not specialise: every `cmd.queue` of a front's handler went through the
+# generic attribute lookup and the getter (~245 instructions, perf/README.md stop 14).  A member
+# descriptor of type T_OBJECT_EX over the same field is what a `__slots__` entry is, read by
+# LOAD_ATTR_SLOT (~20); Cython's own code reads and writes the field in C as before.
+from cpython.ref cimport PyObject
+from cpython.mem cimport PyMem_RawMalloc
+from libc.string cimport strcpy
+
+cdef extern from "structmember.h":
+    ctypedef struct PyMemberDef:
+        const char* name
+        int type
+        Py_ssize_t offset
+        int flags
+        const char* doc
+    enum: T_OBJECT_EX
+
+cdef extern from "Python.h":
+    ctypedef struct PyTypeObject:
+        PyObject* tp_dict
+    object PyDescr_NewMember(PyTypeObject* t, PyMemberDef* m)
+    void PyType_Modified(PyTypeObject* t)
+    int PyDict_SetItem(PyObject* d, object k, object v) except -1
+
+cdef bint COMPILED
+
+@cython.locals(i=Py_ssize_t, j=Py_ssize_t, nwords=Py_ssize_t)
+cdef inline int _c_slot_fields(type cls, tuple names) except -1:
+    """Each field of `names` read and written through a member descriptor (above).  Its offset
+    in the C struct is found by storing a marker in it (Cython cannot take a field's address);
+    the PyMemberDef and its name live as long as the type (allocated once, never freed).  A
+    field is never NULL (Cython stores None first) unless deleted, which nothing does."""
+    cdef object obj = cls.__new__(cls)
+    cdef PyObject** words = <PyObject**><PyObject*>obj
+    cdef PyMemberDef* defs = <PyMemberDef*>PyMem_RawMalloc(len(names) * sizeof(PyMemberDef))
+    cdef object marker
+    cdef bytes bname
+    cdef char* cname
+    if defs == NULL:
+        raise MemoryError()
+    nwords = cls.__basicsize__ // sizeof(PyObject*)
+    for j in range(len(names)):
+        marker = object()
+        setattr(obj, names[j], marker)
+        for i in range(2, nwords):              # past the refcount and the type
+            if words[i] == <PyObject*>marker:
+                break
+        else:
+            raise RuntimeError("%s.%s: field not found" % (cls.__name__, names[j]))
+        bname = names[j].encode()
+        cname = <char*>PyMem_RawMalloc(len(bname) + 1)
+        if cname == NULL:
+            raise MemoryError()
+        strcpy(cname, bname)
+        defs[j].name = cname
+        defs[j].type = T_OBJECT_EX
+        defs[j].offset = i * sizeof(PyObject*)
+        defs[j].flags = 0
+        defs[j].doc = NULL
+        PyDict_SetItem((<PyTypeObject*>cls).tp_dict, names[j],
+                       PyDescr_NewMember(<PyTypeObject*>cls, &defs[j]))
+    PyType_Modified(<PyTypeObject*>cls)
+    return 0

@@ -5,6 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# COMPILED: as in stream.py (memcache_commands.pxd's _c_slot_fields exists only then)
+try:
+    import cython
+    COMPILED = cython.compiled
+except ImportError:             # pure Python without Cython installed
+    COMPILED = False
+
 # The three commands of nearly every request (GetKey, Get, Set) are written out rather than
 # made by @dataclass: memcache_commands.pxd makes them C types in the compiled build (a parsed command
 # costs a C allocation, not a Python __init__), which Cython's dataclass support cannot do with
@@ -78,6 +85,14 @@ def new_set(queue: str, flags: int, exptime: int, noreply: bool) -> Set:
     s = Set.__new__(Set)
     s.queue, s.flags, s.exptime, s.data, s.noreply = queue, flags, exptime, b"", noreply
     return s
+
+
+if COMPILED:
+    # the fields a front's handler reads per request, as a `__slots__` class's are read
+    # (memcache_commands.pxd); `plain` is not one of Get's FIELDS, but is read the most
+    _c_slot_fields(GetKey, GetKey.FIELDS)
+    _c_slot_fields(Get, ("keys", "plain"))
+    _c_slot_fields(Set, Set.FIELDS)
 
 
 @dataclass(slots=True)

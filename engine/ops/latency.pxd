@@ -23,3 +23,25 @@ cdef inline double _c_monotonic() noexcept:
     cdef timespec ts
     clock_gettime(CLOCK_MONOTONIC, &ts)
     return ts.tv_sec + ts.tv_nsec * 1e-9
+
+
+# The bucket of an observation, in C (latency.py's observe calls it under COMPILED only): the
+# loop over the BOUNDS tuple took a float object and its value per bound passed.  The same
+# bounds as BOUNDS (latency.py checks the two agree when it is loaded).
+cdef extern from *:
+    """
+    static const double lanner_latency_bounds[16] = {
+        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+        1.0, 2.5, 5.0, 10.0};
+    """
+    const double lanner_latency_bounds[16]
+
+cdef inline Py_ssize_t _c_bucket(double seconds) noexcept:
+    """bisect_left(BOUNDS, seconds): the first bound not below `seconds`, 16 (+Inf) past all."""
+    cdef Py_ssize_t i = 0
+    while i < 16 and seconds > lanner_latency_bounds[i]:
+        i += 1
+    return i
+
+cdef inline double _c_bound(Py_ssize_t i) noexcept:
+    return lanner_latency_bounds[i]

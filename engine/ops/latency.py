@@ -29,6 +29,9 @@ FAMILIES = ("get", "set", "peek", "monitor", "confirm", "abort", "delete", "flus
 #: bucket upper bounds in seconds (Prometheus `le`); a last +Inf bucket follows
 BOUNDS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
           1.0, 2.5, 5.0, 10.0)
+if COMPILED:        # observe's C copy of BOUNDS (latency.pxd) must be the same bounds
+    assert len(BOUNDS) == 16 and all(_c_bound(i) == b for i, b in enumerate(BOUNDS)), \
+        "latency.pxd's bounds differ from BOUNDS"
 _NB = len(BOUNDS) + 1           # buckets per family, +Inf included
 _STRIDE = _NB + 1               # buckets, then the sum in microseconds
 
@@ -88,11 +91,14 @@ class Recorder:
         if family < 0:
             return
         col = self.base + family * _STRIDE
-        i = 0
-        for bound in BOUNDS:             # bisect_left(BOUNDS, seconds), as a C loop when compiled
-            if seconds <= bound:
-                break
-            i += 1
+        if COMPILED:
+            i = _c_bucket(seconds)       # (latency.pxd: the same loop over a C array)
+        else:
+            i = 0
+            for bound in BOUNDS:         # bisect_left(BOUNDS, seconds)
+                if seconds <= bound:
+                    break
+                i += 1
         w = self.words
         w[col + i] += 1
         us = int(seconds * 1e6)
