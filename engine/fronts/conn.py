@@ -111,6 +111,14 @@ class Conn(InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands
     moving = False               # handed to another worker (no longer in this slot's open_here)
     moved = False                # ... which took it: its close here ends nothing (counters.py)
     conn_flags = 0               # thrift: F_THRIFT on every request (ipc/messages.py)
+    # Set on a connection only when they apply, not in __init__: Python 3.11 keeps an
+    # instance's attributes in its class's shared table of at most 30 names, and a connection
+    # with more has a dict of its own, on which every method call (`self.pump()`, `self.room()`,
+    # `c.fast_reply(...)`) is looked up generically instead of by its specialised bytecode,
+    # several per turn (issue 8, c=1; tests/fronts/test_conn_layout.py keeps the count).
+    refuse_reads = False         # over connection_limit_refuse_reads when it connected
+    refuse_writes = False        # over connection_limit_refuse_writes when it connected
+    last_activity = 0.0          # loop time of its last read, with a client_timeout only
 
     def __init__(self, front: Front, parser):
         self.front = front
@@ -131,15 +139,12 @@ class Conn(InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands
         self.body: list[tuple[int, int]] | None = None    # while a streamed set body arrives:
                                        # the (worker, request) pairs its pieces go to
         self.touched = 0               # bitmask of workers this connection sent requests to
-        self.refuse_reads = False
-        self.refuse_writes = False
         self.paused_writing = False    # too much unsent: take no commands, read nothing
         self.spill: deque = deque()    # reply bytes waiting for the transport (spill.py)
         self.spilled = 0
         self.wbusy = False             # the transport still holds a slice
         self.spill_queued = False      # in the front's SpillTurns
         self.reading_paused = False
-        self.last_activity = 0.0
         self.cur_fam = -1              # latency family of the command being handled
         self.t_in = 0.0                # monotonic time of the last bytes read (latency start)
         # The fused local path (inline.py): requests this worker ran for the connection

@@ -104,8 +104,11 @@ class UndoLog:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def trim(self) -> None:
-        """Forget the entries whose records are committed (once per batch: usually all)."""
+    def trim(self, through=None) -> None:
+        """Forget the entries whose records are committed (once per batch: usually all).
+        `through`: a medium whose records are all committed (the batch just wrote it,
+        GroupCommit.write_out), which the common batch then need not ask (a property's frame,
+        per turn)."""
         entries = self.entries
         if not entries:
             return
@@ -114,7 +117,7 @@ class UndoLog:
         # its newest entry committed means all of them are; the one-medium check is a C loop.
         last = entries[-1]
         medium = last[0]
-        if last[1] < medium.committed_mark and entries[0][0] is medium and \
+        if (medium is through or last[1] < medium.committed_mark) and entries[0][0] is medium and \
                 (len(entries) < 3 or len(set(map(_MEDIUM, entries))) == 1):
             entries.clear()
             return

@@ -56,10 +56,9 @@ class GroupCommit:
             self.settle_writes()
         if self.settled:            # write-behinds done: the records that came in behind them
             dirty = self.take_settled(dirty)
-        if dirty:
-            self.write_out(dirty)
+        through = self.write_out(dirty) if dirty else None
         if undo.entries:
-            undo.trim()
+            undo.trim(through)
         if self.writing or self.write_held:
             self.hold_unwritten()
         syncer = self.syncer
@@ -80,18 +79,22 @@ class GroupCommit:
         else:
             self.publish(replies)
 
-    def write_out(self, dirty) -> None:
+    def write_out(self, dirty):
         """One write per dirty storage (or a write-behind for a big buffer); under sync
-        "always" the storage joins the next fsync round, under a period its fsync is scheduled."""
+        "always" the storage joins the next fsync round, under a period its fsync is scheduled.
+        Returns a journal of `dirty` whose records are all committed now (written here, its
+        policy not "always"), or None: the undo log's trim need not ask it (UndoLog.trim)."""
         now = None
+        through = None
         for st in dirty:
             try:
                 # a journal: its next bytes go behind a write under way, and big buffers behind
                 # the writer's thread; anything else (a cmdlog partition) is written at once
                 if st.__class__ is Journal:
-                    if st.flush_turn(self.writer, WRITE_BEHIND_BYTES):
+                    if st.flush(self.writer, WRITE_BEHIND_BYTES):
                         self.writing.add(st)
                         continue
+                    through = st
                 else:
                     st.flush()
             except OSError as e:
@@ -105,8 +108,11 @@ class GroupCommit:
                     scheduled = len(schedule)
                 if schedule.written(st, now):      # sync "always": replies wait for it
                     self.sync_queue.append(st)
+                    if through is st:
+                        through = None
         if now is not None and len(schedule) > scheduled:     # a periodic fsync came due later
             self.deadlines_changed = True
+        return through
 
     def settle_writes(self, block: bool = False) -> None:
         """Take the results of the write-behinds done so far (all of them, waiting, if `block`):

@@ -194,13 +194,12 @@ class ShardLoop:
         undo = coll.undo
         undo.ctx = None
         dirty = coll.dirty_storages()
-        if dirty:
-            self.write_out(dirty)
+        through = self.write_out(dirty) if dirty else None
         if self.writing or self.sync_queue:
             self.finish_batch()         # nothing left to write: it holds or rounds the replies
         else:
             if undo.entries:
-                undo.trim()
+                undo.trim(through)
             replies = self.replies
             if replies:
                 self.replies = []

@@ -11,6 +11,7 @@ import pytest
 
 from lanner.config import load_config
 from lanner.perf.hotloop import NullTransport, Rig
+from lanner.queues.undo import UndoLog
 from lanner.server import commit
 
 BEHIND = 4096      # write-behind threshold in the equivalence runs: some sets go to the writer
@@ -196,5 +197,64 @@ def test_under_sync_always_a_quiet_turns_reply_waits_for_its_fsync(tmp_path):
         assert not c.transport.written and w.syncer.rounds
         settle(rig)
         assert c.transport.written == [b"STORED\r\n"]
+    finally:
+        rig.close()
+
+
+@pytest.mark.parametrize("policy", ["never", "always", "10ms"])
+def test_the_trim_a_write_hints_forgets_only_committed_records(tmp_path, monkeypatch, policy):
+    """write_out names the journal it wrote through, and UndoLog.trim then takes its records as
+    committed without asking it: over the random input (writes behind, fsync rounds, two
+    queues), every time, each record of that journal is committed indeed, and the quiet and
+    the general batch end still answer alike."""
+    monkeypatch.setattr(commit, "WRITE_BEHIND_BYTES", BEHIND)
+    hinted = []
+    real = UndoLog.trim
+
+    def checked(self, through=None):
+        if through is not None:
+            hinted.append(through)
+            assert all(e[1] < through.committed_mark for e in self.entries if e[0] is through)
+        return real(self, through)
+    monkeypatch.setattr(UndoLog, "trim", checked)
+    quiet = make_rig(tmp_path, "quiet", policy)
+    general = make_rig(tmp_path, "general", policy)
+    try:
+        general.worker.end_quiet_turn = general.worker.end_turn
+        for chunk in script(3):
+            for rig in (quiet, general):
+                rig.conns[0].data_received(chunk)
+                settle(rig)
+        assert b"".join(quiet.conns[0].transport.written) == \
+            b"".join(general.conns[0].transport.written)
+        assert hinted if policy != "always" else not hinted     # "always": committed at the fsync
+    finally:
+        quiet.close()
+        general.close()
+
+
+@pytest.mark.parametrize("policy, listed", [("never", True), ("10ms", False)])
+def test_a_turn_that_recorded_nothing_writes_nothing(tmp_path, policy, listed):
+    """A get of an empty queue records nothing.  Under sync "never" its journal is still
+    listed for the batch's write (QueueCollection.dirty_storages does not ask `dirty`, a
+    property's frame per turn), where Journal.flush does nothing; under a period it is not
+    listed once its records are fsynced, so no fsync is scheduled for it.  Either way: no
+    write, the same reply."""
+    rig = make_rig(tmp_path, "empty", policy)
+    try:
+        w = rig.worker
+        c = rig.conns[0]
+        c.data_received(b"set q 0 0 1\r\nx\r\nget q\r\n")
+        settle(rig)
+        w.coll.queue("q").storage.sync()            # (the period's fsync, not waited for)
+        path = os.path.join(w.config.server.queue_path, "q")
+        size = os.path.getsize(path)
+        c.transport.written.clear()
+        written = counting(w, "write_out")
+        c.data_received(b"get q\r\n")
+        settle(rig)
+        assert c.transport.written == [b"END\r\n"]
+        assert os.path.getsize(path) == size
+        assert len(written) == (1 if listed else 0)
     finally:
         rig.close()

@@ -288,7 +288,7 @@ def test_a_turn_ended_in_data_received_ends_even_when_a_command_raises(tmp_path)
 
 @pytest.mark.parametrize("policy, behind", [("never", True), ("always", False)])
 def test_a_big_buffer_goes_behind_except_under_sync_always(tmp_path, clock, policy, behind):
-    """Journal.flush_turn, the batch's end for one journal: a buffer of `behind` bytes or more
+    """Journal.flush at a batch's end for one journal: a buffer of `behind` bytes or more
     goes to the writer's thread, unless the replies wait for an fsync anyway ("always")."""
     j = Journal(str(tmp_path), "q", clock, sync_policy=policy)
     j.replay(QueueConfig())
@@ -296,12 +296,12 @@ def test_a_big_buffer_goes_behind_except_under_sync_always(tmp_path, clock, poli
     writer = Writer(notify_w)
     try:
         j.record_add(QItem(1, 0, b"x" * 100))
-        assert j.flush_turn(writer, 50) is behind
+        assert j.flush(writer, 50) is behind
         if behind:
             j.settle_write()
         assert os.path.getsize(tmp_path / "q") > 100 and not j.pending_bytes
         j.record_add(QItem(2, 0, b"y"))
-        assert j.flush_turn(writer, 50) is False                   # small: written inline
+        assert j.flush(writer, 50) is False                   # small: written inline
         assert j.written_mark == j.logsize
     finally:
         j.close()
@@ -311,13 +311,13 @@ def test_a_big_buffer_goes_behind_except_under_sync_always(tmp_path, clock, poli
 
 
 def test_a_failed_inline_write_keeps_the_records_and_cuts_the_file_back(tmp_path, clock, monkeypatch):
-    """flush_turn's inline write fails as `flush` does: JournalError, the records stay buffered,
-    and the next write (after the file was cut back) carries them."""
+    """A batch end's inline write (`flush` with `behind`) that fails: JournalError, the records
+    stay buffered, and the next write (after the file was cut back) carries them."""
     j = Journal(str(tmp_path), "q", clock)
     j.replay(QueueConfig())
     try:
         j.record_add(QItem(1, 0, b"a"))
-        assert j.flush_turn(None, 1 << 20) is False
+        assert j.flush(None, 1 << 20) is False
         size = os.path.getsize(tmp_path / "q")
 
         def torn(fd, data):
@@ -326,10 +326,10 @@ def test_a_failed_inline_write_keeps_the_records_and_cuts_the_file_back(tmp_path
         monkeypatch.setattr(J, "_write", torn)
         j.record_add(QItem(2, 0, b"b"))
         with pytest.raises(JournalError, match="No space left"):
-            j.flush_turn(None, 1 << 20)
+            j.flush(None, 1 << 20)
         assert os.path.getsize(tmp_path / "q") == size and j.pending_bytes > 0
         monkeypatch.setattr(J, "_write", os.write)
-        assert j.flush_turn(None, 1 << 20) is False
+        assert j.flush(None, 1 << 20) is False
         assert os.path.getsize(tmp_path / "q") > size and not j.pending_bytes
     finally:
         j.close()

@@ -438,14 +438,31 @@ class Journal(JournalCompaction, JournalReadBehind):
             return False
         return True
 
-    def flush(self) -> None:
-        """One write of everything pending.  On failure the file is cut back to
-        its last good size and the records stay pending (module invariant 1)."""
+    def flush(self, writer=None, behind: int | None = None) -> bool:
+        """One write of everything pending; True if it went behind instead.  On failure the file
+        is cut back to its last good size and the records stay pending (module invariant 1).
+
+        At a batch's end (server/commit.py `write_out`, with `behind`) the buffer goes to
+        `writer`'s thread if a write is under way (the records chain behind it) or it holds
+        `behind` bytes or more (not under sync "always", whose replies wait for an fsync
+        anyway).  One method, not a batch-end method calling this one: a frame is ~700
+        instructions, paid per request at one connection (issue 8, c=1)."""
+        if behind is not None:
+            chain = self._chain
+            if chain and not chain[-1].done.is_set():
+                self.write_behind()
+                return True
+            if self.writer is None:
+                self.writer = writer
+            if len(self._pending) >= behind and self.sync_policy != "always":
+                self.settle_write()
+                if self.write_behind():
+                    return True
         if self._chain:
             self.settle_write()
         p = self._pending
         if not p:
-            return
+            return False
         if self._torn:
             self._untear()
         total = len(p)
@@ -464,24 +481,6 @@ class Journal(JournalCompaction, JournalReadBehind):
             raise JournalError(self._path, f"write of {total} bytes failed: {e.strerror or e}", e.errno) from e
         self._disk_size += total
         del p[:]                # (frees the buffer, as clear() would: the next turn regrows it)
-
-    def flush_turn(self, writer, behind: int) -> bool:
-        """A batch's end (server/commit.py `write_out`): hand the buffer to `writer`'s thread
-        if a write is under way (the records chain behind it) or it holds `behind` bytes or
-        more (not under sync "always", whose replies wait for an fsync anyway); else `flush`.
-        True if it went behind.  One call reading plain fields instead of three property reads
-        from the batch's end (issue 8, per turn)."""
-        chain = self._chain
-        if chain and not chain[-1].done.is_set():
-            self.write_behind()
-            return True
-        if self.writer is None:
-            self.writer = writer
-        if len(self._pending) >= behind and self.sync_policy != "always":
-            self.settle_write()
-            if self.write_behind():
-                return True
-        self.flush()
         return False
 
     def _untear(self) -> None:
