@@ -216,7 +216,8 @@ class QueueCollection(WriteFailures, Deletes):
             q.expire_sink = partial(self._expire_into, target, q)
             if self._owns is None or self._owns(target):
                 self.queue(target)          # looked up and created with the source (§5.2)
-            q.hold_moves = self._expire_forward is not None
+            if self._expire_forward is not None:
+                q.hold_moves = True
         return q
 
     def _register_child(self, name: str) -> None:

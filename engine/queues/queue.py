@@ -50,6 +50,12 @@ _XID_MAX = 0x7FFFFFFF     # journal xids are i32; wrap to 1 (0 is never used)
 
 
 class PersistentQueue(OpenReads):
+    # Set on a queue only when they apply: past 30 attributes (Python 3.11's shared keys) every
+    # lookup on the queue, per add and remove, goes generic (tests/engine/test_hot_layout.py).
+    is_fanout_child = False
+    expire_sink: Callable[[bytes, int, int], None] | None = None
+    hold_moves = False    # expired items leave as open moves (set by the collection)
+
     def __init__(self, name: str, config, storage, clock, *, is_fanout_child: bool = False,
                  expire_sink: Callable[[bytes, int, int], None] | None = None,
                  on_wake: Callable[[Waiter], None] | None = None) -> None:
@@ -61,9 +67,10 @@ class PersistentQueue(OpenReads):
         self.config = config
         self.storage = storage
         self.clock = clock
-        self.is_fanout_child = is_fanout_child
-        self.expire_sink = expire_sink
-        self.hold_moves = False    # expired items leave as open moves (set by the collection)
+        if is_fanout_child:
+            self.is_fanout_child = True
+        if expire_sink is not None:
+            self.expire_sink = expire_sink
         self.on_wake = on_wake
         # The owner's set of queues whose storage may hold unflushed records: every entry
         # point that can write a record adds the queue, so the owner's batch flush visits
