@@ -112,7 +112,8 @@ class JournalCompaction:
     def _check_rotate(self, view, config, now_ms: int = 0) -> None:
         if self._rewrite_job is not None:
             self._adopt_rewrite()
-        elif self.check_due is EVERY_TIME and view.length and self._clock.monotonic() < self._rewrites_allowed_at:
+        elif self.check_due is EVERY_TIME and view.length and \
+                self._clock.monotonic() < self._rewrites_allowed_at:
             return            # inside min_journal_compact_delay no rule can match yet (`_gate`)
         size = self._disk_size + self._inflight_n + len(self._pending)
         total = size + self._archived_size
