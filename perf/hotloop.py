@@ -13,8 +13,9 @@ figure (parser, connection, routing, queue, journal `os.write`) except the socke
 and epoll.  `--prefill N` puts N items first (as `mixed` puts 512), so the queue is never empty
 and its journal may start past default_journal_size; `--lanner-config FILE` gives the queue
 the `[default]` settings of a TOML file (a small `max_memory_size` and `max_journal_size` under a
-bigger prefill: a backlog read behind, with its files past the journal limit).  It prints CPU µs per request (process
-time, the best of the rounds) and which lanner modules are compiled (setup.py).
+bigger prefill: a backlog read behind, with its files past the journal limit).  It prints CPU
+µs per request (process time, the best of the rounds) and which lanner modules are compiled
+(setup.py).
 
 Process time still moves by 10-30 % on a box whose other cores are busy (shared caches), so
 `--callgrind` counts instructions instead: it runs this benchmark twice under valgrind's
