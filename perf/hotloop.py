@@ -11,8 +11,11 @@ request per turn, a set in one turn and a get in the next, so the figure carries
 turn's fixed cost per request.  Everything a request costs in the server process is in the
 figure (parser, connection, routing, queue, journal `os.write`) except the socket syscalls
 and epoll.  `--prefill N` puts N items first (as `mixed` puts 512), so the queue is never empty
-and its journal may start past default_journal_size.  It prints CPU µs per request (process
-time, the best of the rounds) and which lanner modules are compiled (setup.py).
+and its journal may start past default_journal_size; `--lanner-config FILE` gives the queue
+the `[default]` settings of a TOML file (a small `max_memory_size` and `max_journal_size` under a
+bigger prefill: a backlog read behind, with its files past the journal limit).  It prints CPU
+µs per request (process time, the best of the rounds) and which lanner modules are compiled
+(setup.py).
 
 Process time still moves by 10-30 % on a box whose other cores are busy (shared caches), so
 `--callgrind` counts instructions instead: it runs this benchmark twice under valgrind's
@@ -80,11 +83,12 @@ class NullTransport:
 class Rig:
     """One worker serving its own clients, in this process."""
 
-    def __init__(self, folder: str, conns: int, config=None, transport=None) -> None:
+    def __init__(self, folder: str, conns: int, config=None, transport=None, config_file=None) -> None:
         """`config` (tests): instead of the defaults with `folder`'s paths; `transport`: makes
-        each connection's transport (NullTransport)."""
-        self.config = config or load_config(None, {"queue_path": os.path.join(folder, "q"),
-                                                   "status_file": os.path.join(folder, "status")})
+        each connection's transport (NullTransport); `config_file`: a TOML file whose queue
+        settings the rig's queue takes (its paths are still `folder`'s)."""
+        self.config = config or load_config(config_file, {"queue_path": os.path.join(folder, "q"),
+                                                          "status_file": os.path.join(folder, "status")})
         os.makedirs(self.config.server.queue_path, exist_ok=True)
         peers = Peers(1, 0, embedded=True)
         self.mesh = Mesh(peers)
@@ -156,11 +160,11 @@ class _Clock:
         return time.monotonic()
 
 
-def run(requests: int, conns: int, size: int, depth: int, prefill: int = 0) -> float:
+def run(requests: int, conns: int, size: int, depth: int, prefill: int = 0, config_file=None) -> float:
     """CPU µs per request for `requests` requests after `prefill` items; raises if a reply is
     wrong."""
     with tempfile.TemporaryDirectory(prefix="lanner-hotloop-") as folder:
-        rig = Rig(folder, conns)
+        rig = Rig(folder, conns, config_file=config_file)
         try:
             data = os.urandom(size // 2).hex().encode()[:size].ljust(size, b"x")
             set_req = b"set %s 0 0 %d\r\n%s\r\n" % (QUEUE.encode(), size, data)
@@ -256,19 +260,25 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m lanner.perf.hotloop", description=__doc__.split("\n\n")[0])
     rig_arguments(p, 200_000, 2)
     p.add_argument("--prefill", type=int, default=0, help="items put first (all alike: gets find them)")
+    p.add_argument("--lanner-config", metavar="FILE",
+                   help="TOML config whose [default] queue settings the queue takes (e.g. a small "
+                        "max_memory_size under a bigger --prefill: a backlog read behind)")
     a = p.parse_args(argv)
     if a.depth < 1 or (a.depth > 1 and a.depth % 2):
         p.error("--depth must be 1 or an even number (set, get pairs)")
     child_gc()          # the collector as a server child has it (not in run(): tests call that)
     if a.callgrind:
         same = ["-c", str(a.concurrency), "-i", str(a.item_size), "-r", str(a.depth), "--prefill", str(a.prefill)]
+        if a.lanner_config:
+            same += ["--lanner-config", os.path.abspath(a.lanner_config)]
         small = max(a.requests // 5, a.concurrency * a.depth)
         per = (instructions(same, a.requests) - instructions(same, small)) / (a.requests - small)
         print("hotloop: %d conns, %d B, %d per turn each: %.0f instructions/request (callgrind); "
               "compiled: %s" % (a.concurrency, a.item_size, a.depth, per,
                                 ", ".join(compiled_modules()) or "none"))
         return 0
-    best = min(run(a.requests, a.concurrency, a.item_size, a.depth, a.prefill) for _ in range(a.rounds))
+    best = min(run(a.requests, a.concurrency, a.item_size, a.depth, a.prefill, a.lanner_config)
+               for _ in range(a.rounds))
     comp = compiled_modules()
     print("hotloop: %d requests, %d conns, %d B, %d per turn each: %.2f CPU µs/request; compiled: %s"
           % (a.requests, a.concurrency, a.item_size, a.depth, best, ", ".join(comp) or "none"))

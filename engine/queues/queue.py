@@ -202,7 +202,7 @@ class PersistentQueue(OpenReads):
         item.job_id = None
         item.priority = 0
         storage = self.storage
-        if storage.check_due and (storage.check_due is True or not self._length):     # (seam.py, point 3)
+        if storage.check_due and (storage.check_due is True or self._bytes < storage.check_due):
             storage.before_add(self, config, now)
         if self._bytes >= config.max_memory_size and storage.can_read_behind and not storage.in_read_behind:
             log.info("queue %r: dropping to read-behind at %d bytes", self.name, self._bytes)
@@ -291,7 +291,7 @@ class PersistentQueue(OpenReads):
                 now = self.clock.now_ms()
             self._refill(now)
         due = storage.check_due
-        if due and (due is True or not self._length):     # (seam.py, point 3)
+        if due and (due is True or self._bytes < due):     # (seam.py, point 3)
             storage.after_remove(self, config, self.clock.now_ms() if now is None else now)
         return item
 

@@ -30,9 +30,12 @@ Call protocol, as the queue uses it:
    whose hooks have nothing to do until its records grow (a journal below its
    size limits) clears it and sets it again itself (a record reaching the limit);
    the queue sets it on a reload (new limits).  Per request those were two calls.
-   `check_due` may also be `WHEN_EMPTY`: the queue calls them only while it is empty (a
-   journal past default_journal_size, whose only rule left before its next limit is the
-   empty queue's rewrite).
+   `check_due` may also be a number of bytes: the queue calls them only while its bytes are
+   below it.  A journal whose rules left before its next size limit need an empty queue sets
+   `WHEN_EMPTY` (1: no bytes), one whose compacting rewrite needs the queue under
+   max_memory_size sets that (a backlog read behind).  `EVERY_TIME` is above any queue's bytes:
+   the hooks run at every operation, but first look at the clock (a journal inside
+   min_journal_compact_delay).
 4. Read-behind (§5.8): when `in_read_behind` is true the queue keeps only a
    prefix of its items in memory and asks `fill_read_behind(max_bytes, now)` for
    more after every removal.  Storages that cannot read behind return False from
@@ -112,9 +115,12 @@ class Medium(Protocol):
     def rollback(self, mark: int) -> None: ...
 
 
-#: `check_due` of a storage whose hooks have something to do only while the queue is empty
+#: `check_due` of a storage whose hooks have something to do only while the queue holds no bytes
 #: (point 3); truthy, and not `True`, so a queue asks no more than before while it is False.
-WHEN_EMPTY = 2
+WHEN_EMPTY = 1
+#: `check_due` above every queue's bytes (point 3): the hooks run at every operation, and decide
+#: themselves (by the clock) whether there is more to do; `True` again once records reach a limit.
+EVERY_TIME = float("inf")
 
 
 class QueueStorage(Protocol):
@@ -130,7 +136,7 @@ class QueueStorage(Protocol):
     def undo_record(self, kind: int, item: QItem, xid: int) -> None: ...
     def before_add(self, view: QueueView, config, now_ms: int) -> None: ...
     def after_remove(self, view: QueueView, config, now_ms: int) -> None: ...
-    check_due: bool | int       # whether the queue calls the two above, or WHEN_EMPTY (point 3)
+    check_due: bool | int | float    # whether the queue calls the two above, or below how many bytes (point 3)
 
     @property
     def can_read_behind(self) -> bool: ...

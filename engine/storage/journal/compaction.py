@@ -29,7 +29,7 @@ from typing import Callable
 from lanner.storage.journal.codec import pack_addx, pack_xid, Cursor, encode_add
 from lanner.storage.journal.files import archived_files, fsync_dir, parse_archive, unlink_quietly, write_all
 from lanner.storage.journal.packer import pack_files
-from lanner.storage.seam import WHEN_EMPTY
+from lanner.storage.seam import EVERY_TIME, WHEN_EMPTY
 from lanner.storage.writer import CallJob
 
 #: Buffered bytes a journal with a writer thread sends behind before rotating or rewriting
@@ -112,51 +112,69 @@ class JournalCompaction:
     def _check_rotate(self, view, config, now_ms: int = 0) -> None:
         if self._rewrite_job is not None:
             self._adopt_rewrite()
+        elif self.check_due is EVERY_TIME and view.length and \
+                self._clock.monotonic() < self._rewrites_allowed_at:
+            return            # inside min_journal_compact_delay no rule can match yet (`_gate`)
         size = self._disk_size + self._inflight_n + len(self._pending)
         total = size + self._archived_size
-        if size <= config.max_memory_size and total <= config.max_journal_size:
-            if size < config.default_journal_size:
-                # no rule can match, nor will until the records reach the nearest limit: the
-                # queue skips this check till then (journal.py, `check_due`)
-                if self._rewrite_job is None:
-                    self.check_at = self._base + min(config.default_journal_size, config.max_memory_size + 1,
-                                                     config.max_journal_size - self._archived_size + 1)
-                    self.check_due = False
-                return
-            if view.length:
-                # past default_journal_size only the empty queue's rewrite can match before the
-                # next limit: the queue skips this check till it is empty (`WHEN_EMPTY`) or the
-                # records reach that limit.  A check per request here was ~2 µs of a 1 KiB set/get's
-                # server CPU once its journal passed 16 MiB, the first seconds at 1 KiB (issue 8)
-                if self._rewrite_job is None:
-                    self.check_at = self._base + min(config.max_memory_size + 1,
-                                                     config.max_journal_size - self._archived_size + 1)
-                    self.check_due = WHEN_EMPTY
-                return
+        if size <= config.max_memory_size and total <= config.max_journal_size and \
+                (size < config.default_journal_size or view.length):
+            self._gate(view, config, size, total)      # no rule can match
+            return
         if not self.write_done:
             return            # not while a write-behind is under way: again at a later operation
         if self.writer is not None and len(self._pending) >= ROTATE_PENDING_MAX:
             self.write_behind()     # rather than a big write on the loop: rotate once it is written
             return
         allowed = self._clock.monotonic() >= self._rewrites_allowed_at
-        if not config.disable_aggressive_rewrites:
-            if size >= config.default_journal_size and view.length == 0 and self._rewrite_safe(view):
+        aggressive = not config.disable_aggressive_rewrites
+        if (aggressive or allowed) and size >= config.default_journal_size and view.length == 0 and \
+                self._rewrite_safe(view):
+            log.info("queue %r: rewriting journal (qsize=0)", self.name)
+            self._rewrite(view)
+            if not aggressive and self.logsize >= config.default_journal_size // 2:
+                self._disallow_rewrites(config)
+        elif self._compact(view, config, total, allowed):
+            pass
+        elif size > config.max_memory_size:
+            if not aggressive and view.length == 0 and self._rewrite_safe(view):
                 log.info("queue %r: rewriting journal (qsize=0)", self.name)
                 self._rewrite(view)
-            elif not self._compact(view, config, total, allowed) and size > config.max_memory_size:
-                self._rotate(view, total > config.max_journal_size)
+            if self.logsize > config.max_memory_size:
+                self._rotate(view, self.logsize + self._archived_size > config.max_journal_size)
         else:
-            if allowed and size >= config.default_journal_size and view.length == 0 and self._rewrite_safe(view):
-                log.info("queue %r: rewriting journal (qsize=0)", self.name)
-                self._rewrite(view)
-                if self.logsize >= config.default_journal_size // 2:
-                    self._disallow_rewrites(config)
-            elif not self._compact(view, config, total, allowed) and size > config.max_memory_size:
-                if view.length == 0 and self._rewrite_safe(view):
-                    log.info("queue %r: rewriting journal (qsize=0)", self.name)
-                    self._rewrite(view)
-                if self.logsize > config.max_memory_size:
-                    self._rotate(view, self.logsize + self._archived_size > config.max_journal_size)
+            self._gate(view, config, size, total)
+
+    def _gate(self, view, config, size: int, total: int) -> None:
+        """No rule matched: set `check_at` and `check_due` (seam.py, point 3) so that the queue
+        calls the check again exactly when one can, and not per operation before (issue 8: a
+        backlog read behind past max_journal_size paid the whole check, ~6k instructions, on
+        every add and remove).  A rule can match only once the records reach a size limit
+        (`check_at`: the current file past max_memory_size, or at default_journal_size, the files
+        together past max_journal_size), the queue empties (the empty queue's rewrite, past
+        default_journal_size), its bytes fall below max_memory_size (the compacting rewrite, files
+        past max_journal_size), a pack under way ends (`pack_done`: both rewrites wait for it), or
+        min_journal_compact_delay passes (the hooks look at the clock first: `EVERY_TIME`).  A
+        rewrite under way keeps the check per operation (its adoption)."""
+        if self._rewrite_job is not None:
+            return
+        limit = config.max_memory_size + 1
+        if size < config.default_journal_size:
+            limit = min(limit, config.default_journal_size)
+        if total <= config.max_journal_size:
+            limit = min(limit, config.max_journal_size - self._archived_size + 1)
+        self.check_at = self._base + limit
+        below = WHEN_EMPTY if size >= config.default_journal_size else 0
+        if total > config.max_journal_size and config.max_memory_size > below:
+            below = config.max_memory_size
+        if view.size_bytes >= below:
+            self.check_due = below or False
+        elif self._pack_outstanding is not None:
+            self.check_due = False
+        elif self._clock.monotonic() < self._rewrites_allowed_at:
+            self.check_due = EVERY_TIME
+        else:
+            self.check_due = True
 
     # the seam's hooks (seam.py) around every add and remove: both are the rotation check
     # itself, one call per operation
@@ -448,6 +466,7 @@ class JournalCompaction:
         self._pack_outstanding = None
         if req is None:
             return
+        self.check_due = True         # the rewrites may go ahead now (`_gate`)
         if result is None or self._closed or self._erased:
             unlink_quietly(req.out_path)
             return

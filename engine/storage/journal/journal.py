@@ -120,7 +120,7 @@ class Journal(JournalCompaction, JournalReadBehind):
         # The rotation check (compaction.py, `_check_rotate`) has something to do only once the
         # records reach `check_at` (a mark): every record_* sets `check_due` when its end does,
         # and the queue calls before_add / after_remove only while it is set (seam.py, point 3;
-        # `WHEN_EMPTY`: only while the queue is empty).
+        # a number of bytes: only while the queue's are below it, `_gate`).
         self.check_due = True
         self.check_at = 0
         self._init_compaction()
