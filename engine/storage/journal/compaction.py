@@ -83,6 +83,9 @@ class JournalCompaction:
     _sys_write: Callable[[int, object], int]     # os.write / os.fsync, through the writer's
     _sys_fsync: Callable[[int], None]            # test hooks
     sync_gate = None            # the Syncer of its group-commit fsyncs, once it has one (syncer.py)
+    checkpoint: Checkpoint | None = None            # set on the journal when one applies
+    _pack_outstanding: PackRequest | None = None
+    _rewrite_job: tuple[CallJob, int] | None = None    # (job, ts of the archive it packs)
     on_checkpoint = None        # called with the journal when a rotation sets a checkpoint (factory.py)
 
     def _fsync_current(self) -> None:
@@ -100,9 +103,6 @@ class JournalCompaction:
         self._archived_size = 0
         self._last_ts = 0                            # newest archive timestamp (files.py)
         self._rewrites_allowed_at = float("-inf")   # clock.monotonic()
-        self.checkpoint: Checkpoint | None = None
-        self._pack_outstanding: PackRequest | None = None
-        self._rewrite_job: tuple[CallJob, int] | None = None    # (job, ts of the archive it packs)
 
     @property
     def archived_size(self) -> int:

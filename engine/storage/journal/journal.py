@@ -86,6 +86,13 @@ class Journal(JournalCompaction, JournalReadBehind):
     """
 
     can_read_behind = True
+    # Set on a journal only when they apply: past 30 attributes (Python 3.11's shared keys) every
+    # lookup on the journal, per record, goes generic (tests/engine/test_hot_layout.py).
+    inline_pack = True
+    progress: Callable[[int, int], None] | None = None
+    _torn = False               # a failed write may have left bytes past _disk_size
+    _closed = False
+    _erased = False
 
     def __init__(self, queue_path: str, name: str, clock, sync_policy: str | int = "never",
                  *, inline_pack: bool = True, listing: list[str] | None = None) -> None:
@@ -98,8 +105,8 @@ class Journal(JournalCompaction, JournalReadBehind):
         self.name = name
         self._clock = clock
         self.sync_policy = sync_policy
-        self.inline_pack = inline_pack
-        self.progress: Callable[[int, int], None] | None = None
+        if not inline_pack:
+            self.inline_pack = False
         self._owner = threading.get_ident()
         self._fd = -1
         self._gen = 0                    # bumped whenever _fd changes or the file is cut back
@@ -108,14 +115,11 @@ class Journal(JournalCompaction, JournalReadBehind):
         self._base = 0                   # mark of byte 0 of the current file (module invariant 1)
         self._disk_size = 0              # bytes of the current file the OS has
         self._synced_size = 0
-        self._torn = False               # a failed write may have left bytes past _disk_size
         self.writer = None               # a storage.writer.Writer: big flushes go to its thread
         self._inflight_n = 0             # bytes of the jobs under way: after _disk_size, before _pending
         self._chain: list = []           # the WriteJobs under way, oldest first (big items: _add_behind)
         self._rb: Cursor | None = None
         self._read_mark = 0              # end of the current file's records read-behind returned
-        self._closed = False
-        self._erased = False
         self._listing = listing
         # The rotation check (compaction.py, `_check_rotate`) has something to do only once the
         # records reach `check_at` (a mark): every record_* sets `check_due` when its end does,
