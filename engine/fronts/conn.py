@@ -111,11 +111,9 @@ class Conn(InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands
     moving = False               # handed to another worker (no longer in this slot's open_here)
     moved = False                # ... which took it: its close here ends nothing (counters.py)
     conn_flags = 0               # thrift: F_THRIFT on every request (ipc/messages.py)
-    # Set on a connection only when they apply, not in __init__: Python 3.11 keeps an
-    # instance's attributes in its class's shared table of at most 30 names, and a connection
-    # with more has a dict of its own, on which every method call (`self.pump()`, `self.room()`,
-    # `c.fast_reply(...)`) is looked up generically instead of by its specialised bytecode,
-    # several per turn (issue 8, c=1; tests/fronts/test_conn_layout.py keeps the count).
+    # Set on a connection only when they apply: past 30 attributes (Python 3.11's shared keys)
+    # every method call on it (`pump`, `room`, `fast_reply`: several per turn) goes generic
+    # (tests/engine/test_hot_layout.py).
     refuse_reads = False         # over connection_limit_refuse_reads when it connected
     refuse_writes = False        # over connection_limit_refuse_writes when it connected
     last_activity = 0.0          # loop time of its last read, with a client_timeout only
