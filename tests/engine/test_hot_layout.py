@@ -5,8 +5,8 @@ own, and every attribute read and method call on it (a connection's `pump`, `roo
 generically instead of by specialised bytecode (issue 8, c=1: -2.5k instructions a request when
 a connection went from 32 attributes to 29).  An attribute that applies only sometimes is a
 class default, set on the instance when it applies (Conn's refuse_reads, refuse_writes,
-last_activity; PersistentQueue's is_fanout_child, expire_sink, hold_moves; Journal's
-_torn, _closed, _erased, checkpoint, its pack and rewrite under way)."""
+last_activity).  The worker, its collection, queues and journals have __slots__ instead: no
+dict at all, whatever names the process sets."""
 from __future__ import annotations
 
 from lanner.perf.hotloop import Rig
