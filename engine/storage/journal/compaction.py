@@ -86,8 +86,9 @@ class JournalCompaction:
     checkpoint: Checkpoint | None
     _pack_outstanding: PackRequest | None
     _rewrite_job: tuple[CallJob, int] | None        # (job, ts of the archive it packs)
-    on_checkpoint: Callable[[object], None] | None  # called with the journal when a rotation sets
-    __slots__ = ()                                  # a checkpoint (factory.py); Journal's slots
+    on_checkpoint: Callable[[object], None] | None  # called with the journal when a rotation
+                                                    # sets a checkpoint (factory.py)
+    __slots__ = ()              # Journal's
 
     def _fsync_current(self) -> None:
         """fsync the current file on the loop (rotation, rewrite), never while the syncer has an
