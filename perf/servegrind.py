@@ -93,12 +93,13 @@ def run(args) -> Report:
             drive(target, loadgen.Load(producers=1, sets=args.prefill, value_size=args.item_size,
                                        queue=args.queue, depth=32, stall=STALL_S), report, "prefill")
         pauses = 0
+        handed_before = handoffs(target)       # the prefill's connection may have been handed over
 
         def between_runs(responses: int) -> None:
             """A pause of the load: the connections are idle; count the run before, start the next."""
             nonlocal pauses
             if pauses == 0:
-                report.settings["handoffs_in_warmup"] = handoffs(target)
+                report.settings["handoffs_in_warmup"] = handoffs(target) - handed_before
             else:
                 counts = {pid: dumped(dumps, pid) for pid in roles if callgrind_control("-d", pid)}
                 report.rows.append({"label": f"run {pauses}", **per_request(counts, roles, args.requests)})
