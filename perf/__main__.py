@@ -11,7 +11,7 @@ import argparse
 import logging
 import sys
 
-from lanner.perf import compare, scenarios
+from lanner.perf import compare, scenarios, servegrind
 from lanner.perf.client import ProtocolError
 from lanner.perf.context import Context, ScenarioError
 from lanner.perf.loadgen import LoadgenError
@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         mod.add_arguments(p)
         add_common(p, scenarios.default_port(mod))
     compare.add_parser(sub)
+    servegrind.add_parser(sub)
     return parser
 
 
@@ -96,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "compare":
             report = compare.run(args, build_parser())
+        elif args.command == servegrind.NAME:
+            report = servegrind.run(args)
         else:
             target = make_target(args, scenarios.load(args.command))
             try:

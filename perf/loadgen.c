@@ -34,6 +34,12 @@
  * for all/set/get, sparse histograms for merging runs, client CPU).  With
  * --progress, "progress <responses> <hits>" lines go to stderr every 250 ms.
  *
+ * Pauses (--pause-after N1,N2,...; perf/servegrind.py): the run's requests are issued in
+ * phases of these sizes (what is left after them is one last phase).  When a phase's
+ * requests are all answered, every connection is idle and stays open: "paused <responses>"
+ * goes to stderr and the run waits for a line on stdin before the next phase.  So a tool
+ * can read the server's counters between two exact request counts, on the same connections.
+ *
  * Build: gcc -O2 -o loadgen loadgen.c   (perf/loadgen.py does this on first use)
  */
 #define _GNU_SOURCE
@@ -148,8 +154,13 @@ static int o_expect_producers = 0;
 static int o_connect_retries = 50;
 static double o_stop_grace = 5.0;
 static double o_stall = 30.0;
+#define MAX_PAUSES 64
+static long long o_pause[MAX_PAUSES];
+static int o_npause = 0;
 
 static long long g_sets_left = -1, g_gets_left = -1;
+static long long g_phase_left = -1;   /* requests left in this phase (-1: no pauses left) */
+static int g_pause_i = 0, g_parked = 0;
 static volatile sig_atomic_t g_stop = 0;
 static int g_timed_out = 0;
 static uint64_t g_start_ns, g_last_reply_ns;
@@ -177,6 +188,7 @@ typedef struct {
     int want_out;
     char *in; size_t in_len, in_cap;
     long long *last_seq;
+    int parked;                /* idle at the end of a phase (--pause-after) */
 } conn_t;
 
 static conn_t *g_conns;
@@ -390,12 +402,18 @@ static void issue_batch(conn_t *c) {
     c->arena_used = 0;
     int n = 0;
     if (c->state == ST_ACTIVE && !g_stop) {
-        while (n < o_depth) {
+        while (n < o_depth && g_phase_left != 0) {
             int op = next_op(c);
             if (!op) break;
             add_request(c, op);
             n++;
+            if (g_phase_left > 0) g_phase_left--;
         }
+    }
+    if (n == 0 && g_phase_left == 0 && c->state == ST_ACTIVE && !g_stop) {
+        c->parked = 1;         /* the phase is spent: wait for the pause to end */
+        g_parked++;
+        return;
     }
     if (n == 0) {
         if (c->state == ST_ACTIVE && wants_close(c) && !g_timed_out) {
@@ -564,6 +582,23 @@ static void on_readable(conn_t *c) {
 
 /* ---------- output ---------- */
 
+/* Every connection is idle at the end of a phase: say so, wait for a line on stdin, go on. */
+static void pause_here(void) {
+    fprintf(stderr, "paused %llu\n", (unsigned long long)(h_set.n + h_get.n));
+    fflush(stderr);
+    char line[64];
+    if (!fgets(line, sizeof line, stdin)) g_stop = 1;      /* nobody to resume us: end the run */
+    g_pause_i++;
+    g_phase_left = g_pause_i < o_npause ? o_pause[g_pause_i] : -1;
+    g_parked = 0;
+    g_last_reply_ns = now_ns();                             /* a pause is not a stall */
+    for (int i = 0; i < g_nconns; i++)
+        if (g_conns[i].parked) {
+            g_conns[i].parked = 0;
+            issue_batch(&g_conns[i]);
+        }
+}
+
 static void print_pcts(const char *name, const hist_t *h) {
     printf("\"%s\": {\"n\": %llu, \"min\": %llu, \"mean\": %.1f, \"p50\": %llu, \"p75\": %llu, \"p90\": %llu, "
            "\"p95\": %llu, \"p99\": %llu, \"p999\": %llu, \"p9999\": %llu, \"max\": %llu}",
@@ -596,7 +631,7 @@ static void usage(void) {
         "  [--value-size B] [--queue NAME] [--queues Q] [--get-suffix STR] [--until-hits]\n"
         "  [--verify --expect-producers P --expect-count N [--expect-seq-base N] [--strict-order]]\n"
         "  [--producer-base N] [--seq-base N] [--connect-retries N] [--stop-grace S]\n"
-        "  [--stall S] [--progress]\n");
+        "  [--stall S] [--progress] [--pause-after N1,N2,...]\n");
     exit(2);
 }
 
@@ -631,6 +666,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--stop-grace")) o_stop_grace = atof(ARG);
         else if (!strcmp(a, "--stall")) o_stall = atof(ARG);
         else if (!strcmp(a, "--progress")) o_progress = 1;
+        else if (!strcmp(a, "--pause-after")) {
+            char *list = strdup(ARG), *save = NULL;
+            for (char *t = strtok_r(list, ",", &save); t && o_npause < MAX_PAUSES; t = strtok_r(NULL, ",", &save))
+                o_pause[o_npause++] = atoll(t);
+            free(list);
+        }
         else usage();
 #undef ARG
     }
@@ -646,6 +687,7 @@ int main(int argc, char **argv) {
     if (o_duration > 0 && o_sets < 0 && o_producers == 0 && o_mixed == 0) g_sets_left = 0;
     if (o_sets < 0 && o_duration <= 0) g_sets_left = 0;
     if (o_gets < 0 && o_duration <= 0) g_gets_left = 0;
+    if (o_npause) g_phase_left = o_pause[0];
 
     signal(SIGPIPE, SIG_IGN);
     signal(SIGTERM, on_signal);
@@ -692,6 +734,7 @@ int main(int argc, char **argv) {
             if (c->state == ST_DONE || c->state == ST_DEAD) continue;
             if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) on_readable(c);
         }
+        if (g_parked && g_parked == g_active) pause_here();
         uint64_t t = now_ns();
         if (deadline && t >= deadline) g_stop = 1;
         if (g_stop && !stop_at) stop_at = t + (uint64_t)(o_stop_grace * 1e9);

@@ -71,6 +71,8 @@ class Load:
     producer_base: int = 0
     seq_base: int = 0
     procs: int = 1
+    pause_after: tuple[int, ...] = ()   # phase sizes; Running's on_pause runs between them
+
 
     def argv(self, binary: str, progress: bool = False) -> list[str]:
         a = [binary, "--host", self.host, "--port", str(self.port), "--depth", str(self.depth),
@@ -95,6 +97,8 @@ class Load:
             a += ["--producer-base", str(self.producer_base)]
         if self.seq_base:
             a += ["--seq-base", str(self.seq_base)]
+        if self.pause_after:
+            a += ["--pause-after", ",".join(str(n) for n in self.pause_after)]
         if progress:
             a.append("--progress")
         return a
@@ -172,14 +176,21 @@ def _share(total: int, n: int, i: int) -> int:
 
 
 class Running:
-    """Load-generator processes in flight; `wait()` collects them, `stop()` ends them early."""
+    """Load-generator processes in flight; `wait()` collects them, `stop()` ends them early.
+    With `load.pause_after`, `on_pause(responses)` is called at each pause (every connection
+    idle and open, all replies in) and the run goes on when it returns; one process only."""
 
-    def __init__(self, load: Load, progress=None):
+    def __init__(self, load: Load, progress=None, on_pause=None):
         binary = ensure_built()
         parts = split(load, load.procs)
-        self.procs = [subprocess.Popen(p.argv(binary, progress is not None), stdout=subprocess.PIPE,
+        if load.pause_after and len(parts) > 1:
+            raise LoadgenError("a run with pauses is one loadgen process (procs=1)")
+        self._on_pause = on_pause
+        stdin = subprocess.PIPE if load.pause_after else None
+        self.procs = [subprocess.Popen(p.argv(binary, progress is not None), stdin=stdin, stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, text=True) for p in parts]
         self.counts = [0] * len(self.procs)
+        self.failed: BaseException | None = None
         self.errs: list[list[str]] = [[] for _ in self.procs]
         self.started = threading.Event()    # first progress line, or the process ended
         self._lock = threading.Lock()
@@ -192,6 +203,9 @@ class Running:
     def _pump(self, i: int, stream) -> None:
         try:
             self._read_stderr(i, stream)
+        except BaseException as e:      # an on_pause that failed: end the run, wait() reports it
+            self.failed = e
+            self.procs[i].kill()
         finally:
             self.started.set()
 
@@ -204,6 +218,11 @@ class Running:
                 self.started.set()
                 if self._progress is not None:
                     self._progress(total)
+            elif line.startswith("paused ") and self.procs[i].stdin is not None:
+                if self._on_pause is not None:
+                    self._on_pause(int(line.split()[1]))
+                self.procs[i].stdin.write("\n")
+                self.procs[i].stdin.flush()
             else:
                 self.errs[i].append(line)
 
@@ -222,6 +241,10 @@ class Running:
             t.join()
         for p in self.procs:
             p.stderr.close()
+            if p.stdin is not None:
+                p.stdin.close()
+        if self.failed is not None:
+            raise self.failed
         results = []
         for p, out, err in zip(self.procs, outputs, self.errs):
             try:
@@ -240,13 +263,13 @@ def start(load: Load, progress=None) -> Running:
     return Running(load, progress)
 
 
-def run(load: Load, progress=None) -> Result:
+def run(load: Load, progress=None, on_pause=None) -> Result:
     """Run one load (maybe over several processes) and return the merged result.
 
     `progress`, if given, is called with the total responses so far (summed over processes),
-    fed from the loadgen's `--progress` lines on stderr.
+    fed from the loadgen's `--progress` lines on stderr; `on_pause`: see Running.
     """
-    return Running(load, progress).wait()
+    return Running(load, progress, on_pause).wait()
 
 
 def merge(results: list[dict]) -> dict:

@@ -148,11 +148,12 @@ class Target:
                 "thrift_port": self.thrift_port, "root_pid": self.tree.root_pid if self.tree else None,
                 **self.settings}
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 30.0) -> None:
+        """SIGTERM, and SIGKILL after `grace` seconds (longer for a server under valgrind)."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(30)
+                self.proc.wait(grace)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
@@ -194,10 +195,13 @@ def start_memcached(port: int | None = None, extra: list[str] | None = None) -> 
 
 
 def start_lanner(workers: int | None = None, fronts: int | None = None, config: str | None = None, thrift: bool = False,
-                 extra: list[str] | None = None, queue_path: str | None = None) -> Target:
+                 extra: list[str] | None = None, queue_path: str | None = None, wrap: list[str] | None = None,
+                 python: str | None = None, env: dict | None = None, ready_timeout: float = READY_TIMEOUT_S) -> Target:
     """`lanner serve` on free 127.0.0.1 ports with its data in a fresh temporary directory.
     The admin port is on, as `lanner serve`'s is, so the admin process is in every figure
-    (`--lanner-arg=--admin-port=off` leaves it out)."""
+    (`--lanner-arg=--admin-port=off` leaves it out).  `wrap` runs the server under another
+    command (servegrind's valgrind), `python` is the interpreter with the lanner to measure
+    (another checkout's venv), `env` adds to the server's environment."""
     workdir = tempfile.mkdtemp(prefix="lanner-perf-")
     mc, ad = free_port(), free_port()
     th = free_port() if thrift else None
@@ -206,7 +210,7 @@ def start_lanner(workers: int | None = None, fronts: int | None = None, config: 
         if a.startswith("--admin-port"):
             value = a.split("=", 1)[1] if "=" in a else (extra[i + 1] if i + 1 < len(extra) else "")
             ad = int(value) if value.isdigit() else None
-    args = [sys.executable, "-m", "lanner.cli", "serve",
+    args = [python or sys.executable, "-m", "lanner.cli", "serve",
             "--queue-path", queue_path or os.path.join(workdir, "queues"),
             "--status-file", os.path.join(workdir, "status"), "--listen", "127.0.0.1",
             "--memcache-port", str(mc), "--text-port", "off", "--admin-port", str(ad) if ad else "off",
@@ -218,16 +222,16 @@ def start_lanner(workers: int | None = None, fronts: int | None = None, config: 
     if config:
         args += ["--config", os.path.abspath(config)]
     args += extra
-    env = dict(os.environ)
+    env = dict(os.environ, **(env or {}))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     # stderr goes to a file: a long run's logging must never fill a pipe nobody reads and stall the server
     with open(os.path.join(workdir, "lanner.log"), "wb") as err:
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err, cwd=workdir, env=env)
+        proc = subprocess.Popen(list(wrap or []) + args, stdout=subprocess.PIPE, stderr=err, cwd=workdir, env=env)
     target = Target("lanner", "kestrel", "127.0.0.1", mc, thrift_port=th, admin_port=ad, tree=ProcTree(proc.pid), proc=proc,
                     workdir=workdir, settings={"workers": workers, "fronts": fronts, "config": config,
                                                "args": " ".join(args[3:])})
     try:
-        _wait_ready(proc, os.path.join(workdir, "lanner.log"))
+        _wait_ready(proc, os.path.join(workdir, "lanner.log"), ready_timeout)
         threading.Thread(target=_drain, args=(proc.stdout,), daemon=True).start()
     except BaseException:
         target.stop()
@@ -266,8 +270,8 @@ def ready_line(proc: subprocess.Popen, timeout: float) -> bytes:
     return line
 
 
-def _wait_ready(proc: subprocess.Popen, log_path: str) -> None:
-    line = ready_line(proc, READY_TIMEOUT_S)
+def _wait_ready(proc: subprocess.Popen, log_path: str, timeout: float) -> None:
+    line = ready_line(proc, timeout)
     if line.startswith(b"lanner ready"):
         return
     proc.kill()

@@ -20,7 +20,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_every_scenario_has_help_with_kestrel_option_names():
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
-    assert set(sub.choices) == set(scenarios.MODULES) | {"compare"}
+    assert set(sub.choices) == set(scenarios.MODULES) | {"compare", "servegrind"}
     helps = {name: p.format_help() for name, p in sub.choices.items()}
     assert "--hostname" in helps["put-many"] and "--count" in helps["put-many"] and "--queues" in helps["put-many"]
     assert "--producers" in helps["flood"] and "--rollup" in helps["flood"] and "--blocking" in helps["flood"]

@@ -97,6 +97,38 @@ def test_a_server_that_stops_answering_is_reported_not_waited_for():
     assert res["timed_out"] and res["errors"] == 1 and res["ops"] == 0
 
 
+@pytest.mark.parametrize("depth", [1, 4])
+def test_pauses_come_at_exact_counts_on_the_same_connections(memcached, depth):
+    """servegrind reads a server's counters in the pauses: every reply in, no request under
+    way, and no connection opened or closed in between."""
+    seen = []
+
+    def at_pause(responses: int) -> None:
+        with MemcacheClient("127.0.0.1", memcached.port) as c:
+            stats = c.stats()
+        seen.append((responses, int(stats["total_connections"]), int(stats["cmd_set"]) + int(stats["cmd_get"])))
+
+    with MemcacheClient("127.0.0.1", memcached.port) as c:
+        before = int(c.stats()["total_connections"])
+    res = loadgen.run(Load(port=memcached.port, conns=5, sets=500, gets=503, depth=depth, queue=f"pause{depth}",
+                           pause_after=(100, 250, 653)), on_pause=at_pause)
+    assert res["ops"] == 1003 and res["errors"] == 0 and not res["timed_out"]
+    assert [r for r, _, _ in seen] == [100, 350, 1003]
+    # the five connections (and each pause's stats connection) opened once: +1 per pause
+    assert [t for _, t, _ in seen] == [before + 6, before + 7, before + 8]
+    requests = [n for _, _, n in seen]
+    assert requests[1] - requests[0] == 250 and requests[2] - requests[1] == 653
+
+
+def test_a_failing_pause_ends_the_run_and_is_raised(memcached):
+    def at_pause(responses: int) -> None:
+        raise RuntimeError("no counters")
+
+    with pytest.raises(RuntimeError, match="no counters"):
+        loadgen.run(Load(port=memcached.port, conns=2, sets=50, gets=50, queue="pausefail", pause_after=(10,)),
+                    on_pause=at_pause)
+
+
 def test_cannot_connect_names_the_address():
     port = free_port()
     with pytest.raises(LoadgenError, match=f"cannot connect to 127.0.0.1:{port}"):
