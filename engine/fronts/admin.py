@@ -19,6 +19,8 @@ from lanner.ops import endpoints
 class AdminConn(Conn):
     count_bytes = False
     counts_connection = False
+    __slots__ = ()               # Conn's slots are all its state (conn.py)
+
     def __init__(self, front):
         super().__init__(front, admin.AdminParser())
 

@@ -25,6 +25,8 @@ STREAM_OVER = 64 << 10
 
 
 class MemcacheConn(Conn):
+    __slots__ = ()               # Conn's slots are all its state (conn.py)
+
     def __init__(self, front):
         # the queue's max_item_size under the config in force now (it changes on reload)
         super().__init__(front, mc.MemcacheParser(item_limit=front.item_limits,

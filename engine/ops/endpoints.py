@@ -248,6 +248,7 @@ class _InternalConn(Conn):
     """A connection with no socket, for the latches' own stats requests."""
     count_bytes = False
     counts_connection = False
+    __slots__ = ()
 
     def __init__(self, front):
         super().__init__(front, admin.AdminParser())
