@@ -86,7 +86,8 @@ def expiry_at(ms: int) -> int:
 class Conn(InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands, asyncio.Protocol,
            abc.ABC):
     """One client connection.  A subclass passes its protocol's parser (`feed(bytes)`, `next()`
-    -> command or None, `buffered` -> bytes held) and implements `handle` and `unavailable`.
+    -> command or None, `buffered` -> bytes held), maybe its handler table and whether its bytes
+    are counted, and implements `handle` and `unavailable`.
 
     Replies and the close.  Every reply takes its place in `slots`, in command order, and leaves
     from the head.  A reply that closes the connection (an error, `quit`) is a slot like any
@@ -104,9 +105,8 @@ class Conn(InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands
     and reading until they drain to WRITE_LOW.  A big reply leaves a slice per turn (spill.py).
     """
 
-    # Per protocol, never set on a connection:
-    count_bytes = True           # bytes_read / bytes_written (thrift is not counted, §9.5)
-    handlers: dict | None = None  # command class -> handler(conn, cmd), else `handle` is called
+    # Per protocol, never set on a connection (`handlers` and `count_bytes`, read on every
+    # turn, are slots: a class attribute read through an instance is a generic lookup):
     counts_connection = True     # curr/total_connections cover memcache, text and thrift
     conn_flags = 0               # thrift: F_THRIFT on every request (ipc/messages.py)
 
@@ -121,11 +121,13 @@ class Conn(InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands
                  "paused_writing", "spill", "spilled", "wbusy", "spill_queued", "reading_paused",
                  "cur_fam", "t_in", "fast", "early", "worker", "local", "local_bit",
                  "refuse_reads", "refuse_writes", "last_activity", "adopted", "moving", "moved",
-                 "held_slots", "unwritten")
+                 "held_slots", "unwritten", "handlers", "count_bytes")
 
-    def __init__(self, front: Front, parser):
+    def __init__(self, front: Front, parser, handlers: dict | None = None, count_bytes: bool = True):
         self.front = front
         self.parser = parser
+        self.handlers = handlers       # command class -> handler(conn, cmd), else `handle` is called
+        self.count_bytes = count_bytes     # bytes_read / bytes_written (not thrift's, §9.5)
         self.id = front.next_conn
         front.next_conn = (front.next_conn + 1) & 0xFFFFFFFF or 1
         self.transport = None

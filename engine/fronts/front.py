@@ -76,7 +76,7 @@ class Front:
 
     Slots, no instance dict, as a connection's (conn.py): a worker's own front is read on every
     request (`deliver`, `latency`, `write_pending`, `fused`, `status` ...), and with a dict its
-    49 names were past the 30 a class's shared key table holds, so every such read was a
+    47 names were past the 30 a class's shared key table holds, so every such read was a
     generic lookup (tests/engine/test_hot_layout.py).  A subclass adds its own slots."""
 
     __slots__ = ("index", "config", "epoch", "status", "counters", "my", "latency", "req_rings",

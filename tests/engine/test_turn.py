@@ -262,7 +262,7 @@ def test_two_connections_share_the_turn_and_its_one_journal_write(tmp_path, monk
         rig.close()
 
 
-def test_a_turn_ended_in_data_received_ends_even_when_a_command_raises(tmp_path, monkeypatch):
+def test_a_turn_ended_in_data_received_ends_even_when_a_command_raises(tmp_path):
     """An exception out of the connection's pump (a bug) still ends the turn it began: the
     request taken before it is answered, and the next bytes start a turn of their own."""
     rig = Rig(str(tmp_path), 1)
@@ -275,11 +275,11 @@ def test_a_turn_ended_in_data_received_ends_even_when_a_command_raises(tmp_path,
         def store(conn, cmd):
             real(conn, cmd)
             raise RuntimeError("a handler bug")
-        monkeypatch.setattr(type(c), "handlers", {**handlers, Set: store})    # a per-protocol table
+        c.handlers = {**handlers, Set: store}
         with pytest.raises(RuntimeError):
             c.data_received(b"set q 0 0 1\r\nx\r\n")
         assert not w.turn_scheduled
-        monkeypatch.setattr(type(c), "handlers", handlers)                    # the real one again
+        c.handlers = handlers           # the protocol's table again
         c.data_received(b"get q\r\n")
         assert b"".join(c.transport.written) == b"STORED\r\nVALUE q 0 1\r\nx\r\nEND\r\n"
     finally:
