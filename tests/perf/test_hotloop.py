@@ -16,7 +16,7 @@ def test_hotloop_main_prints_cpu_per_request(capsys):
     assert "CPU µs/request" in out and "compiled:" in out
 
 
-def test_inline_requests_carry_the_parsed_queue_name(tmp_path):
+def test_inline_requests_carry_the_parsed_queue_name(tmp_path, monkeypatch):
     """A worker serving its own client runs the request with the name the parser made: the
     front no longer encodes it for a ring it does not use, nor the worker decodes it again
     (the fused path for set/get, and `send` for the rest)."""
@@ -24,11 +24,11 @@ def test_inline_requests_carry_the_parsed_queue_name(tmp_path):
     try:
         seen = []
         front, worker = rig.worker.front, rig.worker
-        real_send, real_set, real_get = front.send, worker.inline_set, worker.inline_get
+        real_send, real_set, real_get = type(front).send, worker.inline_set, worker.inline_get
 
-        def send(worker, conn_id, req, op, flags, queue, *rest):
+        def send(self, worker, conn_id, req, op, flags, queue, *rest):
             seen.append(queue)
-            return real_send(worker, conn_id, req, op, flags, queue, *rest)
+            return real_send(self, worker, conn_id, req, op, flags, queue, *rest)
 
         def inline_set(src, conn, req, queue, *rest):
             seen.append(queue)
@@ -37,7 +37,8 @@ def test_inline_requests_carry_the_parsed_queue_name(tmp_path):
         def inline_get(src, conn, req, queue):
             seen.append(queue)
             return real_get(src, conn, req, queue)
-        front.send, worker.inline_set, worker.inline_get = send, inline_set, inline_get
+        monkeypatch.setattr(type(front), "send", send)     # slotted: the class, not the front
+        worker.inline_set, worker.inline_get = inline_set, inline_get
         c = rig.conns[0]
         c.data_received(b"set jobs 0 0 2\r\nhi\r\nget jobs\r\nget jobs/peek\r\n")
         rig.turn()
