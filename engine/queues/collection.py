@@ -76,6 +76,12 @@ log = logging.getLogger(__name__)
 
 
 class QueueCollection(WriteFailures, Deletes):
+    # Slots, not a dict: the worker looks it up per request (test_hot_layout.py).
+    __slots__ = ("config", "clock", "autoflush", "_factory", "_owns", "_expire_forward", "_queues", "queues",
+                 "_parked", "_children", "_alias_counts", "sync_schedule", "undo", "stranded", "woken",
+                 "_touched", "timers", "closed", "total_items", "queue_creates", "queue_deletes",
+                 "queue_expires", "get_hits", "get_misses")
+
     def __init__(self, config, clock=SYSTEM_CLOCK, *,
                  storage_factory: Callable[[str, object], object] | None = None,
                  owns: Callable[[str], bool] | None = None,

@@ -30,6 +30,7 @@ class Deletes:
     sync_schedule: object
     queue_deletes: int
     woken_append: Callable
+    __slots__ = ()              # QueueCollection's
 
     def delete(self, name: str) -> None:
         """Close the queue, erase its files, drop it and its stats (§5.5).  Its

@@ -35,6 +35,7 @@ class WriteFailures:
     autoflush: bool
     total_items: int
     flush_storages: Callable[[], None]
+    __slots__ = ()              # QueueCollection's
 
     def rollback(self, storage, *, unsynced: bool = False) -> list[Undone]:
         """`storage` could not write its buffer (or, `unsynced`, fsync what it wrote): undo

@@ -42,6 +42,7 @@ class OpenReads:
     _open_deadline: dict[int, int]
     transactions: int
     canceled_transactions: int
+    __slots__ = ()              # PersistentQueue's
 
     def unremove(self, xid: int) -> bool:
         """Abort: the reserved item goes back to the HEAD and wakes one waiter (§5.9)."""

@@ -50,11 +50,12 @@ _XID_MAX = 0x7FFFFFFF     # journal xids are i32; wrap to 1 (0 is never used)
 
 
 class PersistentQueue(OpenReads):
-    # Set on a queue only when they apply: past 30 attributes (Python 3.11's shared keys) every
-    # lookup on the queue, per add and remove, goes generic (tests/engine/test_hot_layout.py).
-    is_fanout_child = False
-    expire_sink: Callable[[bytes, int, int], None] | None = None
-    hold_moves = False    # expired items leave as open moves (set by the collection)
+    # Slots, not a dict: its lookups per add and remove stay specialised (test_hot_layout.py).
+    __slots__ = ("name", "config", "storage", "clock", "is_fanout_child", "expire_sink", "hold_moves",
+                 "on_wake", "touched", "undo", "medium", "closed", "created_ms", "waiters", "children",
+                 "_items", "_length", "_bytes", "_mem_bytes", "_open", "_open_deadline", "_moving", "_held",
+                 "_xid", "_last_removed_add_time", "total_items", "expired_items", "discarded",
+                 "transactions", "canceled_transactions", "total_flushes")
 
     def __init__(self, name: str, config, storage, clock, *, is_fanout_child: bool = False,
                  expire_sink: Callable[[bytes, int, int], None] | None = None,
@@ -67,11 +68,8 @@ class PersistentQueue(OpenReads):
         self.config = config
         self.storage = storage
         self.clock = clock
-        if is_fanout_child:
-            self.is_fanout_child = True
-        if expire_sink is not None:
-            self.expire_sink = expire_sink
-        self.on_wake = on_wake
+        self.is_fanout_child, self.expire_sink, self.on_wake = is_fanout_child, expire_sink, on_wake
+        self.hold_moves = False    # expired items leave as open moves (set by the collection)
         # The owner's set of queues whose storage may hold unflushed records: every entry
         # point that can write a record adds the queue, so the owner's batch flush visits
         # only those instead of every queue it has.

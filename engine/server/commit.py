@@ -43,6 +43,7 @@ class GroupCommit:
     the order they started.  Other replies leave at once unless a round is under way, in which
     case they follow the latest round (a rollback may still have to turn them into errors).
     """
+    __slots__ = ()              # the worker's (worker.py)
 
     def finish_batch(self) -> None:
         """Flush journals, then publish replies or hold them for a group fsync.  A storage

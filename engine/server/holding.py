@@ -77,6 +77,7 @@ class Holding:
 
     Filled by Worker: coll, holding, replies.
     """
+    __slots__ = ()              # the worker's (worker.py)
 
     def held_remove(self, src: int, conn: int, req: int, queue: str) -> bool:
         """A plain read for front slot `src`'s client: take the head as a held read and answer

@@ -152,6 +152,7 @@ class MoveOps:
     worker_rings, void_moves, moves_voided, clock, loop; reply, request_failed, handle,
     note_deadline, schedule_turn, poll_control.
     """
+    __slots__ = ()              # the worker's (worker.py)
 
     def sweep_replayed(self) -> int:
         """Once the loop is up: expired items of queues with an expire_to_queue target move now.

@@ -21,6 +21,7 @@ class PeerOps:
     Filled by Worker: coll, config, epoch, peers, sessions, down_peers, control, send_parked,
     moves, void_moves, moves_voided, drain, drop_holds.
     """
+    __slots__ = ()              # the worker's (worker.py)
 
     # -- stats, config ---------------------------------------------------------------------------
     def stats_names(self, names) -> list[str]:

@@ -49,7 +49,7 @@ TURN_READS = 64
 class ShardLoop:
     """The loop half of `Worker` (worker.py): what runs when, not what a request does."""
 
-    reads_left = TURN_READS     # connections this iteration may still read into its batch
+    __slots__ = ()              # the worker's (worker.py)
 
     def open_loop(self) -> None:
         """The loop and what it waits on: the wake eventfd (rings, and the own front's

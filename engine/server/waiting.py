@@ -49,6 +49,7 @@ class Waiting:
 
     Filled by Worker: coll, sessions, pending_by_conn, tids*, clock, reply().
     """
+    __slots__ = ()              # the worker's (worker.py)
 
     def plain_get(self, src, conn, req, queue) -> None:
         """`get q` with no option and no wait, the common request: remove the head or answer

@@ -66,7 +66,7 @@ from lanner.server.opencounts import OpenReadCounts
 from lanner.server.commit import GroupCommit
 from lanner.server.moves import Moves, MoveOps
 from lanner.server.peers import PeerOps
-from lanner.server.shardloop import NO_DEADLINE, ShardLoop
+from lanner.server.shardloop import NO_DEADLINE, TURN_READS, ShardLoop
 from lanner.server import statsjob
 from lanner.server.waiting import Pending, Waiting
 
@@ -76,6 +76,18 @@ log = logging.getLogger(__name__)
 class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
     """A shard's queues and everything that touches them; the mixins hold the turn's end
     (commit.py), waiting requests (waiting.py) and peer/control duties (peers.py)."""
+    # Slots, not a dict: inline_set, inline_get and what they read per request stay specialised
+    # lookups whatever names the process sets (test_hot_layout.py); the last two: shardloop.py's.
+    __slots__ = ("index", "nworkers", "nfronts", "peers", "front", "local_src", "inbox", "loop",
+                 "turn_scheduled", "stop_scheduled", "stopping", "reads_left", "stepping", "timer",
+                 "timer_ms", "deadlines_changed", "config", "epoch", "_own_epoch", "status", "inbound",
+                 "outbound", "wake_fd", "control", "cleaner", "clock", "heart", "beat_interval", "next_beat",
+                 "heap_trim", "ctl_reader", "cleaner_reader", "rings", "worker_rings", "worker_srcs",
+                 "in_rings", "outs", "asm", "sessions", "pending_by_conn", "down_peers", "moves", "own_slot",
+                 "void_moves", "moves_voided", "holding", "stats_jobs", "replies", "held", "sync_queue",
+                 "sync_done_r", "sync_done_w", "syncer", "writer", "writing", "settled", "write_held", "mot",
+                 "coll", "storage_factory", "next_expire_ms", "next_strand_ms", "tids", "tcounts",
+                 "tids_supply", "taborts", "bodies", "closed_conns", "handled", "sleep_rings")
 
     def __init__(self, index: int, nworkers: int, config, status, inbound, outbound, wake_fd: int,
                  control_sock, cleaner_sock=None, clock=SYSTEM_CLOCK, nfronts: int = 1,
@@ -84,31 +96,22 @@ class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
         """inbound[src] / outbound[dst]: rings indexed by peer number (mesh.Peers; None for
         this worker's own slot).  `heart`: its heartbeat slot; `ids`: its supply of thrift
         read ids from the server-wide counter (a private counter when None)."""
-        self.index = index
-        self.nworkers = nworkers
-        self.nfronts = nfronts
+        self.index, self.nworkers, self.nfronts = index, nworkers, nfronts
         self.peers = peers or Peers(nworkers, nfronts)     # nfronts: front slots
         self.front = None            # the LocalFront serving this worker's own clients (local.py)
         self.local_src = -1          # its front slot
         self.inbox = None            # sockets other workers hand over (ipc/handoff.py)
         self.loop = None
-        self.turn_scheduled = False
-        self.stop_scheduled = False
+        self.turn_scheduled = self.stop_scheduled = self.stopping = False
+        self.reads_left = TURN_READS     # connections this iteration may still read into its batch
         self.stepping = False        # inside step(): an event ends the loop run (tests)
-        self.timer = None
-        self.timer_ms = NO_DEADLINE       # epoch ms the armed timer is for
+        self.timer, self.timer_ms = None, NO_DEADLINE       # epoch ms the armed timer is for
         self.deadlines_changed = True     # a deadline may be earlier than the armed timer
         self.config = config
         self.epoch = epoch if epoch is not None else ConfigEpoch()    # generation of `config`
         self._own_epoch = epoch is None       # made here (tests, the rig): `release` closes it
-        self.status = status
-        self.inbound = inbound
-        self.outbound = outbound
-        self.wake_fd = wake_fd
-        self.control = control_sock
-        self.cleaner = cleaner_sock
-        self.clock = clock
-        self.heart = heart
+        self.status, self.inbound, self.outbound, self.wake_fd = status, inbound, outbound, wake_fd
+        self.control, self.cleaner, self.clock, self.heart = control_sock, cleaner_sock, clock, heart
         self.beat_interval = heart.interval if heart is not None else MAX_BEAT_INTERVAL
         self.next_beat = 0.0
         self.heap_trim = HeapTrim()      # a drained backlog's heap goes back to the OS (heaptrim.py)
@@ -131,8 +134,7 @@ class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
         self.moves_voided = 0
         self.holding = Holds()            # plain reads other processes answer, until written (holding.py)
         self.stats_jobs: set = set()          # stats answers being built in slices (statsjob.py)
-        self.replies: list[tuple[int, bytes, bytes]] = []
-        self.held: list[tuple[int, bytes, bytes]] = []
+        self.replies, self.held = [], []        # list[tuple[int, bytes, bytes]] each
         self.sync_queue: list = []       # storages written since the last round, for the next one
         self.sync_done_r, self.sync_done_w = os.pipe()
         os.set_blocking(self.sync_done_r, False)
@@ -141,11 +143,9 @@ class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
         self.writing: set = set()                   # journals with a write-behind under way
         self.settled: list = []                     # journals whose write-behind was just taken
         self.write_held: list = []                  # replies whose records it is writing
-        self.stopping = False
         self.mot = config.server.max_open_transactions
         self.coll: QueueCollection | None = None
-        self.next_expire_ms: int | None = None
-        self.next_strand_ms = 0
+        self.next_expire_ms, self.next_strand_ms = None, 0       # int | None, int
         # thrift open reads: server-wide ids that outlive their connection (§3.3)
         self.tids: dict[int, tuple[str, int, tuple]] = {}     # id -> (queue, xid, owner key)
         self.tcounts = OpenReadCounts()                       # (src, conn, queue) -> open reads

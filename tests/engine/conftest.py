@@ -30,6 +30,18 @@ class Status:
         return False
 
 
+class CapturingWorker(Worker):
+    """Keeps the replies it would publish in `published` (a test's worker: a subclass without
+    slots has a dict)."""
+
+    def boot(self) -> None:
+        self.published = []
+        super().boot()
+
+    def publish(self, replies) -> None:
+        self.published.extend(replies)
+
+
 @pytest.fixture
 def worker(tmp_path, clock, monkeypatch):
     """A booted worker without a loop: requests go to `handle`, replies are captured in
@@ -42,10 +54,8 @@ def worker(tmp_path, clock, monkeypatch):
         cfg = Config(server=ServerConfig(queue_path=str(tmp_path / "queues")), default=QueueConfig(**default))
         a, b = socket.socketpair()
         monkeypatch.setattr(W, "open_uring", uring or (lambda: None))
-        w = Worker(0, 1, cfg, Status(), [None], [None], -1, a, None, clock=clock, nfronts=1)
+        w = CapturingWorker(0, 1, cfg, Status(), [None], [None], -1, a, None, clock=clock, nfronts=1)
         w.boot()
-        w.published = []
-        w.publish = w.published.extend
         made.append((w, a, b))
         return w
     yield make

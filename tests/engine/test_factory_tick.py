@@ -10,7 +10,7 @@ from lanner.config import Config, QueueConfig, ServerConfig
 from lanner.ipc import control
 from lanner.queues.collection import QueueCollection
 from lanner.storage.factory import StorageFactory
-from lanner.storage.journal.compaction import JournalCompaction
+from lanner.storage.journal.journal import Journal
 from lanner.storage.journal.packer import pack_files
 
 NOW = 1_795_000_000_000
@@ -22,15 +22,13 @@ def reads(monkeypatch):
     """Counts, by queue, every read of a journal's `checkpoint` (what a walk over all journals
     has to look at)."""
     seen: list[str] = []
+    slot = Journal.checkpoint                 # the journal's slot, wrapped: it has no dict
 
     def get(j):
         seen.append(j.name)
-        return j.__dict__.get("_test_cp")
+        return slot.__get__(j, Journal)
 
-    def put(j, value):
-        j.__dict__["_test_cp"] = value
-
-    monkeypatch.setattr(JournalCompaction, "checkpoint", property(get, put), raising=False)
+    monkeypatch.setattr(Journal, "checkpoint", property(get, slot.__set__))
     return seen
 
 

@@ -3,10 +3,9 @@
 own, and every attribute read and method call on it (a connection's `pump`, `room`,
 `flush_out`, `fast_reply`; a queue's `add` and `remove`; its journal's records) is looked up
 generically instead of by specialised bytecode (issue 8, c=1: -2.5k instructions a request when
-a connection went from 32 attributes to 29).  An attribute that applies only sometimes is a
-class default, set on the instance when it applies (Conn's refuse_reads, refuse_writes,
-last_activity; PersistentQueue's is_fanout_child, expire_sink, hold_moves; Journal's
-_torn, _closed, _erased, checkpoint, its pack and rewrite under way)."""
+a connection went from 32 attributes to 29).  The connections and fronts, the worker, its
+collection, queues and journals have __slots__ instead: no dict at all, whatever names the
+process sets."""
 from __future__ import annotations
 
 import socket
@@ -122,20 +121,29 @@ def test_connections_and_fronts_have_no_instance_dict_and_serve_after_a_handoff(
         rig.close()
 
 
-def test_a_served_queue_keeps_at_most_30_attributes(tmp_path):
-    """A plain queue and its journal after sets, gets, an open read and its confirm, and a
-    fanout child."""
-    rig = Rig(str(tmp_path), 1)
+def test_the_worker_its_queues_and_journals_have_no_instance_dict(tmp_path):
+    """Slots, no dict: whatever names anything in the process sets (the shared key table of a
+    class holds every name set on any of its instances), the worker, its collection, a plain
+    queue, a fanout child and their journals keep specialised lookups, after sets, gets, an
+    open read and its confirm, read-behind, rotations and a rewrite."""
+    (tmp_path / "lanner.toml").write_text('[default]\nmax_memory_size = "2KiB"\nmax_journal_size = "4KiB"\n'
+                                          'default_journal_size = "1KiB"\nmin_journal_compact_delay = 0\n')
+    rig = Rig(str(tmp_path), 1, config_file=str(tmp_path / "lanner.toml"))
     try:
-        c = served(rig, (b"get q+child\r\n", b"set q 0 0 1\r\nx\r\n", b"set q 0 0 1\r\ny\r\n",
-                         b"get q\r\n", b"get q/open\r\n", b"get q/close\r\n", b"get q+child\r\n"))
-        assert b"".join(c.transport.written) == (b"END\r\nSTORED\r\nSTORED\r\nVALUE q 0 1\r\nx\r\nEND\r\n"
-                                                 b"VALUE q/open 0 1\r\ny\r\nEND\r\nEND\r\n"
-                                                 b"VALUE q+child 0 1\r\nx\r\nEND\r\n")
-        queues = rig.worker.coll.queues
-        for name in ("q", "q+child"):
-            for obj in (queues[name], queues[name].storage):     # the queue and its journal
-                assert len(vars(obj)) <= SHARED_KEYS_MAX, (name, type(obj), sorted(vars(obj)))
+        item = b"." * 200
+        sets = [b"set q 0 0 %d\r\n%s\r\n" % (len(item), item)] * 40
+        gets = [b"get q\r\n"] * 38 + [b"get q+child\r\n"] * 40
+        c = served(rig, [b"get q+child\r\n"] + sets + [b"get q/open\r\n", b"get q/close\r\n"] + gets)
+        w = rig.worker
+        queues = w.coll.queues
         assert queues["q+child"].is_fanout_child and not queues["q"].is_fanout_child
+        journals = [queues[name].storage for name in ("q", "q+child")]
+        for j in journals:                  # the empty queue's rewrite, on the writer's thread,
+            j._rewrite_job[0].wait()        # is adopted by the next operation
+        served(rig, (b"set q 0 0 1\r\nx\r\n", b"get q\r\n", b"get q+child\r\n"))
+        assert all(j.rotations and j.rewrites for j in journals)
+        assert b"".join(c.transport.written).count(b"VALUE") == 39 + 40 + 2
+        for obj in [w, w.coll, queues["q"], queues["q+child"]] + journals:
+            assert not hasattr(obj, "__dict__"), type(obj)
     finally:
         rig.close()

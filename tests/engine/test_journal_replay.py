@@ -316,8 +316,7 @@ def test_progress_callback(tmp_path, clock, monkeypatch):
     write(tmp_path / "q", *[addx(b"y" * 50)] * 4)
     j = journal(tmp_path, clock)
     seen = []
-    j.progress = lambda done, total: seen.append((done, total))
-    j.replay(QueueConfig())
+    j.replay(QueueConfig(), progress=lambda done, total: seen.append((done, total)))
     assert seen[-1] == (568, 568) and len(seen) >= 4
     assert all(a <= b for (a, _), (b, _) in zip(seen, seen[1:]))
 

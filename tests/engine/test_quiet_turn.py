@@ -13,6 +13,8 @@ from lanner.config import load_config
 from lanner.perf.hotloop import NullTransport, Rig
 from lanner.queues.undo import UndoLog
 from lanner.server import commit
+from lanner.server.worker import Worker
+from tests.engine.test_turn import counting
 
 BEHIND = 4096      # write-behind threshold in the equivalence runs: some sets go to the writer
 
@@ -30,19 +32,17 @@ class JournalAtWrite(NullTransport):
         super().write(data)
 
 
-def counting(obj, method: str) -> list:
-    """Count the calls of `obj`'s `method`: `obj` becomes an instance of a subclass that
-    counts, so nothing else is patched and a slotted object (no instance dict to take the
-    replacement: a connection's front, fronts/front.py) is counted the same way."""
-    calls = []
-    cls = type(obj)
-    real = getattr(cls, method)
+def general_ends(monkeypatch, worker) -> None:
+    """`worker` ends its quiet turns as the general path does, by end_turn (patched on the class,
+    for it alone: a worker has slots, no dict)."""
+    real = Worker.end_quiet_turn
 
-    def counted(self, *args):
-        calls.append(1)
-        return real(self, *args)
-    obj.__class__ = type(cls.__name__, (cls,), {"__slots__": (), method: counted})
-    return calls
+    def end_quiet_turn(self) -> None:
+        if self is worker:
+            self.end_turn()
+        else:
+            real(self)
+    monkeypatch.setattr(Worker, "end_quiet_turn", end_quiet_turn)
 
 
 def make_rig(tmp_path, name: str, policy: str = "never") -> Rig:
@@ -54,7 +54,7 @@ def make_rig(tmp_path, name: str, policy: str = "never") -> Rig:
     return Rig(str(folder), 1, config=config)
 
 
-def test_a_quiet_turn_skips_the_general_batch_end_and_writes_the_journal_first(tmp_path):
+def test_a_quiet_turn_skips_the_general_batch_end_and_writes_the_journal_first(tmp_path, monkeypatch):
     """A set, then a get, each its own turn on the worker's one connection: both end in
     end_quiet_turn without end_turn, finish_batch, publish or flush_writes (their frames are
     what a turn of `mixed -c 1` paid for), and each reply leaves after its record's write."""
@@ -62,8 +62,8 @@ def test_a_quiet_turn_skips_the_general_batch_end_and_writes_the_journal_first(t
     try:
         w = rig.worker
         c = rig.conns[0]
-        general = [counting(w, m) for m in ("end_turn", "finish_batch", "publish")]
-        general.append(counting(w.front, "flush_writes"))
+        general = [counting(monkeypatch, w, m) for m in ("end_turn", "finish_batch", "publish")]
+        general.append(counting(monkeypatch, w.front, "flush_writes"))
         c.data_received(b"set q 0 0 3\r\nabc\r\n")
         first = os.path.getsize(tmp_path / "q" / "q")
         c.data_received(b"get q\r\n")
@@ -84,11 +84,11 @@ def test_a_turn_with_a_write_under_way_takes_the_general_end(tmp_path, monkeypat
     try:
         w = rig.worker
         c = rig.conns[0]
-        batches = counting(w, "finish_batch")
+        batches = counting(monkeypatch, w, "finish_batch")
         big = b"x" * BEHIND
         c.data_received(b"set q 0 0 %d\r\n%s\r\n" % (len(big), big))
         assert batches == [1] and w.writing and w.write_held      # behind: the reply waits
-        ends = counting(w, "end_turn")
+        ends = counting(monkeypatch, w, "end_turn")
         c.data_received(b"get q\r\n")
         assert ends == [1]
         settle(rig)
@@ -169,8 +169,8 @@ def test_quiet_turns_answer_as_the_general_batch_end(tmp_path, monkeypatch, poli
     quiet = make_rig(tmp_path, "quiet", policy)
     general = make_rig(tmp_path, "general", policy)
     try:
-        general.worker.end_quiet_turn = general.worker.end_turn
-        ends = counting(quiet.worker, "end_turn")
+        general_ends(monkeypatch, general.worker)
+        ends = counting(monkeypatch, quiet.worker, "end_turn")
         chunks = script(seed)
         for chunk in chunks:
             for rig in (quiet, general):
@@ -223,7 +223,7 @@ def test_the_trim_a_write_hints_forgets_only_committed_records(tmp_path, monkeyp
     quiet = make_rig(tmp_path, "quiet", policy)
     general = make_rig(tmp_path, "general", policy)
     try:
-        general.worker.end_quiet_turn = general.worker.end_turn
+        general_ends(monkeypatch, general.worker)
         for chunk in script(3):
             for rig in (quiet, general):
                 rig.conns[0].data_received(chunk)
@@ -237,7 +237,7 @@ def test_the_trim_a_write_hints_forgets_only_committed_records(tmp_path, monkeyp
 
 
 @pytest.mark.parametrize("policy, listed", [("never", True), ("10ms", False)])
-def test_a_turn_that_recorded_nothing_writes_nothing(tmp_path, policy, listed):
+def test_a_turn_that_recorded_nothing_writes_nothing(tmp_path, policy, listed, monkeypatch):
     """A get of an empty queue records nothing.  Under sync "never" its journal is still
     listed for the batch's write (QueueCollection.dirty_storages does not ask `dirty`, a
     property's frame per turn), where Journal.flush does nothing; under a period it is not
@@ -253,7 +253,7 @@ def test_a_turn_that_recorded_nothing_writes_nothing(tmp_path, policy, listed):
         path = os.path.join(w.config.server.queue_path, "q")
         size = os.path.getsize(path)
         c.transport.written.clear()
-        written = counting(w, "write_out")
+        written = counting(monkeypatch, w, "write_out")
         c.data_received(b"get q\r\n")
         settle(rig)
         assert c.transport.written == [b"END\r\n"]

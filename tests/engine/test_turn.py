@@ -52,16 +52,18 @@ def journal_writes(monkeypatch) -> list:
     return writes
 
 
-def counting(w, method: str) -> list:
-    """Count the calls of the worker's `method` (replaced on the instance: the loop and
-    data_received both call it through the instance): one entry per call."""
+def counting(monkeypatch, obj, method: str) -> list:
+    """Count the calls of `obj`'s `method`, one entry per call: patched on its class (a worker
+    has slots, no dict), counting only `obj`'s; the loop and data_received both look it up
+    through the instance."""
     calls = []
-    real = getattr(w, method)
+    real = getattr(type(obj), method)
 
-    def counted():
-        calls.append(1)
-        real()
-    setattr(w, method, counted)
+    def counted(self, *args):
+        if self is obj:
+            calls.append(1)
+        return real(self, *args)
+    monkeypatch.setattr(type(obj), method, counted)
     return calls
 
 
@@ -157,14 +159,14 @@ def test_a_write_behind_leaves_the_records_behind_it_to_the_batch_that_takes_it(
     assert [i.data for i in w.coll.queue("q").memory_items()][-1] == b"small"
 
 
-def test_turns_that_add_no_deadline_do_not_arm_the_timer(tmp_path):
+def test_turns_that_add_no_deadline_do_not_arm_the_timer(tmp_path, monkeypatch):
     """A turn ends with a look at the timer only if one of its requests added a deadline earlier
     than the armed one (it used to compute the earliest deadline of everything whenever no
     timer was armed, i.e. on every turn of a worker with nothing timed)."""
     rig = Rig(str(tmp_path), 1)
     try:
         w = rig.worker
-        arms = counting(w, "arm_timer")
+        arms = counting(monkeypatch, w, "arm_timer")
         c = rig.conns[0]
         c.data_received(b"get q\r\n")
         rig.turn()                                    # the first turn looks (as `run` does)
@@ -223,7 +225,7 @@ class JournalAtWrite(NullTransport):
         super().write(data)
 
 
-def test_the_one_connection_ends_its_turn_in_data_received_journal_first(tmp_path):
+def test_the_one_connection_ends_its_turn_in_data_received_journal_first(tmp_path, monkeypatch):
     """A worker with one connection: nobody else's requests can join the batch, so the turn
     ends as data_received returns, with no loop callback scheduled for it (issue 8, per turn),
     and still writes the journal before the reply."""
@@ -231,7 +233,7 @@ def test_the_one_connection_ends_its_turn_in_data_received_journal_first(tmp_pat
     try:
         w = rig.worker
         c = rig.conns[0]
-        ends = counting(w, "end_quiet_turn")
+        ends = counting(monkeypatch, w, "end_quiet_turn")
         c.data_received(b"set q 0 0 3\r\nabc\r\n")
         assert b"".join(c.transport.written) == b"STORED\r\n"     # before the loop turned
         assert c.transport.journal_sizes[0] > 3                    # the record was written first
@@ -346,7 +348,7 @@ def test_a_loop_iteration_ends_the_batch_every_turn_reads_connections(tmp_path, 
     try:
         writes = journal_writes(monkeypatch)
         w = rig.worker
-        ends = counting(w, "end_turn")
+        ends = counting(monkeypatch, w, "end_turn")
         for i, c in enumerate(rig.conns):
             c.data_received(b"set q 0 0 1\r\n%c\r\n" % (65 + i % 26))
             if i == TURN_READS - 2:

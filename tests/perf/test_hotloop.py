@@ -3,6 +3,7 @@ it measures keeps a connection's queue name as parsed (no bytes -> str -> bytes 
 from __future__ import annotations
 
 from lanner.perf import hotloop
+from lanner.server.worker import Worker
 
 
 def test_hotloop_runs_and_checks_every_reply():
@@ -23,22 +24,23 @@ def test_inline_requests_carry_the_parsed_queue_name(tmp_path, monkeypatch):
     rig = hotloop.Rig(str(tmp_path), 1)
     try:
         seen = []
-        front, worker = rig.worker.front, rig.worker
-        real_send, real_set, real_get = type(front).send, worker.inline_set, worker.inline_get
+        front = rig.worker.front
+        real_send, real_set, real_get = type(front).send, Worker.inline_set, Worker.inline_get
 
         def send(self, worker, conn_id, req, op, flags, queue, *rest):
             seen.append(queue)
             return real_send(self, worker, conn_id, req, op, flags, queue, *rest)
 
-        def inline_set(src, conn, req, queue, *rest):
+        def inline_set(self, src, conn, req, queue, *rest):
             seen.append(queue)
-            return real_set(src, conn, req, queue, *rest)
+            return real_set(self, src, conn, req, queue, *rest)
 
-        def inline_get(src, conn, req, queue):
+        def inline_get(self, src, conn, req, queue):
             seen.append(queue)
-            return real_get(src, conn, req, queue)
-        monkeypatch.setattr(type(front), "send", send)     # slotted: the class, not the front
-        worker.inline_set, worker.inline_get = inline_set, inline_get
+            return real_get(self, src, conn, req, queue)
+        monkeypatch.setattr(type(front), "send", send)            # slotted: the class, not the front
+        monkeypatch.setattr(Worker, "inline_set", inline_set)     # a worker has slots, no dict
+        monkeypatch.setattr(Worker, "inline_get", inline_get)
         c = rig.conns[0]
         c.data_received(b"set jobs 0 0 2\r\nhi\r\nget jobs\r\nget jobs/peek\r\n")
         rig.turn()

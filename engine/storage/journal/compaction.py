@@ -82,11 +82,13 @@ class JournalCompaction:
     _leave_read_behind: Callable[[], None]
     _sys_write: Callable[[int, object], int]     # os.write / os.fsync, through the writer's
     _sys_fsync: Callable[[int], None]            # test hooks
-    sync_gate = None            # the Syncer of its group-commit fsyncs, once it has one (syncer.py)
-    checkpoint: Checkpoint | None = None            # set on the journal when one applies
-    _pack_outstanding: PackRequest | None = None
-    _rewrite_job: tuple[CallJob, int] | None = None    # (job, ts of the archive it packs)
-    on_checkpoint = None        # called with the journal when a rotation sets a checkpoint (factory.py)
+    sync_gate: object           # the Syncer of its group-commit fsyncs, once it has one (syncer.py)
+    checkpoint: Checkpoint | None
+    _pack_outstanding: PackRequest | None
+    _rewrite_job: tuple[CallJob, int] | None        # (job, ts of the archive it packs)
+    on_checkpoint: Callable[[object], None] | None  # called with the journal when a rotation
+                                                    # sets a checkpoint (factory.py)
+    __slots__ = ()              # Journal's
 
     def _fsync_current(self) -> None:
         """fsync the current file on the loop (rotation, rewrite), never while the syncer has an
@@ -103,6 +105,8 @@ class JournalCompaction:
         self._archived_size = 0
         self._last_ts = 0                            # newest archive timestamp (files.py)
         self._rewrites_allowed_at = float("-inf")   # clock.monotonic()
+        self.sync_gate = self.checkpoint = self._pack_outstanding = self._rewrite_job = None
+        self.on_checkpoint = None
 
     @property
     def archived_size(self) -> int:

@@ -86,13 +86,17 @@ class Journal(JournalCompaction, JournalReadBehind):
     """
 
     can_read_behind = True
-    # Set on a journal only when they apply: past 30 attributes (Python 3.11's shared keys) every
-    # lookup on the journal, per record, goes generic (tests/engine/test_hot_layout.py).
-    inline_pack = True
-    progress: Callable[[int, int], None] | None = None
-    _torn = False               # a failed write may have left bytes past _disk_size
-    _closed = False
-    _erased = False
+    # Slots, not a dict: its lookups per record stay specialised whatever names other objects
+    # of the process set (tests/engine/test_hot_layout.py).
+    __slots__ = ("_dir", "_path", "name", "_clock", "sync_policy", "inline_pack", "_owner", "_listing",
+                 # the file and its buffer (module invariants)
+                 "_fd", "_gen", "_opened", "_pending", "_base", "_disk_size", "_synced_size", "writer",
+                 "_inflight_n", "_chain", "_torn", "_closed", "_erased",
+                 "_cursor", "in_read_behind", "_read_mark",                 # readbehind.py
+                 # rotation, rewrite, checkpoint packs (compaction.py, _init_compaction)
+                 "check_due", "check_at", "rewrites", "rotations", "_archived_size", "_last_ts",
+                 "_rewrites_allowed_at", "checkpoint", "_pack_outstanding", "_rewrite_job",
+                 "sync_gate", "on_checkpoint")
 
     def __init__(self, queue_path: str, name: str, clock, sync_policy: str | int = "never",
                  *, inline_pack: bool = True, listing: list[str] | None = None) -> None:
@@ -105,8 +109,7 @@ class Journal(JournalCompaction, JournalReadBehind):
         self.name = name
         self._clock = clock
         self.sync_policy = sync_policy
-        if not inline_pack:
-            self.inline_pack = False
+        self.inline_pack = inline_pack
         self._owner = threading.get_ident()
         self._fd = -1
         self._gen = 0                    # bumped whenever _fd changes or the file is cut back
@@ -121,6 +124,8 @@ class Journal(JournalCompaction, JournalReadBehind):
         self._rb: Cursor | None = None
         self._read_mark = 0              # end of the current file's records read-behind returned
         self._listing = listing
+        self._torn = False               # a failed write may have left bytes past _disk_size
+        self._closed = self._erased = False
         # The rotation check (compaction.py, `_check_rotate`) has something to do only once the
         # records reach `check_at` (a mark): every record_* sets `check_due` when its end does,
         # and the queue calls before_add / after_remove only while it is set (seam.py, point 3;
@@ -211,9 +216,10 @@ class Journal(JournalCompaction, JournalReadBehind):
         return journal_files(self._dir, self.name)
 
     # -------------------------------------------------------- replay
-    def replay(self, config) -> ReplayState:
+    def replay(self, config, progress: Callable[[int, int], None] | None = None) -> ReplayState:
         """Rebuild the queue from its files (§6.3, replay.py), entering read-behind as
-        Kestrel does (§5.8), then open the writer on `<queue>`."""
+        Kestrel does (§5.8), then open the writer on `<queue>`; `progress(done, total)` in
+        bytes replayed."""
         os.makedirs(self._dir, exist_ok=True)
         listing, self._listing = self._listing, None     # from now on its own files change it
         tmp_prefix = self.name + "~~"
@@ -231,7 +237,7 @@ class Journal(JournalCompaction, JournalReadBehind):
         files = archives + [self.name]
         sizes = [os.path.getsize(os.path.join(self._dir, f)) for f in files]
         st, self._rb = replay_files(self._dir, self.name, files, sizes, self._clock.now_ms(),
-                                    config.max_memory_size, self.progress)
+                                    config.max_memory_size, progress)
         self._open_writer(fresh=False)
         self._archived_size = sum(sizes[:-1])
         if new:

@@ -32,6 +32,7 @@ class JournalReadBehind:
     checkpoint: object
     _flush_quietly: Callable[[], bool]
     _maybe_inline_pack: Callable[[], None]
+    __slots__ = ()              # Journal's
 
     def start_read_behind(self) -> None:
         """Read-behind starts where the next record will be written, so the buffer must be
