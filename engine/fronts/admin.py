@@ -17,10 +17,11 @@ from lanner.ops import endpoints
 
 
 class AdminConn(Conn):
-    count_bytes = False
     counts_connection = False
+    __slots__ = ()               # Conn's slots are all its state (conn.py)
+
     def __init__(self, front):
-        super().__init__(front, admin.AdminParser())
+        super().__init__(front, admin.AdminParser(), count_bytes=False)
 
     def unavailable(self, slot: Slot, reason: str) -> None:
         slot.out = admin.response(503, b'{"error":"%s"}' % reason.encode("ascii", "replace"),

@@ -86,7 +86,8 @@ def expiry_at(ms: int) -> int:
 class Conn(InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands, asyncio.Protocol,
            abc.ABC):
     """One client connection.  A subclass passes its protocol's parser (`feed(bytes)`, `next()`
-    -> command or None, `buffered` -> bytes held) and implements `handle` and `unavailable`.
+    -> command or None, `buffered` -> bytes held), maybe its handler table and whether its bytes
+    are counted, and implements `handle` and `unavailable`.
 
     Replies and the close.  Every reply takes its place in `slots`, in command order, and leaves
     from the head.  A reply that closes the connection (an error, `quit`) is a slot like any
@@ -104,23 +105,29 @@ class Conn(InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands
     and reading until they drain to WRITE_LOW.  A big reply leaves a slice per turn (spill.py).
     """
 
-    count_bytes = True           # bytes_read / bytes_written (thrift is not counted, §9.5)
-    handlers: dict | None = None  # command class -> handler(conn, cmd), else `handle` is called
+    # Per protocol, never set on a connection (`handlers` and `count_bytes`, read on every
+    # turn, are slots: a class attribute read through an instance is a generic lookup):
     counts_connection = True     # curr/total_connections cover memcache, text and thrift
-    adopted = False              # moved here from another worker: counted where it was accepted
-    moving = False               # handed to another worker (no longer in this slot's open_here)
-    moved = False                # ... which took it: its close here ends nothing (counters.py)
     conn_flags = 0               # thrift: F_THRIFT on every request (ipc/messages.py)
-    # Set on a connection only when they apply: past 30 attributes (Python 3.11's shared keys)
-    # every method call on it (`pump`, `room`, `fast_reply`: several per turn) goes generic
-    # (tests/engine/test_hot_layout.py).
-    refuse_reads = False         # over connection_limit_refuse_reads when it connected
-    refuse_writes = False        # over connection_limit_refuse_writes when it connected
-    last_activity = 0.0          # loop time of its last read, with a client_timeout only
 
-    def __init__(self, front: Front, parser):
+    # Slots, no instance dict: every read and method call on a connection (`pump`, `room`,
+    # `fast_reply`: several per request) stays a specialised slot read or dict-less method
+    # lookup whatever names other instances set (a dict's shared key table holds 30 names per
+    # class, process-wide: a handoff's `adopted` or `moved` used to push connections past it),
+    # and a misspelt attribute fails loudly (tests/engine/test_hot_layout.py).  The mixins
+    # (InlineReplies ...) have empty slots; a subclass that keeps state adds its own.
+    __slots__ = ("front", "parser", "id", "transport", "slots", "parts", "next_req", "blocked",
+                 "stopped", "closing", "out", "held", "reply_size", "idle_room", "body", "touched",
+                 "paused_writing", "spill", "spilled", "wbusy", "spill_queued", "reading_paused",
+                 "cur_fam", "t_in", "fast", "early", "worker", "local", "local_bit",
+                 "refuse_reads", "refuse_writes", "last_activity", "adopted", "moving", "moved",
+                 "held_slots", "unwritten", "handlers", "count_bytes")
+
+    def __init__(self, front: Front, parser, handlers: dict | None = None, count_bytes: bool = True):
         self.front = front
         self.parser = parser
+        self.handlers = handlers       # command class -> handler(conn, cmd), else `handle` is called
+        self.count_bytes = count_bytes     # bytes_read / bytes_written (not thrift's, §9.5)
         self.id = front.next_conn
         front.next_conn = (front.next_conn + 1) & 0xFFFFFFFF or 1
         self.transport = None
@@ -153,6 +160,14 @@ class Conn(InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands
         self.worker = getattr(front, "worker", None)      # a LocalFront's worker, else None
         self.local = getattr(front, "local", -1)          # that worker's index
         self.local_bit = 1 << self.local if self.local >= 0 else 0     # its bit in `touched`
+        self.refuse_reads = False      # over connection_limit_refuse_reads when it connected
+        self.refuse_writes = False     # over connection_limit_refuse_writes when it connected
+        self.last_activity = 0.0       # loop time of its last read, with a client_timeout only
+        self.adopted = False           # moved here from another worker: counted where it was accepted
+        self.moving = False            # handed to another worker (no longer in this slot's open_here)
+        self.moved = False             # ... which took it: its close here ends nothing (counters.py)
+        self.held_slots: set | None = None    # slots with hold ids, not yet out of the queue (held.py)
+        self.unwritten: list | None = None    # (worker, id) of replies handed out, not yet written
 
     # -- the protocol hooks ----------------------------------------------------------------------
     @abc.abstractmethod

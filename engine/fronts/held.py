@@ -99,12 +99,10 @@ class Settles:
 
 
 class HeldItems:
-    """Conn methods (conn.py); `transport`, `out`, `spilled`, `front` are Conn's."""
+    """Conn methods (conn.py); `held_slots`, `unwritten`, `transport`, `out`, `spilled`,
+    `front` are Conn's slots."""
 
     __slots__ = ()
-
-    held_slots: set | None = None      # slots with hold ids, not yet out of the reply queue
-    unwritten: list | None = None      # (worker, id) of replies handed out, not yet written
 
     def hold(self, slot, worker: int, hid: int) -> None:
         """A reply for `slot` carried hold `hid` of `worker`."""

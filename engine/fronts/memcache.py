@@ -25,10 +25,12 @@ STREAM_OVER = 64 << 10
 
 
 class MemcacheConn(Conn):
+    __slots__ = ()               # Conn's slots are all its state (conn.py)
+
     def __init__(self, front):
         # the queue's max_item_size under the config in force now (it changes on reload)
         super().__init__(front, mc.MemcacheParser(item_limit=front.item_limits,
-                                                  stream_over=STREAM_OVER))
+                                                  stream_over=STREAM_OVER), HANDLERS)
 
     def handle(self, cmd) -> None:
         self.handlers[type(cmd)](self, cmd)
@@ -490,7 +492,7 @@ def first_failure(slot: Slot) -> bool:
     return False
 
 
-MemcacheConn.handlers = {
+HANDLERS = {
     mc.Get: MemcacheConn.on_get, mc.Set: MemcacheConn.store, mc.SetRefused: MemcacheConn.on_set_refused,
     mc.SetHead: MemcacheConn.store, mc.SetPiece: MemcacheConn.on_set_piece,
     mc.Delete: MemcacheConn.on_delete, mc.Flush: MemcacheConn.on_flush,

@@ -18,6 +18,8 @@ if TYPE_CHECKING:                 # conn.py imports this mixin, not the reverse
 
 
 class ServerCommands:
+    __slots__ = ()       # Conn's slots hold the state (conn.py)
+
     def broadcast(self, slot: Slot, op: int, payload: bytes = b"", flags: int = 0) -> None:
         for w in range(self.front.nworkers):
             self.request(slot, w, op, flags, b"", 0, 0, payload)

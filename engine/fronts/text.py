@@ -26,6 +26,8 @@ def _blocked(op: str) -> bytes:
 
 
 class TextConn(Conn):
+    __slots__ = ()               # Conn's slots are all its state (conn.py)
+
     def __init__(self, front):
         # a put item larger than any queue the put reaches takes is dropped as it arrives
         super().__init__(front, tx.TextParser(item_limit=lambda q: put_bound(front.config, q)))

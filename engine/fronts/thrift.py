@@ -36,12 +36,14 @@ def _size(item: Oversized) -> int:
 
 
 class ThriftConn(Conn):
-    count_bytes = False          # bytes_read / bytes_written cover memcache and text only (§9.5)
     conn_flags = F_THRIFT          # its open reads outlive it; it never pipelines past an error
+    __slots__ = ()               # Conn's slots are all its state (conn.py)
 
     def __init__(self, front):
         # a put item larger than any queue the put reaches takes is dropped as it arrives
-        super().__init__(front, th.ThriftParser(item_limit=lambda q: put_bound(front.config, q)))
+        # bytes_read / bytes_written cover memcache and text only (§9.5)
+        super().__init__(front, th.ThriftParser(item_limit=lambda q: put_bound(front.config, q)),
+                         count_bytes=False)
 
     def unavailable(self, slot: Slot, reason: str) -> None:
         call = slot.call

@@ -246,11 +246,11 @@ _ROUTES = {"metrics": _metrics, "stats": _stats, "stats_txt": _stats_txt,
 
 class _InternalConn(Conn):
     """A connection with no socket, for the latches' own stats requests."""
-    count_bytes = False
     counts_connection = False
+    __slots__ = ()
 
     def __init__(self, front):
-        super().__init__(front, admin.AdminParser())
+        super().__init__(front, admin.AdminParser(), count_bytes=False)
         front.conns[self.id] = self
 
     def handle(self, cmd) -> None:

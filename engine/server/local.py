@@ -66,6 +66,9 @@ MAX_UNPARSED = 1 << 16        # a connection holding more unparsed input stays u
 class LocalFront(Front):
     """A front whose own worker is this process: `send` to it is a call, not a ring write."""
 
+    __slots__ = ("worker", "local", "first_slot", "channels", "streak", "candidates", "handoff_seq",
+                 "receive_ends", "inline_requests")
+
     def __init__(self, worker, slot, config, status, counters, req_rings, resp_rings, wake_fd,
                  control_sock, listeners, started_at, clock, channels=None):
         super().__init__(slot, config, status, counters, req_rings, resp_rings, wake_fd, control_sock,

@@ -3,13 +3,20 @@
 own, and every attribute read and method call on it (a connection's `pump`, `room`,
 `flush_out`, `fast_reply`; a queue's `add` and `remove`; its journal's records) is looked up
 generically instead of by specialised bytecode (issue 8, c=1: -2.5k instructions a request when
-a connection went from 32 attributes to 29).  An attribute that applies only sometimes is a
-class default, set on the instance when it applies (Conn's refuse_reads, refuse_writes,
-last_activity).  The worker, its collection, queues and journals have __slots__ instead: no
-dict at all, whatever names the process sets."""
+a connection went from 32 attributes to 29).  The connections and fronts, the worker, its
+collection, queues and journals have __slots__ instead: no dict at all, whatever names the
+process sets."""
 from __future__ import annotations
 
-from lanner.perf.hotloop import Rig
+import socket
+
+import pytest
+
+from lanner.fronts.conn import Part, Slot
+from lanner.fronts.memcache import MemcacheConn
+from lanner.ipc import handoff
+from lanner.ipc.messages import R_ERROR
+from lanner.perf.hotloop import NullTransport, Rig
 
 SHARED_KEYS_MAX = 30      # CPython 3.11 Objects/dictobject.c SHARED_KEYS_MAX_SIZE
 
@@ -22,14 +29,95 @@ def served(rig, chunks):
     return c
 
 
-def test_a_served_connection_keeps_at_most_30_attributes(tmp_path):
+class ClosableTransport(NullTransport):
+    """A benchmark transport a handed-off connection may close."""
+
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def assert_no_dict(*objs) -> None:
+    """Slots only: nothing any instance sets can give these a dict (and generic lookups)."""
+    for o in objs:
+        assert not hasattr(o, "__dict__"), type(o)
+        with pytest.raises(AttributeError):
+            o.not_an_attribute = 1
+
+
+def wait_reply(rig, client: socket.socket, want: bytes) -> bytes:
+    """Turn the worker's loop until `client` has read `want` (loopback: a few turns)."""
+    got = b""
+    for _ in range(10_000):
+        rig.turn()
+        try:
+            got += client.recv(65536)
+        except BlockingIOError:
+            pass
+        if len(got) >= len(want):
+            break
+    return got
+
+
+def test_connections_and_fronts_have_no_instance_dict_and_serve_after_a_handoff(tmp_path):
+    """A connection (conn.py) and its front (front.py, server/local.py) are slotted: the
+    names a handoff sets (`moving`, `moved`; `adopted` on the adopter's new connection) are
+    slots, so no process's history can push their per-request reads off the specialised
+    path.  Served before and after a declined handoff, handed off, and adopted over a real
+    socket."""
     rig = Rig(str(tmp_path), 1)
+    front = rig.worker.front
+    listener = client = None
+    recv_end, send_end = handoff.channels(1)[0]
     try:
         c = served(rig, (b"set q 0 0 1\r\nx\r\n", b"get q\r\n", b"get q/open\r\n", b"get q/close\r\n",
                          b"delete q\r\n", b"stats\r\n"))
         assert b"".join(c.transport.written).startswith(b"STORED\r\nVALUE q 0 1\r\nx\r\nEND\r\nEND")
-        assert len(vars(c)) <= SHARED_KEYS_MAX, sorted(vars(c))
+        assert_no_dict(c, front)
+
+        # a handoff the adopter declined: the connection stays and serves on
+        c.moving = True                             # as LocalFront.hand_off sets it
+        declined = Slot()
+        declined.parts.append(Part(declined, 0, 1, 1))
+        declined.parts[0].status = R_ERROR
+        front.handed_off(c, declined)
+        assert not c.moving and not declined.close
+        c.transport.written.clear()
+        served(rig, (b"set q 0 0 1\r\ny\r\n", b"get q\r\n"))
+        assert b"".join(c.transport.written) == b"STORED\r\nVALUE q 0 1\r\ny\r\nEND\r\n"
+
+        # a handoff the adopter took: this side closes without ending anything
+        gone = MemcacheConn(front)
+        gone.connection_made(ClosableTransport())
+        gone.moving = True
+        taken = Slot()
+        taken.parts.append(Part(taken, 0, 1, 1))
+        front.handed_off(gone, taken)
+        assert gone.moved and taken.close
+        assert_no_dict(gone)
+
+        # adopted: the socket arrives over a handoff channel, the adopter serves it
+        listener = socket.create_server(("127.0.0.1", 0))
+        client = socket.create_connection(listener.getsockname())
+        accepted, _ = listener.accept()
+        rig.worker.inbox = handoff.Inbox(recv_end)
+        assert handoff.send(send_end, front.local, 1, accepted.fileno())
+        accepted.close()                            # the channel's copy is the adopter's now
+        before = set(front.conns)
+        front.adopt(front.index, 99, 1, 0, 1, b"set q 0 0 1\r\nz\r\n")
+        client.setblocking(False)
+        assert wait_reply(rig, client, b"STORED\r\n") == b"STORED\r\n"
+        (new_id,) = set(front.conns) - before
+        adopted = front.conns[new_id]
+        assert adopted.adopted
+        client.sendall(b"get q\r\n")
+        assert wait_reply(rig, client, b"VALUE q 0 1\r\nz\r\nEND\r\n") == b"VALUE q 0 1\r\nz\r\nEND\r\n"
+        assert_no_dict(adopted, front)
     finally:
+        for s in (client, listener, recv_end, send_end):
+            if s is not None:
+                s.close()
         rig.close()
 
 

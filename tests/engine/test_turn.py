@@ -281,7 +281,7 @@ def test_a_turn_ended_in_data_received_ends_even_when_a_command_raises(tmp_path)
         with pytest.raises(RuntimeError):
             c.data_received(b"set q 0 0 1\r\nx\r\n")
         assert not w.turn_scheduled
-        del c.handlers                  # the class's table again
+        c.handlers = handlers           # the protocol's table again
         c.data_received(b"get q\r\n")
         assert b"".join(c.transport.written) == b"STORED\r\nVALUE q 0 1\r\nx\r\nEND\r\n"
     finally:

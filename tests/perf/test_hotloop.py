@@ -25,11 +25,11 @@ def test_inline_requests_carry_the_parsed_queue_name(tmp_path, monkeypatch):
     try:
         seen = []
         front = rig.worker.front
-        real_send, real_set, real_get = front.send, Worker.inline_set, Worker.inline_get
+        real_send, real_set, real_get = type(front).send, Worker.inline_set, Worker.inline_get
 
-        def send(worker, conn_id, req, op, flags, queue, *rest):
+        def send(self, worker, conn_id, req, op, flags, queue, *rest):
             seen.append(queue)
-            return real_send(worker, conn_id, req, op, flags, queue, *rest)
+            return real_send(self, worker, conn_id, req, op, flags, queue, *rest)
 
         def inline_set(self, src, conn, req, queue, *rest):
             seen.append(queue)
@@ -38,7 +38,7 @@ def test_inline_requests_carry_the_parsed_queue_name(tmp_path, monkeypatch):
         def inline_get(self, src, conn, req, queue):
             seen.append(queue)
             return real_get(self, src, conn, req, queue)
-        front.send = send
+        monkeypatch.setattr(type(front), "send", send)            # slotted: the class, not the front
         monkeypatch.setattr(Worker, "inline_set", inline_set)     # a worker has slots, no dict
         monkeypatch.setattr(Worker, "inline_get", inline_get)
         c = rig.conns[0]
