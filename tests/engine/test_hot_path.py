@@ -69,13 +69,14 @@ def test_a_local_reply_head_reads_as_a_packed_one():
     assert resp_fields(pack_resp(*fields)) == fields
 
 
-def test_an_added_item_is_a_qitem_with_its_defaults():
+def test_an_added_item_is_a_qitem_with_its_defaults(tmp_path):
     """What PersistentQueue.add stores, once its now_ms is passed by position (the collection's
     call): the add time is the collection's clock reading, the expiry the client's, capped by
     max_age, and the workq fields keep their defaults."""
     from lanner.queues.item import QItem
     clock = FakeClock(1_700_000_000_000)
-    coll = QueueCollection(Config(default=QueueConfig(max_age=60_000)), clock)
+    coll = QueueCollection(Config(server=ServerConfig(queue_path=str(tmp_path)),
+                                  default=QueueConfig(max_age=60_000)), clock)
     assert coll.add("q", b"abc", 1_700_000_030_000)
     item = coll.remove("q")
     assert type(item) is QItem
