@@ -38,6 +38,7 @@ import tomllib
 
 from lanner.perf import loadgen
 from lanner.perf.client import MemcacheClient
+from lanner.perf.context import check_clean
 from lanner.perf.report import Report
 from lanner.perf.servers import ProcTree, ServerError, role_of, start_lanner
 
@@ -179,12 +180,9 @@ def handoffs(target) -> int:
 def drive(target, load: loadgen.Load, report: Report, label: str, on_pause=None) -> None:
     load.host, load.port = target.host, target.port
     res = loadgen.run(load, on_pause=on_pause)
-    problems = [f"{res[k]} {k}" for k in ("errors", "not_stored") if res[k]]
-    if res["timed_out"]:
-        problems.append("timed out")
-    if res["ops"] != (load.sets or 0) + (load.gets or 0):
-        problems.append(f"{res['ops']} of {(load.sets or 0) + (load.gets or 0)} requests answered")
-    report.check(f"{label}: clean", not problems, "; ".join(problems) or f"{res['ops']} requests, no errors")
+    check_clean(report, res, label)
+    asked = (load.sets or 0) + (load.gets or 0)      # the counts per request divide by exactly these
+    report.check(f"{label}: all answered", res["ops"] == asked, f"{res['ops']} of {asked} requests")
 
 
 def callgrind_control(command: str, pid: int) -> bool:
