@@ -2,7 +2,9 @@
 
 By default A is a fresh `lanner serve` and B is Debian's memcached on 127.0.0.1, the protocol
 ceiling: the same memcache text protocol with no queue semantics, no journal and C threads.
-Either side may be any HOST:PORT instead.  Each round runs the whole scenario on A and then on B,
+Either side may be any HOST:PORT instead, or `standin:US`: perf/standin.c, a C server with Lanner's
+syscalls per request and per turn and US µs of spinning per request where Lanner runs Python
+(what CPU per request a target ratio leaves: perf/README.md, "What a target leaves for Python").  Each round runs the whole scenario on A and then on B,
 so drifts of the machine (other tenants, thermal, page cache) hit both alike; per row the
 median over rounds is taken and A/B printed.  memcached has no queues: against it, payload and
 ordering checks are skipped (a get returns the last value set under that key).
@@ -15,7 +17,7 @@ import statistics
 from lanner.perf import scenarios
 from lanner.perf.context import Context, ScenarioError
 from lanner.perf.report import Plot, Report
-from lanner.perf.servers import external, start_lanner, start_memcached
+from lanner.perf.servers import external, start_lanner, start_memcached, start_standin
 
 THROUGHPUT_SCENARIOS = [n for n in scenarios.MODULES if scenarios.load(n).COMPARE]
 
@@ -24,7 +26,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("compare", help="run a scenario against two servers, interleaved, and print ratios",
                        description=__doc__, add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--help", action="help", help="show this help and exit")
-    p.add_argument("--a", default="lanner", help="first server: lanner, memcached or HOST:PORT (default lanner)")
+    p.add_argument("--a", default="lanner", help="first server: lanner, memcached, standin:US or HOST:PORT (default lanner)")
     p.add_argument("--b", default="memcached", help="second server (default memcached)")
     p.add_argument("--a-kind", choices=("kestrel", "memcached"), help="kind of a HOST:PORT server A")
     p.add_argument("--b-kind", choices=("kestrel", "memcached"), help="kind of a HOST:PORT server B")
@@ -48,9 +50,15 @@ def make_target(spec: str, kind: str | None, args):
         return start_lanner(args.workers, args.fronts, args.lanner_config, extra=args.lanner_arg)
     if spec == "memcached":
         return start_memcached()
+    if spec.startswith("standin:"):
+        burn = spec.split(":", 1)[1]
+        try:
+            return start_standin(float(burn))
+        except ValueError:
+            raise ScenarioError(f"server {spec!r}: standin:US takes µs of CPU per request, e.g. standin:15") from None
     host, _, port = spec.rpartition(":")
     if not host or not port.isdigit():
-        raise ScenarioError(f"server {spec!r} is not lanner, memcached or HOST:PORT")
+        raise ScenarioError(f"server {spec!r} is not lanner, memcached, standin:US or HOST:PORT")
     return external(host, int(port), kind or "kestrel")
 
 

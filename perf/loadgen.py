@@ -130,12 +130,26 @@ def build_dir() -> Path:
     return cache
 
 
-def ensure_built() -> str:
-    """Compile loadgen.c if this exact source has no binary yet; return the binary's path."""
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
-    target = build_dir() / f"loadgen-{digest}"
+def ensure_built(source: Path | None = None) -> str:
+    """Compile `source` (loadgen.c, or another single-file C tool of perf/: standin.c) if this
+    exact source has no binary yet; return the binary's path."""
+    source = source or SOURCE
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
+    target = build_dir() / f"{source.stem}-{digest}"
     if target.exists():
         return str(target)
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if not cc:
+        raise LoadgenError(f"no C compiler found (install gcc) to build {source}")
+    fd, tmp = tempfile.mkstemp(prefix=f"{source.stem}-", dir=target.parent)
+    os.close(fd)
+    proc = subprocess.run([cc, "-O2", "-Wall", "-o", tmp, str(source)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        os.unlink(tmp)
+        raise LoadgenError(f"building {source} failed:\n{proc.stderr[-3000:]}")
+    os.replace(tmp, target)
+    log.info("built %s", target)
+    return str(target)
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if not cc:
         raise LoadgenError("no C compiler found (install gcc) to build perf/loadgen.c")

@@ -1,4 +1,5 @@
-"""Servers under test: start Lanner or memcached, or describe one already running at host:port.
+"""Servers under test: start Lanner, memcached or the C stand-in (standin.c), or describe one
+already running at host:port.
 
 A `Target` is what scenarios talk to: an address, a kind (`kestrel` for servers with queue
 semantics, `memcached` for a plain key-value cache used as the protocol ceiling) and, when the
@@ -192,6 +193,30 @@ def start_memcached(port: int | None = None, extra: list[str] | None = None) -> 
     log.info("memcached pid %d on 127.0.0.1:%d", proc.pid, port)
     return Target("memcached", "memcached", "127.0.0.1", port, tree=ProcTree(proc.pid), proc=proc,
                   settings={"args": " ".join(args[1:])})
+
+
+def start_standin(burn_us: float, port: int | None = None) -> Target:
+    """perf/standin.c on 127.0.0.1: one queue, Lanner's syscalls per request and per turn, and
+    `burn_us` µs of spinning per request in place of Python; its journal goes to a temporary
+    folder.  Kind `memcached`: it answers set/get but has no stats or flush."""
+    from lanner.perf.loadgen import LoadgenError, ensure_built
+    try:
+        binary = ensure_built(Path(__file__).with_name("standin.c"))
+    except LoadgenError as e:
+        raise ServerError(str(e)) from None
+    port = port or free_port()
+    workdir = tempfile.mkdtemp(prefix="lanner-standin-")
+    args = [binary, str(port), str(int(burn_us * 1000)), os.path.join(workdir, "journal")]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    target = Target("standin", "memcached", "127.0.0.1", port, tree=ProcTree(proc.pid), proc=proc,
+                    workdir=workdir, settings={"burn_us": burn_us})
+    try:
+        wait_for_port("127.0.0.1", port, proc, 10.0)
+    except BaseException:
+        target.stop()
+        raise
+    log.info("standin pid %d on 127.0.0.1:%d, %s µs per request", proc.pid, port, burn_us)
+    return target
 
 
 def start_lanner(workers: int | None = None, fronts: int | None = None, config: str | None = None, thrift: bool = False,
