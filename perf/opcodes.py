@@ -41,7 +41,7 @@ class Profile:
         functions that ran a few times in all (the rig's set-up and tear-down)."""
         n = self.requests
         return [(ops / n, self.calls[key] / n, "%s:%s" % key) for key, ops in self.bytecodes.most_common(top)
-                if ops * 100 >= n]
+                if ops * 20 >= n]
 
     def report(self, top: int = TOP) -> str:
         ops, calls = self.per_request()
