@@ -86,7 +86,8 @@ class MemcacheConn(Conn):
             req = self.next_req
             # (req + 1) & 0xFFFFFFFF or 1, without the unspecialised `&` and an int's truth test
             self.next_req = req + 1 if req != 0xFFFFFFFF else 1
-            self.touched |= self.local_bit
+            if self.touched != self.local_bit:     # (an int compare; `|=` is a generic call)
+                self.touched |= self.local_bit
             if f.streak:
                 f.streak.pop(self.id, None)     # a local request breaks a streak towards a handoff
             f.inline_requests += 1
@@ -159,7 +160,8 @@ class MemcacheConn(Conn):
                 # the fused request's number and reply entry (inline.py), as in store
                 req = self.next_req
                 self.next_req = req + 1 if req != 0xFFFFFFFF else 1
-                self.touched |= self.local_bit
+                if self.touched != self.local_bit:     # (an int compare; `|=` is a generic call)
+                    self.touched |= self.local_bit
                 if f.streak:
                     f.streak.pop(self.id, None)
                 f.inline_requests += 1
