@@ -84,8 +84,9 @@ class MemcacheConn(Conn):
             # the hot path: one queue of this worker, one reply, the body whole
             # the fused request's number and reply entry (inline.py), here and in on_get
             req = self.next_req
-            # (req + 1) & 0xFFFFFFFF or 1, without the unspecialised `&` and an int's truth test
-            self.next_req = req + 1 if req != 0xFFFFFFFF else 1
+            # (req + 1) & 0xFFFFFFFF or 1, by a compare of one-digit ints (specialised, where `&`
+            # and an int's truth test are calls) until 2**30
+            self.next_req = req + 1 if req < 0x3FFFFFFF else (req + 1) & 0xFFFFFFFF or 1
             if self.touched != self.local_bit:     # (an int compare; `|=` is a generic call)
                 self.touched |= self.local_bit
             if f.streak:
@@ -159,7 +160,7 @@ class MemcacheConn(Conn):
             if fused and not self.slots and not self.worker.closed_conns:
                 # the fused request's number and reply entry (inline.py), as in store
                 req = self.next_req
-                self.next_req = req + 1 if req != 0xFFFFFFFF else 1
+                self.next_req = req + 1 if req < 0x3FFFFFFF else (req + 1) & 0xFFFFFFFF or 1
                 if self.touched != self.local_bit:     # (an int compare; `|=` is a generic call)
                     self.touched |= self.local_bit
                 if f.streak:

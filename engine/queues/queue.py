@@ -184,20 +184,8 @@ class PersistentQueue(OpenReads):
             return True
         now = self.clock.now_ms() if now_ms is None else now_ms
         # "Full" is judged before the expiry sweep of this add (§5.3, §9 #21).
-        while (self._length >= floor or self._bytes >= floor) and \
-                (self._length >= config.max_items or self._bytes >= config.max_size):
-            if not config.discard_old_when_full:
-                return False
-            self.discard_expired(now)          # Kestrel's _remove sweeps before it takes the head
-            if not self._items:
-                if self._length >= config.max_items or self._bytes >= config.max_size:
-                    return False               # limits of 0: nothing left to discard
-                break
-            item = self._pop_head()
-            self._last_removed_add_time = item.add_time
-            self._log(self.storage.record_remove(item), REMOVE, item, 0, False)
-            self._refill(now)
-            self.discarded += 1
+        if (self._length >= floor or self._bytes >= floor) and not self._room_for_one(config, now):
+            return False
         expiry = expiry_ms or 0
         max_age = config.max_age
         if max_age is not None:
@@ -237,6 +225,23 @@ class PersistentQueue(OpenReads):
             self.total_items += 1
         if self.waiters.live:
             self._wake_one()
+        return True
+
+    def _room_for_one(self, config, now: int) -> bool:
+        """Whether an add may go on: the queue under max_items and max_size, or made so by
+        discarding its oldest items (discard_old_when_full)."""
+        while self._length >= config.max_items or self._bytes >= config.max_size:
+            if not config.discard_old_when_full:
+                return False
+            self.discard_expired(now)          # Kestrel's _remove sweeps before it takes the head
+            if not self._items:
+                # limits of 0: nothing left to discard
+                return not (self._length >= config.max_items or self._bytes >= config.max_size)
+            item = self._pop_head()
+            self._last_removed_add_time = item.add_time
+            self._log(self.storage.record_remove(item), REMOVE, item, 0, False)
+            self._refill(now)
+            self.discarded += 1
         return True
 
     def admit(self, item: QItem) -> None:
