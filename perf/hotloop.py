@@ -166,47 +166,63 @@ def run(requests: int, conns: int, size: int, depth: int, prefill: int = 0, conf
     with tempfile.TemporaryDirectory(prefix="lanner-hotloop-") as folder:
         rig = Rig(folder, conns, config_file=config_file)
         try:
-            data = os.urandom(size // 2).hex().encode()[:size].ljust(size, b"x")
-            set_req = b"set %s 0 0 %d\r\n%s\r\n" % (QUEUE.encode(), size, data)
-            get_req = b"get %s\r\n" % QUEUE.encode()
-            pair = set_req + get_req
-            want = (b"STORED\r\n" + b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (QUEUE.encode(), size, data))
-            per_turn = conns * depth
-            turns = max(1, requests // per_turn)
-            conns = rig.conns
-            if depth == 1:
-                # one request per turn: a set, then in the next turn the get that finds it
-                turns += turns % 2
-                chunks = (set_req, get_req)
-                sent = 0
-
-                def feed():
-                    nonlocal sent
-                    chunk = chunks[sent & 1]
-                    sent += 1
-                    for c in conns:
-                        c.data_received(chunk)
-            else:
-                # depth requests per connection per turn: sets and gets alternate, every get
-                # finds the item the set before it stored
-                chunk = pair * (depth // 2)
-
-                def feed():
-                    for c in conns:
-                        c.data_received(chunk)
-            for i in range(0, prefill, 100):
-                rig.conns[0].data_received(set_req * min(100, prefill - i))
-                rig.turn()
-            rig.turn()
-            for c in rig.conns:
-                c.transport.written.clear()
+            load = Workload(rig, requests, size, depth, prefill)
             t0 = time.process_time()
-            rig.run_turns(turns, feed)
+            rig.run_turns(load.turns, load.feed)
             cpu = time.process_time() - t0
-            check_replies(rig.conns, want * (turns * depth // 2))
-            return cpu / (turns * per_turn) * 1e6
+            load.check()
+            return cpu / load.requests * 1e6
         finally:
             rig.close()
+
+
+class Workload:
+    """`mixed`'s shape on a rig: `feed` gives every connection `depth` requests (`set` and `get`
+    alternating on one queue) for one of `turns` turns; built after `prefill` items and a turn
+    that leaves no reply behind, so what runs next is the requests alone (run, opcodes.py)."""
+
+    def __init__(self, rig: Rig, requests: int, size: int, depth: int, prefill: int = 0) -> None:
+        self.rig = rig
+        data = os.urandom(size // 2).hex().encode()[:size].ljust(size, b"x")
+        set_req = b"set %s 0 0 %d\r\n%s\r\n" % (QUEUE.encode(), size, data)
+        get_req = b"get %s\r\n" % QUEUE.encode()
+        self.want = (b"STORED\r\n" + b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (QUEUE.encode(), size, data))
+        self.depth = depth
+        turns = max(1, requests // (len(rig.conns) * depth))
+        conns = rig.conns
+        if depth == 1:
+            # one request per turn: a set, then in the next turn the get that finds it
+            turns += turns % 2
+            chunks = (set_req, get_req)
+            sent = 0
+
+            def feed():
+                nonlocal sent
+                chunk = chunks[sent & 1]
+                sent += 1
+                for c in conns:
+                    c.data_received(chunk)
+        else:
+            # depth requests per connection per turn: sets and gets alternate, every get
+            # finds the item the set before it stored
+            chunk = (set_req + get_req) * (depth // 2)
+
+            def feed():
+                for c in conns:
+                    c.data_received(chunk)
+        self.feed = feed
+        self.turns = turns
+        self.requests = turns * len(conns) * depth
+        for i in range(0, prefill, 100):
+            conns[0].data_received(set_req * min(100, prefill - i))
+            rig.turn()
+        rig.turn()
+        for c in conns:
+            c.transport.written.clear()
+
+    def check(self) -> None:
+        """Every reply of the turns run since, byte for byte."""
+        check_replies(self.rig.conns, self.want * (self.turns * self.depth // 2))
 
 
 def check_replies(conns, expect: bytes) -> None:
@@ -254,6 +270,8 @@ def rig_arguments(p, requests: int, depth: int) -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--callgrind", action="store_true",
                    help="count instructions per request under valgrind instead of timing")
+    p.add_argument("--opcodes", action="store_true",
+                   help="count bytecodes and Python calls per request, per function (opcodes.py)")
 
 
 def main(argv=None) -> int:
@@ -267,6 +285,10 @@ def main(argv=None) -> int:
     if a.depth < 1 or (a.depth > 1 and a.depth % 2):
         p.error("--depth must be 1 or an even number (set, get pairs)")
     child_gc()          # the collector as a server child has it (not in run(): tests call that)
+    if a.opcodes:
+        from lanner.perf.opcodes import profile      # (its own module: the tracer and the table)
+        print(profile(a.requests, a.concurrency, a.item_size, a.depth, a.prefill, a.lanner_config).report())
+        return 0
     if a.callgrind:
         same = ["-c", str(a.concurrency), "-i", str(a.item_size), "-r", str(a.depth), "--prefill", str(a.prefill)]
         if a.lanner_config:

@@ -84,8 +84,11 @@ class MemcacheConn(Conn):
             # the hot path: one queue of this worker, one reply, the body whole
             # the fused request's number and reply entry (inline.py), here and in on_get
             req = self.next_req
-            self.next_req = (req + 1) & 0xFFFFFFFF or 1
-            self.touched |= self.local_bit
+            # (req + 1) & 0xFFFFFFFF or 1, by a compare of one-digit ints (specialised, where `&`
+            # and an int's truth test are calls) until 2**30
+            self.next_req = req + 1 if req < 0x3FFFFFFF else (req + 1) & 0xFFFFFFFF or 1
+            if self.touched != self.local_bit:     # (an int compare; `|=` is a generic call)
+                self.touched |= self.local_bit
             if f.streak:
                 f.streak.pop(self.id, None)     # a local request breaks a streak towards a handoff
             f.inline_requests += 1
@@ -157,8 +160,9 @@ class MemcacheConn(Conn):
             if fused and not self.slots and not self.worker.closed_conns:
                 # the fused request's number and reply entry (inline.py), as in store
                 req = self.next_req
-                self.next_req = (req + 1) & 0xFFFFFFFF or 1
-                self.touched |= self.local_bit
+                self.next_req = req + 1 if req < 0x3FFFFFFF else (req + 1) & 0xFFFFFFFF or 1
+                if self.touched != self.local_bit:     # (an int compare; `|=` is a generic call)
+                    self.touched |= self.local_bit
                 if f.streak:
                     f.streak.pop(self.id, None)
                 f.inline_requests += 1

@@ -31,6 +31,8 @@ from lanner.queues.undo import CONFIRM, HELD_ABORT, HELD_CONFIRM, HELD_OPEN, OPE
 
 log = logging.getLogger(__name__)
 
+_XID_MAX = 0x7FFFFFFF     # journal xids are i32; wrap to 1 (0 is never used)
+
 #: The client kind each held kind stands for in a storage's own bookkeeping (`undo_record`).
 _STORAGE_KIND = {HELD_OPEN: OPEN, HELD_CONFIRM: CONFIRM, HELD_ABORT: UNREMOVE}
 
@@ -40,6 +42,8 @@ class OpenReads:
     _held: dict[int, QItem]
     _open: dict[int, QItem]
     _open_deadline: dict[int, int]
+    _moving: dict[int, QItem]
+    _xid: int
     transactions: int
     canceled_transactions: int
     __slots__ = ()              # PersistentQueue's
@@ -140,3 +144,27 @@ class OpenReads:
             item.xid = xid
             self._held[xid] = item
         return _STORAGE_KIND[kind]
+
+    def _recycle_timed_out(self, now: int) -> None:
+        """open_transaction_timeout (§5.9, §9 #17): lazily, on a remove from a
+        non-empty queue, abort the single oldest open transaction if its time
+        is up, so this remove returns it.  No waiter is woken: the remover
+        takes the item."""
+        xid, deadline = next(iter(self._open_deadline.items()))
+        if deadline < now:
+            del self._open_deadline[xid]
+            item = self._open.pop(xid)
+            log.info("queue %r: open transaction %d timed out; redelivering", self.name, xid)
+            self._abort(item, xid, primary=False)
+
+    def _next_xid(self) -> int:
+        xid = self._xid
+        open_ = self._open
+        moving = self._moving
+        held = self._held
+        while True:
+            xid = xid + 1 if xid < _XID_MAX else 1
+            if xid not in open_ and xid not in moving and xid not in held:
+                break
+        self._xid = xid
+        return xid

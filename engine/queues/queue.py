@@ -46,14 +46,21 @@ from lanner.queues.waiters import Waiter, WaitList
 log = logging.getLogger(__name__)
 
 _new_item = object.__new__
-_XID_MAX = 0x7FFFFFFF     # journal xids are i32; wrap to 1 (0 is never used)
+#: Above this an int is two digits, and comparing it is a generic call (3.11 specialises
+#: compares of one-digit ints only): the limits' defaults (INT_MAX, LONG_MAX) are bigger.
+_ONE_DIGIT = (1 << 30) - 1
+
+
+def limit_floor(config) -> int:
+    """A one-digit int no limit an add checks is below: whatever is under it passes them all."""
+    return min(config.max_items, config.max_size, config.max_item_size, _ONE_DIGIT)
 
 
 class PersistentQueue(OpenReads):
     # Slots, not a dict: its lookups per add and remove stay specialised (test_hot_layout.py).
     __slots__ = ("name", "config", "storage", "clock", "is_fanout_child", "expire_sink", "hold_moves",
                  "on_wake", "touched", "undo", "medium", "closed", "created_ms", "waiters", "children",
-                 "_items", "_length", "_bytes", "_mem_bytes", "_open", "_open_deadline", "_moving", "_held",
+                 "_items", "_length", "_bytes", "_mem_bytes", "_limits_of", "_floor", "_open", "_open_deadline", "_moving", "_held",
                  "_xid", "_last_removed_add_time", "total_items", "expired_items", "discarded",
                  "transactions", "canceled_transactions", "total_flushes")
 
@@ -86,6 +93,8 @@ class PersistentQueue(OpenReads):
         self._length = 0
         self._bytes = 0
         self._mem_bytes = 0
+        self._limits_of = None     # the config `_floor` is limit_floor of (add)
+        self._floor = 0
         self._open: dict[int, QItem] = {}
         self._open_deadline: dict[int, int] = {}   # xid -> ms, only under open_transaction_timeout
         self._moving: dict[int, QItem] = {}        # xid -> expired item whose move is not confirmed
@@ -165,25 +174,18 @@ class PersistentQueue(OpenReads):
         if self.touched is not None:
             self.touched[self] = None
         config = self.config
-        if self.closed or len(data) > config.max_item_size:
+        if config is not self._limits_of:    # (reload, or a test that sets `config`)
+            self._floor, self._limits_of = limit_floor(config), config
+        floor = self._floor                 # its compares are specialised, the limits' are not
+        n = len(data)
+        if self.closed or (n >= floor and n > config.max_item_size):
             return False
         if config.fanout_only and not self.is_fanout_child:
             return True
         now = self.clock.now_ms() if now_ms is None else now_ms
         # "Full" is judged before the expiry sweep of this add (§5.3, §9 #21).
-        while self._length >= config.max_items or self._bytes >= config.max_size:
-            if not config.discard_old_when_full:
-                return False
-            self.discard_expired(now)          # Kestrel's _remove sweeps before it takes the head
-            if not self._items:
-                if self._length >= config.max_items or self._bytes >= config.max_size:
-                    return False               # limits of 0: nothing left to discard
-                break
-            item = self._pop_head()
-            self._last_removed_add_time = item.add_time
-            self._log(self.storage.record_remove(item), REMOVE, item, 0, False)
-            self._refill(now)
-            self.discarded += 1
+        if (self._length >= floor or self._bytes >= floor) and not self._room_for_one(config, now):
+            return False
         expiry = expiry_ms or 0
         max_age = config.max_age
         if max_age is not None:
@@ -212,7 +214,6 @@ class PersistentQueue(OpenReads):
         undo = self.undo
         if undo is not None and mark is not None:
             undo.entries.append((self.medium, mark, self, ADD, item, 0, undo.ctx))
-        n = len(data)
         self._length += 1
         self._bytes += n
         if not storage.in_read_behind:
@@ -224,6 +225,23 @@ class PersistentQueue(OpenReads):
             self.total_items += 1
         if self.waiters.live:
             self._wake_one()
+        return True
+
+    def _room_for_one(self, config, now: int) -> bool:
+        """Whether an add may go on: the queue under max_items and max_size, or made so by
+        discarding its oldest items (discard_old_when_full)."""
+        while self._length >= config.max_items or self._bytes >= config.max_size:
+            if not config.discard_old_when_full:
+                return False
+            self.discard_expired(now)          # Kestrel's _remove sweeps before it takes the head
+            if not self._items:
+                # limits of 0: nothing left to discard
+                return not (self._length >= config.max_items or self._bytes >= config.max_size)
+            item = self._pop_head()
+            self._last_removed_add_time = item.add_time
+            self._log(self.storage.record_remove(item), REMOVE, item, 0, False)
+            self._refill(now)
+            self.discarded += 1
         return True
 
     def admit(self, item: QItem) -> None:
@@ -545,30 +563,6 @@ class PersistentQueue(OpenReads):
             for item in got:
                 items.append(item)
                 self._mem_bytes += len(item.data)
-
-    def _recycle_timed_out(self, now: int) -> None:
-        """open_transaction_timeout (§5.9, §9 #17): lazily, on a remove from a
-        non-empty queue, abort the single oldest open transaction if its time
-        is up, so this remove returns it.  No waiter is woken: the remover
-        takes the item."""
-        xid, deadline = next(iter(self._open_deadline.items()))
-        if deadline < now:
-            del self._open_deadline[xid]
-            item = self._open.pop(xid)
-            log.info("queue %r: open transaction %d timed out; redelivering", self.name, xid)
-            self._abort(item, xid, primary=False)
-
-    def _next_xid(self) -> int:
-        xid = self._xid
-        open_ = self._open
-        moving = self._moving
-        held = self._held
-        while True:
-            xid = xid + 1 if xid < _XID_MAX else 1
-            if xid not in open_ and xid not in moving and xid not in held:
-                break
-        self._xid = xid
-        return xid
 
     def _wake_one(self) -> None:
         w = self.waiters.wake_one()

@@ -38,7 +38,7 @@ What an undo means for the client (the worker applies it, server/worker.py):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from operator import itemgetter
+from operator import countOf, itemgetter
 
 ADD, REMOVE, OPEN, UNREMOVE, CONFIRM = range(5)
 #: An expired item's move to another worker's queue opened (its REMOVE_TENTATIVE), and
@@ -114,11 +114,12 @@ class UndoLog:
             return
         # The common batch: one medium, written through its newest record.  A medium's marks
         # grow along the list (a rollback cuts its newer entries off with its records), so
-        # its newest entry committed means all of them are; the one-medium check is a C loop.
+        # its newest entry committed means all of them are; the one-medium check is a C loop
+        # (countOf compares by identity first: no set built, no medium hashed).
         last = entries[-1]
         medium = last[0]
         if (medium is through or last[1] < medium.committed_mark) and entries[0][0] is medium and \
-                (len(entries) < 3 or len(set(map(_MEDIUM, entries))) == 1):
+                (len(entries) < 3 or countOf(map(_MEDIUM, entries), medium) == len(entries)):
             entries.clear()
             return
         medium = None

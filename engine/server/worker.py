@@ -304,7 +304,7 @@ class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
                 ok = coll.add(queue, data, expiry or None)
             else:                       # QueueCollection.add, its common case
                 now = coll.clock.now_ms()
-                ok = q.add(data, expiry or None, now, now)
+                ok = q.add(data, expiry, now, now)      # (0 is never, as None is)
                 if ok:
                     coll.total_items += 1
         except Exception as e:   # one bad request must not take the shard down

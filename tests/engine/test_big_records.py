@@ -167,3 +167,47 @@ def test_a_big_continue_is_written_from_the_item_own_bytes(tmp_path, clock, writ
     assert any(b is BIG2.data for b in seen)
     j.close()
     assert (tmp_path / "j" / "q").read_bytes() == encode_continue(5, BIG2)
+
+
+def test_every_record_mark_is_where_its_bytes_land_through_behind_writes_failures_rollbacks_and_rotation(
+        tmp_path, clock, writer, writes):
+    """A record's mark is its byte's position in the queue's whole journal (archives first): the
+    journal keeps the buffer's first mark (`_origin`) rather than adding up the file's base, its
+    size and the bytes under way per record; whatever moves one of those, writes behind that
+    finish or fail, a rollback, a rotation, the next record's mark is still the end of all the
+    bytes before it."""
+    gate, _, fail = writes
+    j = opened(tmp_path / "d", clock, writer)
+
+    def end() -> int:
+        """Where the next record goes: every journal byte so far (archives, file, under way, buffer)."""
+        archived = sum(os.path.getsize(tmp_path / "d" / n) for n in os.listdir(tmp_path / "d") if n != "q")
+        return archived + j.logsize
+
+    def check() -> None:
+        want = end()
+        assert j.record_remove(SMALL) == want
+        assert j.record_add(SMALL) == want + 1
+    check()
+    assert j.write_behind()              # the buffer handed to the thread
+    check()
+    record_all(j)                        # two more writes behind, chained, under way
+    check()
+    fail.add(1)
+    gate.set()
+    with pytest.raises(JournalError):
+        j.settle_write()                 # the file cut back, every record buffered again
+    check()
+    j.flush()
+    check()
+    mark = j.record_add(BIG1)            # behind again
+    j.rollback(mark)
+    check()
+    j.flush()
+    j._rotate(None, False)               # a new file: marks go on from the archive's end
+    assert os.listdir(tmp_path / "d") != ["q"]
+    check()
+    j.record_add(BIG2)
+    j.settle_write()
+    check()
+    j.close()

@@ -75,6 +75,25 @@ def test_max_items_refuses(clock):
     assert stat(q, "discarded") == "0"
 
 
+def test_limits_follow_the_config_in_force_however_it_was_set(clock):
+    """An add compares the limits only when the queue is near the lowest of them (`_floor`, kept
+    per config): a reload, or a config set on the queue, moves that floor with the limits, and
+    the limits' own values (the defaults, past one-digit ints, too) decide at the edge."""
+    q = make(clock)
+    assert q.add(b"1") and q.add(b"22")
+    q.reload(dataclasses.replace(q.config, max_items=2))
+    assert not q.add(b"3")
+    q.config = dataclasses.replace(q.config, max_items=3, max_size=4)
+    assert q.add(b"3")                  # 3 bytes before it: under max_size
+    q.config = dataclasses.replace(q.config, max_items=10)
+    assert not q.add(b"4")              # 4 bytes: full by size
+    q.config = dataclasses.replace(q.config, max_size=2**40, max_item_size=2)
+    assert not q.add(b"xyz") and q.add(b"xy")
+    q.config = dataclasses.replace(q.config, max_item_size=2**40 + 1)
+    assert q.add(b"z" * 3000)
+    assert q.length == 5
+
+
 def test_open_transactions_do_not_count_toward_limits(clock):
     q = make(clock, max_items=1)
     q.add(b"1")

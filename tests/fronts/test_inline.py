@@ -79,6 +79,18 @@ def test_set_and_get_take_the_fused_path(rig):
     assert list(c.front.my.words[4:6]) == [2, 1]    # cmd_get, cmd_set (fronts/counters.py)
 
 
+def test_fused_request_numbers_wrap_past_2_to_the_32_to_1_never_0(rig):
+    """A connection's request numbers are 32-bit and 0 is no request: the fused path's numbering
+    wraps as the ring's does ((req + 1) & 0xFFFFFFFF or 1), and the replies still pair up."""
+    r = rig()
+    [c] = r.conns
+    c.next_req = 0xFFFFFFFE
+    assert run(r, c, b"set q 0 0 1\r\na\r\nset q 0 0 1\r\nb\r\nget q\r\nget q\r\n") == \
+        b"STORED\r\nSTORED\r\nVALUE q 0 1\r\na\r\nEND\r\nVALUE q 0 1\r\nb\r\nEND\r\n"
+    assert c.next_req == 3
+    assert r.worker.front.inline_requests == 4
+
+
 def test_a_get_with_ignored_options_takes_the_fused_path_and_echoes_its_key(rig):
     """`get q/` and `get q/junk` are plain gets (Get.plain): fused, VALUE echoes the key as sent."""
     r = rig()

@@ -421,7 +421,7 @@ class JournalCompaction:
         if rb is None:
             return None
         p = self._pending
-        mark = self._base + self._disk_size + self._inflight_n + len(p)
+        mark = self._origin + len(p)
         p += b"\x01" * n
         self.check_due = True         # records past `check_at`, perhaps (journal.py)
         self._leave_read_behind()

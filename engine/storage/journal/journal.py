@@ -91,7 +91,7 @@ class Journal(JournalCompaction, JournalReadBehind):
     __slots__ = ("_dir", "_path", "name", "_clock", "sync_policy", "inline_pack", "_owner", "_listing",
                  # the file and its buffer (module invariants)
                  "_fd", "_gen", "_opened", "_pending", "_base", "_disk_size", "_synced_size", "writer",
-                 "_inflight_n", "_chain", "_torn", "_closed", "_erased",
+                 "_inflight_n", "_origin", "_chain", "_torn", "_closed", "_erased",
                  "_cursor", "in_read_behind", "_read_mark",                 # readbehind.py
                  # rotation, rewrite, checkpoint packs (compaction.py, _init_compaction)
                  "check_due", "check_at", "rewrites", "rotations", "_archived_size", "_last_ts",
@@ -120,6 +120,10 @@ class Journal(JournalCompaction, JournalReadBehind):
         self._synced_size = 0
         self.writer = None               # a storage.writer.Writer: big flushes go to its thread
         self._inflight_n = 0             # bytes of the jobs under way: after _disk_size, before _pending
+        # _base + _disk_size + _inflight_n, the mark of the buffer's first byte: a record's mark
+        # is one add, not three of ints that a long-lived journal's marks make big (`_moved`
+        # after a change of any of them; `flush` adds what it wrote)
+        self._origin = 0
         self._chain: list = []           # the WriteJobs under way, oldest first (big items: _add_behind)
         self._rb: Cursor | None = None
         self._read_mark = 0              # end of the current file's records read-behind returned
@@ -188,6 +192,7 @@ class Journal(JournalCompaction, JournalReadBehind):
                       self.name, mark, self._base)
             off = 0
         self._disk_size = off
+        self._moved()
         if self._synced_size > off:
             self._synced_size = off
         self._gen += 1               # an fsync under way in a thread must not count these bytes
@@ -273,6 +278,7 @@ class Journal(JournalCompaction, JournalReadBehind):
         self._opened += 1
         self._disk_size = self._synced_size = os.fstat(self._fd).st_size
         self._base = end - self._disk_size
+        self._moved()
         self._torn = False
         self.check_due = True            # `check_at` counted from the old file's start
 
@@ -281,7 +287,7 @@ class Journal(JournalCompaction, JournalReadBehind):
         p = self._pending
         data = item.data
         n = len(data)
-        mark = self._base + self._disk_size + self._inflight_n + len(p)
+        mark = self._origin + len(p)
         if mark + n + 21 >= self.check_at:       # 21: the ADDX head
             self.check_due = True
         head = pack_addx(2, n + 16, item.add_time, item.expiry)
@@ -292,6 +298,11 @@ class Journal(JournalCompaction, JournalReadBehind):
         if len(p) > AUTOFLUSH:
             self._autoflush()
         return mark
+
+    def _moved(self) -> None:
+        """`_base`, `_disk_size` or `_inflight_n` changed (but for `flush`'s write): the
+        buffer's first byte has a new mark.  (settle_write moves bytes from one to the other.)"""
+        self._origin = self._base + self._disk_size + self._inflight_n
 
     def _add_behind(self, item: QItem, head: bytes) -> bool:
         """A big item's ADDX (or CONTINUE: `head`) goes to the writer's thread at once: the buffer and the record's
@@ -314,11 +325,12 @@ class Journal(JournalCompaction, JournalReadBehind):
         job = self.writer.submit(self._fd, buf, data, self._inflight)
         self._chain.append(job)
         self._inflight_n += job.size
+        self._moved()
         return True
 
     def record_remove(self, item: QItem) -> int:
         p = self._pending
-        mark = self._base + self._disk_size + self._inflight_n + len(p)
+        mark = self._origin + len(p)
         if mark >= self.check_at - 1:
             self.check_due = True
         p.append(1)
@@ -326,7 +338,7 @@ class Journal(JournalCompaction, JournalReadBehind):
 
     def record_open(self, item: QItem, xid: int) -> int:
         p = self._pending
-        mark = self._base + self._disk_size + self._inflight_n + len(p)
+        mark = self._origin + len(p)
         if mark + 5 >= self.check_at:
             self.check_due = True
         p += pack_xid(9, xid)
@@ -334,7 +346,7 @@ class Journal(JournalCompaction, JournalReadBehind):
 
     def record_unremove(self, item: QItem, xid: int) -> int:
         p = self._pending
-        mark = self._base + self._disk_size + self._inflight_n + len(p)
+        mark = self._origin + len(p)
         if mark + 5 >= self.check_at:
             self.check_due = True
         p += pack_xid(5, xid)
@@ -342,7 +354,7 @@ class Journal(JournalCompaction, JournalReadBehind):
 
     def record_confirm(self, item: QItem, xid: int) -> int:
         p = self._pending
-        mark = self._base + self._disk_size + self._inflight_n + len(p)
+        mark = self._origin + len(p)
         if mark + 5 >= self.check_at:
             self.check_due = True
         p += pack_xid(6, xid)
@@ -351,7 +363,7 @@ class Journal(JournalCompaction, JournalReadBehind):
     def record_continue(self, xid: int, item: QItem) -> int:
         """CONTINUE: confirm `xid` and append `item` (Kestrel's library `continue`)."""
         p = self._pending
-        mark = self._base + self._disk_size + self._inflight_n + len(p)
+        mark = self._origin + len(p)
         if mark + len(item.data) + 25 >= self.check_at:     # 25: the CONTINUE head
             self.check_due = True
         head = pack_xaddx(8, xid, len(item.data) + 16, item.add_time, item.expiry)
@@ -388,6 +400,7 @@ class Journal(JournalCompaction, JournalReadBehind):
         job = self.writer.submit(self._fd, buf, None, self._inflight)
         self._chain.append(job)
         self._inflight_n += job.size
+        self._moved()
         return True
 
     @property
@@ -431,6 +444,7 @@ class Journal(JournalCompaction, JournalReadBehind):
         size, e = jobs[0].size, jobs[0].error
         back = bytearray().join(x for j in jobs for x in (j.buf, j.tail or b""))
         self._chain, self._inflight_n = [], 0
+        self._moved()
         self._pending[:0] = back
         self._torn = True
         try:
@@ -490,6 +504,7 @@ class Journal(JournalCompaction, JournalReadBehind):
                 pass
             raise JournalError(self._path, f"write of {total} bytes failed: {e.strerror or e}", e.errno) from e
         self._disk_size += total
+        self._origin += total
         del p[:]                # (frees the buffer, as clear() would: the next turn regrows it)
         return False
 
