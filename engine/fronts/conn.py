@@ -224,10 +224,12 @@ class Conn(InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands
             self.last_activity = f.loop.time()
             idle.move_to_end(self.id)            # least recently read first (front.close_idle)
         self.t_in = time.monotonic()
-        self.batch = None                        # a read's replies share its time (rendered.py)
         self.parser.feed(data)
         w = self.worker
         if w is None or w.turn_scheduled or len(f.conns) != 1:
+            # a read's rendered replies share its time (rendered.py); a quiet turn's read is its
+            # batch's only one: its entries end with it
+            self.batch = None
             self.pump()
             if w is not None and w.turn_scheduled:
                 w.reads_left -= 1
@@ -493,13 +495,6 @@ class Conn(InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands
         replies (inline.py) count too: without them a connection that only sets and gets kept
         the first, pessimistic estimate and took 16 pipelined commands a turn, not 32."""
         size = self.reply_size = self.reply_size + ((n - self.reply_size) >> 3)
-        if size > SMALL_REPLY or self.idle_room != MAX_INFLIGHT:
-            self.idle_room = room_for(0, REPLY_BUDGET, size)
-
-    def note_replies(self, n: int, m: int) -> None:
-        """`m` replies of about `n` bytes (a batch's rendered replies, rendered.py): `m` steps
-        of note_reply's at once."""
-        size = self.reply_size = n + int((self.reply_size - n) * 0.875 ** m)
         if size > SMALL_REPLY or self.idle_room != MAX_INFLIGHT:
             self.idle_room = room_for(0, REPLY_BUDGET, size)
 

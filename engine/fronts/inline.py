@@ -24,7 +24,7 @@ conn.py's concern; this is the slot-less path beside it (Conn keeps the two in o
 from __future__ import annotations
 
 from lanner.fronts.flow import MAX_INFLIGHT, SMALL_REPLY
-from lanner.fronts.rendered import RENDERED, family, nth, release
+from lanner.fronts.rendered import family, nth, release
 from lanner.ipc.messages import R_ITEM, R_OK, RF_HELD
 from lanner.protocols.memcache_replies import END_TAIL, SPLICE_MIN
 
@@ -75,15 +75,12 @@ class InlineReplies:
         f = self.front
         out = self.out
         while True:
-            req, ok, render, call, fam, t0, w = fast.popleft()
+            _, ok, render, call, fam, t0, w = fast.popleft()
             if ok is None:
                 n = render(out, status, flags, payload, call)
-            elif status == R_OK:
-                if ok is not RENDERED:          # a set's STORED
-                    out.append(ok)
-                    n = len(ok)
-                else:                           # a connection's replies of a batch (rendered.py)
-                    n = self.release_entry(req, payload, call, fam, t0)
+            elif status == R_OK:                # a set's STORED
+                out.append(ok)
+                n = len(ok)
             elif status == R_ITEM and payload.__class__ is bytes and len(payload) < SPLICE_MIN:
                 # a get's value: its VALUE line (`ok`: value_heads; `call`: the key as sent),
                 # its own bytes and END, joined only with the turn's other output (flush_out)
@@ -121,19 +118,22 @@ class InlineReplies:
             self.drain_slots()
         f.write_pending.add(self)
 
-    def release_entry(self, req: int, entry: list, whole: list, fam: int, t0: float) -> int:
-        """Hand out `entry`, the replies of the connection's `fast` entry `whole` of request
-        `req` on (rendered.py), or the part of it before a write behind (then the rest waits,
-        first in `fast`); the size of its last reply (-1: it closes the connection).  Flow
-        control's estimate takes a step per reply (Conn.note_reply; fast_reply takes the last)."""
-        n, m = release(self.out, entry, self.front.latency, t0)
+    def release_entry(self, out: list, status: int, flags: int, entry: list, call: tuple) -> int:
+        """The `render` of a `fast` entry of rendered replies (rendered.py; `call`: the whole
+        entry, its first request, t0): hand out `entry`, the whole or its part before a write
+        behind (then the rest waits, first in `fast`); the size of its last reply (-1: it
+        closes the connection).  fast_reply observes the first reply's latency and takes the
+        last step of flow control's estimate (Conn.note_reply): the steps between are here."""
+        whole, req, t0 = call
+        n, m = release(out, entry, self.front.latency, t0)
         if entry is whole:
             self.batched -= m - 1
+            if self.batch is whole:     # (its batch has ended: let its bytes go)
+                self.batch = self.batch_of = None
         else:                           # (the rest counts one in `fast`, as the whole did)
-            self.fast.appendleft((nth(req, m), RENDERED, None, whole, family(whole), t0, -1))
+            req = nth(req, m)
+            self.fast.appendleft((req, None, self.release_entry, (whole, req, t0), family(whole), t0, -1))
             self.batched -= m
-        if self.batch is whole:         # (its batch has ended: let its bytes go)
-            self.batch = self.batch_of = None
-        if m > 1 and (n > SMALL_REPLY or self.idle_room != MAX_INFLIGHT):
-            self.note_replies(n, m - 1)
+        if n > 0:
+            self.reply_size = n + int((self.reply_size - n) * 0.875 ** (m - 1))
         return n

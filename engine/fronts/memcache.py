@@ -95,10 +95,10 @@ class MemcacheConn(Conn):
                 w.schedule_turn()
             fast = self.fast
             if fast:
-                # a reply owed already: this one may join it, rendered (rendered.py), as in on_get
+                # replies owed already: this one may join them, rendered (rendered.py), as in on_get
                 ok = w.inline_set(f.index, self.id, req, q, expiry, cmd.data)
-                if ok is not None:
-                    ent = self.batch
+                ent = self.batch
+                if ok is not None and (ent is not None or len(fast) > 1):
                     replies = w.replies
                     if ent is not None and self.batch_of is replies:
                         replies.pop()
@@ -186,14 +186,16 @@ class MemcacheConn(Conn):
                 fast = self.fast
                 if fast:
                     data = w.inline_get(f.index, self.id, req, q)
-                    if data is False:
+                    ent = self.batch
+                    if ent is None and len(fast) < 2:
+                        pieces = None   # (nothing to join: its reply alone)
+                    elif data is False:
                         pieces = END3
                     elif data.__class__ is bytes and len(data) < mr.SPLICE_MIN:
                         pieces = (mr.value_heads[k.raw, len(data)], data, mr.END_TAIL)
                     else:               # it answered itself (None), or a value too big to render
                         pieces = None
                     if pieces is not None:
-                        ent = self.batch
                         replies = w.replies
                         if ent is not None and self.batch_of is replies:
                             replies.pop()

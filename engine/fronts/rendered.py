@@ -9,11 +9,14 @@ cost ~100 bytecodes and two calls, the most a request did at 32 requests a write
 stop 14).  So a connection's replies of one read and one batch become one entry: a list of
 their bytes, carried, held, failed and released as one reply.
 
-The hybrid (perf/README.md, stops 15 and 17): a batch's first fused reply of a connection goes
-the per-reply way (`fast_reply` renders it), unchanged: a closed-loop client (one request a
-read) never pays for an entry.  The second turns both into an entry (`opens`: the first's reply
-rendered from its tuple); the third and later append their pieces to it in the connection's
-own frame (MemcacheConn.store and on_get), which counts them in `Conn.batched`.
+The hybrid (perf/README.md, stops 15 and 17): a connection's first fused reply of a read and a
+batch goes the per-reply way, unchanged, so a closed-loop client (one request a read) never
+pays for an entry, nor does a read of two (an entry of two cost more than two replies alone:
+perf/README.md, stop 17).  The third turns the three into an entry (`opens`: the first two's
+replies rendered from their tuples in the batch); the fourth and later append their pieces to
+it in the connection's own frame (MemcacheConn.store and on_get), counted in `Conn.batched` (flow control
+counts every reply in flight).  Worker.inline_set / inline_get return their answer for that,
+their reply last in the batch, which a joining request takes back off.
 
 An entry holds exactly three pieces a reply: a value's VALUE line, its bytes and END; any other
 reply its line and two empty pieces (which cost the write's join nothing).  So reply k starts
@@ -21,27 +24,28 @@ at piece 3k, the entry holds len // 3 replies, and piece 3k says what reply k wa
 NOT_STORED: a set; anything else: a get).  Its requests are numbered one after the other from
 the entry's first (`members`): the connection closes its entry (`Conn.batch = None`) when it
 numbers any other request (notify, request, route_fast, a fused request answered alone), when
-it reads new bytes (the requests of a read share their read's time) and when the worker's batch
-ends (the entry remembers the batch's reply list, `Conn.batch_of`, which finish_batch replaces).
+it reads new bytes in a turn with other reads (the requests of a read share their read's time;
+a quiet turn's read is its batch's only one) and when the worker's batch ends (the entry
+remembers the batch's reply list, `Conn.batch_of`, which the batch's end replaces).
 
-In `fast` an entry is `(first request, RENDERED, None, entry, family, t0, -1)`; in the worker's
-batch `(front slot, (conn, first request, R_OK, 0, 0, 0), entry)`, so every rule that moves,
-holds or fails replies moves, holds or fails the entry with its batch.  A failed write or fsync
-(GroupCommit.undo_replies) cuts the entry at its first undone request (`cut`): the replies
-before it leave, that request's reply is the SERVER_ERROR every failed request gets, and the
-connection closes, as if each reply had been carried alone.  A write that goes behind
-(GroupCommit.hold_unwritten) splits the entry before its first request with a record in it
-(`split`): the replies before it leave with the batch, as they would have one by one, and only
-the rest waits for the write.
+In `fast` an entry is `(first request, None, Conn.release_entry, (entry, first request, t0),
+family, t0, -1)`: fast_reply renders it as any reply with nothing known in advance, so the
+per-reply path pays nothing for it (inline.py).  In the worker's batch it is `(front slot,
+(conn, first request, R_OK, 0, 0, 0), entry)`, so every rule that moves, holds or fails
+replies moves, holds or fails the entry with its batch.  A failed write or fsync
+(GroupCommit.undo_replies) cuts the entry at its first undone request (`cut`; the head stays):
+the replies before it leave, that request's reply is the SERVER_ERROR every failed request
+gets, and the connection closes, as if each reply had been carried alone.  A write that goes
+behind (GroupCommit.hold_unwritten) parts the entry before its first request with a record in
+it (`split`): the replies before it leave with the batch, as they would have one by one, and
+only the rest waits for the write, so a write behind delays no reply it would not have delayed
+carried alone.
 """
 from __future__ import annotations
 
 from lanner.ipc.messages import R_EMPTY, R_ITEM, R_NOT_STORED, R_OK
 from lanner.ops.latency import FAMILIES
 from lanner.protocols import memcache_replies as mr
-
-#: `fast`'s marker of an entry (where a set's STORED or a get's VALUE heads are)
-RENDERED = object()
 
 #: a set's and an empty get's reply as an entry's three pieces
 STORED3 = (mr.STORED, b"", b"")
@@ -54,37 +58,55 @@ _LINES = {R_OK: STORED3, R_NOT_STORED: NOT_STORED3, R_EMPTY: END3}
 
 
 def opens(c, replies: list, pieces: tuple) -> bool:
-    """The connection's second fused reply of a read and a batch, `pieces` (its reply in the
-    batch's last place, `replies[-1]`): whether it and the first, the reply before it, became
-    an entry.  They do when the first was a fused request of this worker numbered just before,
-    from the same read, answered with what an entry holds (a line, or a value under
-    SPLICE_MIN)."""
+    """The connection's third fused reply of a read and a batch, `pieces` (its reply last in
+    the batch, `replies[-1]`): whether it and the two before it became an entry.  They do when
+    those were fused requests of this worker numbered just before it, from the same read,
+    their replies the two before it, answered with what an entry holds (a line, or a value
+    under SPLICE_MIN).  (From the third: an entry of two costs more than the two alone.)"""
     fast = c.fast
-    first = fast[-1]
+    if len(fast) < 2:
+        return False
+    second = fast[-1]
+    first = fast[-2]
     req = first[0]
-    if first[6] != -1 or first[5] is not c.t_in or len(replies) < 2 or \
-            nth(req, 1) != replies[-1][1][1]:
+    t0 = c.t_in
+    if second[5] is not t0 or first[5] is not t0 or second[6] != -1 or first[6] != -1 or \
+            len(replies) < 3 or nth(req, 1) != second[0] or nth(req, 2) != replies[-1][1][1]:
         return False
-    dst, head, payload = replies[-2]
-    if head.__class__ is not tuple or head[1] != req or head[0] != c.id:
+    a = _pieces(first, replies[-3], c.id)
+    if a is None:
         return False
-    status = head[2]
-    ok = first[1]
-    if status == R_ITEM:
-        if ok is not mr.value_heads or payload.__class__ is not bytes or len(payload) >= mr.SPLICE_MIN:
-            return False
-        ent = [ok[first[3], len(payload)], payload, mr.END_TAIL, *pieces]
-    elif status in _LINES and (ok is mr.STORED or ok is mr.value_heads):
-        ent = [*_LINES[status], *pieces]
-    else:
+    b = _pieces(second, replies[-2], c.id)
+    if b is None:
         return False
-    replies.pop()
-    replies[-1] = (dst, (head[0], req, R_OK, 0, 0, 0), ent)
-    fast[-1] = (req, RENDERED, None, ent, first[4], first[5], -1)
+    ent = [*a, *b, *pieces]
+    dst = replies[-3][0]
+    del replies[-2:]
+    replies[-1] = (dst, (c.id, req, R_OK, 0, 0, 0), ent)
+    fast.pop()
+    fast[-1] = (req, None, c.release_entry, (ent, req, t0), first[4], t0, -1)
     c.batch = ent
     c.batch_of = replies
-    c.batched += 1
+    c.batched += 2
     return True
+
+
+def _pieces(waiting: tuple, reply: tuple, conn: int) -> tuple | None:
+    """A fused request's reply (its `fast` entry `waiting`, its `reply` in the batch) as an
+    entry's three pieces, or None if it is not one an entry holds."""
+    head = reply[1]
+    if head.__class__ is not tuple or head[1] != waiting[0] or head[0] != conn or head[3]:
+        return None
+    status = head[2]
+    ok = waiting[1]
+    if status == R_ITEM:
+        payload = reply[2]
+        if ok is not mr.value_heads or payload.__class__ is not bytes or len(payload) >= mr.SPLICE_MIN:
+            return None
+        return ok[waiting[3], len(payload)], payload, mr.END_TAIL
+    if status in _LINES and (ok is mr.STORED or ok is mr.value_heads):
+        return _LINES[status]
+    return None
 
 
 def members(first: int, n: int):

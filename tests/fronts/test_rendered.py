@@ -15,7 +15,6 @@ import time
 
 from lanner.config import Config, ServerConfig
 from lanner.fronts.counters import FRONT_COUNTERS
-from lanner.fronts.rendered import RENDERED
 from lanner.ops import latency
 from lanner.perf.hotloop import Rig
 from lanner.perf.hotroute import RoutedRig, queue_of
@@ -44,6 +43,11 @@ def counts(c, family: str) -> int:
     return sum(words[col:col + len(latency.BOUNDS) + 1])
 
 
+def entry(e: tuple) -> list | None:
+    """The rendered replies of the `fast` entry `e`, or None if it is a reply alone."""
+    return e[3][0] if e[1] is None and e[3].__class__ is tuple else None
+
+
 def wait_for(r, done) -> None:
     deadline = time.monotonic() + 10
     while not done():
@@ -51,23 +55,25 @@ def wait_for(r, done) -> None:
         r.turn()
 
 
-def test_a_reads_first_reply_goes_alone_and_a_second_makes_both_one_entry(rig):
-    """One request in a read: its reply is carried alone (the per-reply path, untouched).  A
-    second in the same read: the two are one entry, in the first's place in the batch."""
+def test_a_reads_first_two_replies_go_alone_and_a_third_makes_the_three_one_entry(rig):
+    """One or two requests in a read: their replies are carried alone (the per-reply path,
+    untouched).  A third in the same read: the three are one entry, in the first's place in
+    the batch."""
     r = rig(conns=2)
     c = r.conns[0]
     w = r.worker
-    c.data_received(b"set q 0 0 1\r\na\r\n")
-    assert [rep[2] for rep in w.replies] == [b""] and c.fast[0][1] is mr.STORED
+    c.data_received(b"set q 0 0 1\r\na\r\nset q 0 0 1\r\nb\r\n")
+    assert [rep[2] for rep in w.replies] == [b"", b""] and [e[1] for e in c.fast] == [mr.STORED] * 2
     assert c.batch is None and c.batched == 0
-    c.data_received(b"get q\r\nset q 0 0 1\r\nb\r\n")     # a new read: its own entry
-    assert len(w.replies) == 2 and w.replies[1][2].__class__ is list
-    assert len(c.fast) == 2 and c.fast[1][1] is RENDERED and c.batched == 1
-    assert c.batch is w.replies[1][2]
+    c.data_received(b"get q\r\nset q 0 0 1\r\nc\r\nget q\r\n")     # a new read: its own entry
+    assert len(w.replies) == 3 and w.replies[2][2].__class__ is list
+    assert len(c.fast) == 3 and entry(c.fast[2]) is w.replies[2][2] and c.batched == 2
+    assert c.batch is w.replies[2][2]
     r.turn()
-    assert out(c) == b"STORED\r\nVALUE q 0 1\r\na\r\nEND\r\nSTORED\r\n"
+    assert out(c) == b"STORED\r\nSTORED\r\nVALUE q 0 1\r\na\r\nEND\r\nSTORED\r\n" \
+        b"VALUE q 0 1\r\nb\r\nEND\r\n"
     assert not c.fast and c.batch is None and c.batched == 0
-    assert (counts(c, "set"), counts(c, "get")) == (2, 1)
+    assert (counts(c, "set"), counts(c, "get")) == (3, 2)
 
 
 def test_a_connections_replies_of_a_batch_are_one_reply_and_count_each(rig):
@@ -99,11 +105,12 @@ def test_a_value_too_big_to_render_goes_alone_between_two_entries(rig):
     c.data_received(b"set b 0 0 %d\r\n%s\r\n" % (len(big), big))
     r.turn()
     assert out(c) == b"STORED\r\n"
-    c.data_received(b"set a 0 0 1\r\n1\r\nset a 0 0 1\r\n2\r\nget b\r\nget a\r\nget a\r\n")
-    assert [e[1] for e in c.fast] == [RENDERED, mr.value_heads, RENDERED] and c.batched == 2
+    c.data_received(b"set a 0 0 1\r\n1\r\nset a 0 0 1\r\n2\r\nset a 0 0 0\r\n\r\nget b\r\nget a\r\n"
+                    b"get a\r\nget a\r\n")
+    assert [entry(e) is None for e in c.fast] == [False, True, False] and c.batched == 4
     wait_for(r, lambda: not (c.fast or c.spill))          # (the big value goes in slices)
-    assert out(c) == b"STORED\r\nSTORED\r\nVALUE b 0 %d\r\n%s\r\nEND\r\n" % (len(big), big) + \
-        b"VALUE a 0 1\r\n1\r\nEND\r\nVALUE a 0 1\r\n2\r\nEND\r\n"
+    assert out(c) == b"STORED\r\n" * 3 + b"VALUE b 0 %d\r\n%s\r\nEND\r\n" % (len(big), big) + \
+        b"VALUE a 0 1\r\n1\r\nEND\r\nVALUE a 0 1\r\n2\r\nEND\r\nVALUE a 0 0\r\n\r\nEND\r\n"
     assert not c.fast and c.batched == 0
 
 
@@ -121,19 +128,22 @@ def test_a_batch_that_ended_takes_no_more_replies(rig, monkeypatch):
         assert gate.wait(10)
         real(fd)
     monkeypatch.setattr(J, "_fsync", fsync)
-    c.data_received(b"set q 0 0 1\r\na\r\nset q 0 0 1\r\nb\r\n")
-    first = c.batch
-    r.worker.finish_batch()                               # the batch ends: its round waits
-    assert first is not None and c.fast[0][3] is first
-    c.parser.feed(b"get q\r\nget q\r\n")                  # (the same read's: t_in unchanged)
-    c.pump()
-    assert c.batch is not None and c.batch is not first and len(c.fast) == 2
-    assert first == [mr.STORED, b"", b""] * 2             # nothing joined the first
-    r.turn()
-    assert c.transport.written == []                      # no reply before its fsync
-    gate.set()
+    try:
+        c.data_received(b"set q 0 0 1\r\na\r\nset q 0 0 1\r\nb\r\nset q 0 0 1\r\nc\r\n")
+        first = c.batch
+        r.worker.finish_batch()                           # the batch ends: its round waits
+        assert first is not None and entry(c.fast[0]) is first
+        c.parser.feed(b"get q\r\nget q\r\nget q\r\n")     # (the same read's: t_in unchanged)
+        c.pump()
+        assert c.batch is not None and c.batch is not first and len(c.fast) == 2
+        assert first == [mr.STORED, b"", b""] * 3         # nothing joined the first
+        r.turn()
+        assert c.transport.written == []                  # no reply before its fsync
+    finally:
+        gate.set()
     wait_for(r, lambda: not (c.fast or c.out))
-    assert out(c) == b"STORED\r\nSTORED\r\nVALUE q 0 1\r\na\r\nEND\r\nVALUE q 0 1\r\nb\r\nEND\r\n"
+    assert out(c) == b"STORED\r\n" * 3 + b"VALUE q 0 1\r\na\r\nEND\r\nVALUE q 0 1\r\nb\r\nEND\r\n" \
+        b"VALUE q 0 1\r\nc\r\nEND\r\n"
 
 
 def play_failed_write(r, monkeypatch, reads) -> bytes:
@@ -293,17 +303,18 @@ def test_rendered_and_routed_replies_leave_in_command_order(tmp_path):
             rig.spin(rig.home)
             rig.spin(rig.workers[0])
         assert out(c) == b"STORED\r\nSTORED\r\n"
-        c.data_received(b"set %s 0 0 1\r\nm\r\nget %s\r\nget %s\r\nget %s\r\n" % (here, there, here, here))
+        c.data_received(b"set %s 0 0 1\r\nm\r\nget %s\r\nget %s\r\nget %s\r\nget %s\r\n" % (
+            here, there, here, here, here))
         rig.spin(rig.home)                  # worker 1's batch: its rendered replies released
         assert out(c) == b"STORED\r\n"
         assert len(c.fast) == 2 and list(c.early) == [c.fast[1][0]]     # behind the routed get
-        assert c.early[c.fast[1][0]][2].__class__ is list               # an entry of two gets
+        assert c.early[c.fast[1][0]][2].__class__ is list               # an entry of three gets
         for _ in range(3):
             rig.home.front.settles.on_timer()
             rig.spin(rig.workers[0])
             rig.spin(rig.home)
         assert out(c) == b"VALUE %s 0 1\r\nr\r\nEND\r\nVALUE %s 0 1\r\nl\r\nEND\r\nVALUE %s 0 1\r\nm\r\nEND\r\n" % (
-            there, here, here)
+            there, here, here) + b"END\r\n"
         assert not c.fast and not c.early and c.batched == 0
         assert [len(w.holding) for w in rig.workers] == [0, 0]
     finally:
