@@ -121,7 +121,7 @@ class Conn(InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands
                  "paused_writing", "spill", "spilled", "wbusy", "spill_queued", "reading_paused",
                  "cur_fam", "t_in", "fast", "early", "worker", "local", "local_bit",
                  "refuse_reads", "refuse_writes", "last_activity", "adopted", "moving", "moved",
-                 "held_slots", "unwritten", "handlers", "count_bytes")
+                 "held_slots", "unwritten", "handlers", "count_bytes", "batch", "batch_of", "batched")
 
     def __init__(self, front: Front, parser, handlers: dict | None = None, count_bytes: bool = True):
         self.front = front
@@ -157,6 +157,12 @@ class Conn(InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands
         # that came back ahead of an older one (a write-behind held it) wait in `early`.
         self.fast: deque[tuple] = deque()
         self.early: dict[int, tuple] = {}
+        # Fused replies rendered as their requests ran (rendered.py): the entry still open for
+        # this read and batch, the worker's reply list of that batch, and how many replies the
+        # entries in `fast` hold beyond one each (flow control counts every reply in flight).
+        self.batch: list | None = None
+        self.batch_of: list | None = None
+        self.batched = 0
         self.worker = getattr(front, "worker", None)      # a LocalFront's worker, else None
         self.local = getattr(front, "local", -1)          # that worker's index
         self.local_bit = 1 << self.local if self.local >= 0 else 0     # its bit in `touched`
@@ -221,6 +227,9 @@ class Conn(InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands
         self.parser.feed(data)
         w = self.worker
         if w is None or w.turn_scheduled or len(f.conns) != 1:
+            # a read's rendered replies share its time (rendered.py); a quiet turn's read is its
+            # batch's only one: its entries end with it
+            self.batch = None
             self.pump()
             if w is not None and w.turn_scheduled:
                 w.reads_left -= 1
@@ -245,6 +254,8 @@ class Conn(InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands
         if self.early:
             self.drop_early()
         self.fast.clear()
+        self.batch = None
+        self.batched = 0
         if self.counts_connection and not self.moved:
             f.my.decr(C_CURR)
             if not self.moving:
@@ -311,7 +322,7 @@ class Conn(InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands
         if not (self.slots or self.fast or self.held or self.spilled) and \
                 (t is None or not t.get_write_buffer_size()):
             return self.idle_room          # nothing in flight or unsent: the common case
-        return room_for(len(self.slots) + len(self.fast),
+        return room_for(len(self.slots) + len(self.fast) + self.batched,
                         REPLY_BUDGET - self.held - self.spilled - (t.get_write_buffer_size() if t is not None else 0),
                         self.reply_size)
 
@@ -405,6 +416,7 @@ class Conn(InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands
         """Send a request whose response nobody waits for (noreply); returns its number."""
         req = self.next_req
         self.next_req = (req + 1) & 0xFFFFFFFF or 1
+        self.batch = None               # an entry's requests are numbered one after the other
         self.touched |= 1 << worker
         self.front.send(worker, self.id, req, op, flags | self.conn_flags, queue, a, b, payload)
         return req
@@ -414,6 +426,7 @@ class Conn(InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands
         """Send one request whose response becomes a part of `slot`'s reply."""
         req = self.next_req
         self.next_req = (req + 1) & 0xFFFFFFFF or 1
+        self.batch = None               # (as in notify)
         self.touched |= 1 << worker
         part = Part(slot, len(slot.parts), worker, req)
         slot.parts.append(part)
@@ -447,8 +460,10 @@ class Conn(InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands
         part = self.parts.pop(req, None)
         if part is None or self.closing:
             if part is None and fast and not self.closing and any(e[0] == req for e in fast):
-                # a fast request's reply ahead of an older one's: keep it until that comes
-                self.early[req] = (status, flags, bytes(payload) if payload else b"", value)
+                # a fast request's reply ahead of an older one's: keep it until that comes (a
+                # batch's rendered replies, a list, as they are: rendered.py)
+                self.early[req] = (status, flags, payload if payload.__class__ is list else
+                                   bytes(payload) if payload else b"", value)
                 return True
             return False
         slot = part.slot

@@ -24,6 +24,7 @@ conn.py's concern; this is the slot-less path beside it (Conn keeps the two in o
 from __future__ import annotations
 
 from lanner.fronts.flow import MAX_INFLIGHT, SMALL_REPLY
+from lanner.fronts.rendered import family, nth, release
 from lanner.ipc.messages import R_ITEM, R_OK, RF_HELD
 from lanner.protocols.memcache_replies import END_TAIL, SPLICE_MIN
 
@@ -95,6 +96,8 @@ class InlineReplies:
                 if self.early:
                     self.drop_early()
                 fast.clear()
+                self.batch = None
+                self.batched = 0
                 self.slots.clear()      # what was sent after the closing command goes unanswered
                 self.held = 0
                 f.write_pending.add(self)
@@ -114,3 +117,23 @@ class InlineReplies:
         if not fast and self.slots:
             self.drain_slots()
         f.write_pending.add(self)
+
+    def release_entry(self, out: list, status: int, flags: int, entry: list, call: tuple) -> int:
+        """The `render` of a `fast` entry of rendered replies (rendered.py; `call`: the whole
+        entry, its first request, t0): hand out `entry`, the whole or its part before a write
+        behind (then the rest waits, first in `fast`); the size of its last reply (-1: it
+        closes the connection).  fast_reply observes the first reply's latency and takes the
+        last step of flow control's estimate (Conn.note_reply): the steps between are here."""
+        whole, req, t0 = call
+        n, m = release(out, entry, self.front.latency, t0)
+        if entry is whole:
+            self.batched -= m - 1
+            if self.batch is whole:     # (its batch has ended: let its bytes go)
+                self.batch = self.batch_of = None
+        else:                           # (the rest counts one in `fast`, as the whole did)
+            req = nth(req, m)
+            self.fast.appendleft((req, None, self.release_entry, (whole, req, t0), family(whole), t0, -1))
+            self.batched -= m
+        if n > 0:
+            self.reply_size = n + int((self.reply_size - n) * 0.875 ** (m - 1))
+        return n

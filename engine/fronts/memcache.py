@@ -13,6 +13,7 @@ from lanner.protocols import memcache_replies as mr
 from lanner import __version__
 from lanner.fronts.conn import Conn, Slot, expiry_at
 from lanner.fronts.counters import C_GET, C_PEEK, C_SET
+from lanner.fronts.rendered import END3, NOT_STORED3, STORED3, opens
 from lanner.server.status import StatusError
 from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_NOREPLY, F_OPEN, F_PEEK, F_STREAM, OP_ALIAS_PUT, OP_CONFIRM,
                        OP_DELETE, OP_FLUSH, OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED, OP_FLUSH_EXPIRED,
@@ -92,10 +93,27 @@ class MemcacheConn(Conn):
             if f.streak:
                 f.streak.pop(self.id, None)     # a local request breaks a streak towards a handoff
             f.inline_requests += 1
-            self.fast.append((req, mr.STORED, set_fused, None, self.cur_fam, self.t_in, -1))
             w = self.worker
             if not w.turn_scheduled:
                 w.schedule_turn()
+            fast = self.fast
+            if fast:
+                # replies owed already: this one may join them, rendered (rendered.py), as in on_get
+                ok = w.inline_set(f.index, self.id, req, q, expiry, cmd.data)
+                ent = self.batch
+                if ok is not None and (ent is not None or len(fast) > 1):
+                    replies = w.replies
+                    if ent is not None and self.batch_of is replies:
+                        replies.pop()
+                        ent += STORED3 if ok else NOT_STORED3
+                        self.batched += 1
+                        return True
+                    if opens(self, replies, STORED3 if ok else NOT_STORED3):
+                        return True
+                self.batch = None
+                fast.append((req, mr.STORED, set_fused, None, self.cur_fam, self.t_in, -1))
+                return True
+            fast.append((req, mr.STORED, set_fused, None, self.cur_fam, self.t_in, -1))
             w.inline_set(f.index, self.id, req, q, expiry, cmd.data)
             return True                 # fused: one reply in flight and nothing else (Conn.process)
         dests = f.config.aliases.get(q)
@@ -166,10 +184,34 @@ class MemcacheConn(Conn):
                 if f.streak:
                     f.streak.pop(self.id, None)
                 f.inline_requests += 1
-                self.fast.append((req, mr.value_heads, get1_fused, k.raw, self.cur_fam, self.t_in, -1))
                 w = self.worker
                 if not w.turn_scheduled:
                     w.schedule_turn()
+                fast = self.fast
+                if fast:
+                    data = w.inline_get(f.index, self.id, req, q)
+                    ent = self.batch
+                    if ent is None and len(fast) < 2:
+                        pieces = None   # (nothing to join: its reply alone)
+                    elif data is False:
+                        pieces = END3
+                    elif data.__class__ is bytes and len(data) < mr.SPLICE_MIN:
+                        pieces = (mr.value_heads[k.raw, len(data)], data, mr.END_TAIL)
+                    else:               # it answered itself (None), or a value too big to render
+                        pieces = None
+                    if pieces is not None:
+                        replies = w.replies
+                        if ent is not None and self.batch_of is replies:
+                            replies.pop()
+                            ent += pieces
+                            self.batched += 1
+                            return True
+                        if opens(self, replies, pieces):
+                            return True
+                    self.batch = None
+                    fast.append((req, mr.value_heads, get1_fused, k.raw, self.cur_fam, self.t_in, -1))
+                    return True
+                fast.append((req, mr.value_heads, get1_fused, k.raw, self.cur_fam, self.t_in, -1))
                 w.inline_get(f.index, self.id, req, q)
                 return True         # fused: one reply in flight and nothing else (Conn.process)
             if f.config.aliases.get(q) is not None:

@@ -58,6 +58,7 @@ class RoutedRequests:
             return False
         req = self.next_req
         self.next_req = (req + 1) & 0xFFFFFFFF or 1
+        self.batch = None              # its reply goes behind the rendered ones (rendered.py)
         self.touched |= 1 << w
         head = pack_req(self.id, req, op, self.conn_flags, len(name), a, len(payload)) + name
         if len(payload) < SMALL_MESSAGE:

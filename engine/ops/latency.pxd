@@ -9,8 +9,9 @@ cdef class Recorder:
     cdef readonly Py_ssize_t base
 
     @cython.locals(col=Py_ssize_t, i=Py_ssize_t, bound=double, us=cython.longlong)
-    cpdef observe(self, long family, double seconds)
+    cpdef observe(self, long family, double seconds, long long n=*)
     cpdef since(self, long family, double t0)
+    cpdef since_n(self, long family, double t0, long long n)
 
 # The clock `since` reads once per reply, in C (latency.py calls it under COMPILED only):
 # time.monotonic() from compiled code is a module attribute lookup and a Python call.

@@ -19,6 +19,7 @@ import logging
 import os
 
 from lanner.errors import describe_os_error
+from lanner.fronts import rendered
 from lanner.ipc.fdwait import wait_readable
 from lanner.ipc.messages import (R_SERVER_ERROR, RF_CLOSE, SMALL_MESSAGE, pack_resp, resp_fields,
                                  send)
@@ -159,7 +160,13 @@ class GroupCommit:
         waiting = self.write_held + self.replies
         self.write_held, self.replies = [], []
         for r in waiting:
-            if (r[0], *resp_fields(r[1])[:2]) in keys:
+            if r[2].__class__ is list:      # a connection's rendered replies: parted at the first
+                go, wait = rendered.split(r, keys)      # that waits, as if carried one by one
+                if go is not None:
+                    self.replies.append(go)
+                if wait is not None:
+                    self.write_held.append(wait)
+            elif (r[0], *resp_fields(r[1])[:2]) in keys:
                 self.write_held.append(r)
             else:
                 self.replies.append(r)
@@ -309,12 +316,16 @@ class GroupCommit:
 def _fail_requests(replies: list, failed: set, why: bytes, seen: set) -> None:
     """Replace (in place) the reply of every request in `failed` ((dst, conn, req) keys) by
     SERVER_ERROR with the connection closing, as Kestrel answers an availability failure; later
-    replies of the same request (a monitor's) are dropped.  `seen` carries that across lists."""
+    replies of the same request (a monitor's) are dropped.  `seen` carries that across lists.
+    A connection's rendered replies (a list, fronts/rendered.py) are cut at the first failed
+    one, which becomes that SERVER_ERROR (the list stays the reply, its head as it was)."""
     out = []
     for dst, head, payload in replies:
         conn, req = resp_fields(head)[:2]
         key = (dst, conn, req)
-        if key in failed:
+        if payload.__class__ is list:
+            rendered.cut(payload, failed, dst, head, why)
+        elif key in failed:
             if key in seen:
                 continue
             seen.add(key)

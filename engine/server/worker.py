@@ -290,7 +290,7 @@ class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
         self.closed_conns.discard((src, conn))
         return False
 
-    def inline_set(self, src: int, conn: int, req: int, queue: str, expiry: int, data: bytes) -> None:
+    def inline_set(self, src: int, conn: int, req: int, queue: str, expiry: int, data: bytes) -> bool | None:
         """A whole-body set from this worker's own client, run by the fused local path
         (MemcacheConn.store, which scheduled the turn): OP_SET as `execute` runs it, without the
         request record.  A queue that exists and has no fanout children is added to here,
@@ -312,8 +312,9 @@ class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
         else:
             # its head unpacked: the reply stays in this process (messages.resp_fields)
             self.replies.append((src, (conn, req, R_OK if ok else R_NOT_STORED, 0, 0, 0), b""))
+            return ok
 
-    def inline_get(self, src: int, conn: int, req: int, queue: str) -> None:
+    def inline_get(self, src: int, conn: int, req: int, queue: str) -> bytes | bool | None:
         """A plain `get q` from this worker's own client, run by the fused local path
         (MemcacheConn.on_get, which scheduled the turn): Waiting.plain_get for a connection of
         this worker's own front while the worker has no sessions at all (so none holds an open
@@ -339,8 +340,9 @@ class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
         else:
             if item is None:
                 self.replies.append((src, (conn, req, R_EMPTY, 0, 0, 0), b""))
-            else:
-                self.replies.append((src, (conn, req, R_ITEM, 0, 0, 0), item.data))
+                return False
+            self.replies.append((src, (conn, req, R_ITEM, 0, 0, 0), item.data))
+            return item.data
 
     def execute(self, src: int, conn: int, req: int, op: int, flags: int, queue: str, a: int, b: int,
                 payload) -> None:
