@@ -150,18 +150,6 @@ def ensure_built(source: Path | None = None) -> str:
     os.replace(tmp, target)
     log.info("built %s", target)
     return str(target)
-    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
-    if not cc:
-        raise LoadgenError("no C compiler found (install gcc) to build perf/loadgen.c")
-    fd, tmp = tempfile.mkstemp(prefix="loadgen-", dir=target.parent)
-    os.close(fd)
-    proc = subprocess.run([cc, "-O2", "-Wall", "-o", tmp, str(SOURCE)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        os.unlink(tmp)
-        raise LoadgenError(f"building {SOURCE} failed:\n{proc.stderr[-3000:]}")
-    os.replace(tmp, target)
-    log.info("built %s", target)
-    return str(target)
 
 
 def split(load: Load, procs: int) -> list[Load]:
