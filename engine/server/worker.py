@@ -293,9 +293,8 @@ class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
     def inline_set(self, src: int, conn: int, req: int, queue: str, expiry: int, data: bytes) -> bool | None:
         """A whole-body set from this worker's own client, run by the fused local path
         (MemcacheConn.store, which scheduled the turn): OP_SET as `execute` runs it, without the
-        request record.  A queue that exists and has no fanout children is added to here,
-        with QueueCollection.add's accounting (the collection's layer was a Python call, ~1k
-        instructions, of a ~34k request); any other goes through the collection's `add`."""
+        request record.  A queue that exists and has no fanout children is added to here, with
+        QueueCollection.add's accounting (a Python call less); any other through `coll.add`."""
         coll = self.coll
         coll.undo.ctx = (src, conn, req)
         try:
@@ -318,8 +317,8 @@ class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
         """A plain `get q` from this worker's own client, run by the fused local path
         (MemcacheConn.on_get, which scheduled the turn): Waiting.plain_get for a connection of
         this worker's own front while the worker has no sessions at all (so none holds an open
-        read on `queue`), with QueueCollection.remove's accounting for a queue that exists
-        (the two layers were two Python calls a get); anything else goes to plain_get."""
+        read), with QueueCollection.remove's accounting; else plain_get.  Returns the value, False
+        if none, None if another path answers (a reply rendered at once: rendered.py)."""
         if self.sessions:
             self.plain_get(src, conn, req, queue)
             return
