@@ -6,12 +6,13 @@
  * read, one write of the replies per connection and turn, one journal write and one epoll_wait
  * per turn) plus its own user-space work.  This server does the same syscalls in the same
  * shape on one thread, keeps a real FIFO (a get returns the oldest item, so `mixed`'s payload
- * checks hold), appends each turn's sets to a journal file with one write, and spends BURN_NS
- * nanoseconds of its CPU per request in a loop in place of Python.  Run against memcached with compare, BURN_NS=0
- * gives the ceiling of this shape and a sweep gives the user CPU per request a ratio needs.
+ * checks could hold), appends each turn's sets to a journal file with one write, and spends
+ * BURN_NS nanoseconds of its CPU per request in a loop in place of Python.  Run against
+ * memcached with compare, BURN_NS=0 gives the ceiling of this shape and a sweep gives the user
+ * CPU per request a ratio needs.
  *
  * usage: standin PORT BURN_NS JOURNAL_FILE
- * Speaks: set KEY FLAGS EXPTIME BYTES [noreply], get KEY (one key, options after '/' ignored),
+ * Speaks: set KEY FLAGS EXPTIME BYTES [noreply], get KEY (one key; a get's VALUE line echoes it),
  * version, quit.  Anything else: CLIENT_ERROR and close.  One queue: the key is not looked at.
  * Prints "standin ready PORT" once listening; SIGTERM/SIGINT exit 0.
  */

@@ -60,7 +60,8 @@ class PersistentQueue(OpenReads):
     # Slots, not a dict: its lookups per add and remove stay specialised (test_hot_layout.py).
     __slots__ = ("name", "config", "storage", "clock", "is_fanout_child", "expire_sink", "hold_moves",
                  "on_wake", "touched", "undo", "medium", "closed", "created_ms", "waiters", "children",
-                 "_items", "_length", "_bytes", "_mem_bytes", "_limits_of", "_floor", "_open", "_open_deadline", "_moving", "_held",
+                 "_items", "_length", "_bytes", "_mem_bytes", "_limits_of", "_floor", "_open",
+                 "_open_deadline", "_moving", "_held",
                  "_xid", "_last_removed_add_time", "total_items", "expired_items", "discarded",
                  "transactions", "canceled_transactions", "total_flushes")
 
