@@ -12,6 +12,7 @@ HOT_MODULES = (
     "lanner.protocols.memcache_commands",    # with its .pxd: GetKey, Get, Set C types
     "lanner.ops.latency",            # with latency.pxd: Recorder.observe on a typed memoryview
     "lanner.ipc.shm",                # with shm.pxd: CounterSlot.incr/decr on a typed memoryview
+    "lanner.fronts.conn",            # with conn.pxd: Conn a C type, its own fields C struct reads
     "lanner.clock",                  # no .pxd: SystemClock.now_ms, once per request, a C call
                                      # instead of a Python frame
 )
