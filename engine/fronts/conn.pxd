@@ -6,6 +6,7 @@
 # could not be a member descriptor, and interpreted code reads most of them per request.
 cimport cython
 from lanner.protocols.memcache_commands cimport _c_slot_fields
+from lanner.ops.latency cimport Recorder
 
 cdef bint COMPILED
 
@@ -20,11 +21,14 @@ cdef class Conn(ConnBase):
     cdef public object refuse_reads, refuse_writes, last_activity, adopted, moving, moved
     cdef public object held_slots, unwritten, handlers, count_bytes, batch, batch_of, batched
 
+    @cython.locals(room=Py_ssize_t, buffered=Py_ssize_t)
     cpdef pump(self)
     cpdef room(self)
     cpdef update_reading(self)
     cpdef send_disconnects(self)
     cpdef note_reply(self, n)
     cpdef drain_slots(self)
+    @cython.locals(out=list, n=Py_ssize_t)
     cpdef flush_out(self)
-    cpdef fast_reply(self, status, flags, payload, value=*)
+    @cython.locals(out=list, n=Py_ssize_t, latency=Recorder)
+    cpdef fast_reply(self, long status, long flags, payload, value=*)

@@ -302,9 +302,10 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
             # True: that used exactly the one reply in flight `room` counted, anything else
             # asks again.
             handlers = self.handlers
+            next_command = parser.next       # (bound once: compiled, a method lookup a call)
             room = self.room()
             while room:
-                cmd = parser.next()
+                cmd = next_command()
                 if cmd is None:
                     # taken to the last whole command with room to spare: what is left (a
                     # part of one) cannot stop the reading below however big (update_reading)
@@ -515,6 +516,7 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
         fast = self.fast
         f = self.front
         out = self.out
+        latency = f.latency
         while True:
             _, ok, render, call, fam, t0, w = fast.popleft()
             if ok is None:
@@ -531,7 +533,7 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
                 n += len(head) + 7
             else:
                 n = render(out, status, flags, payload, call)
-            f.latency.since(fam, t0)
+            latency.since(fam, t0)
             if n < 0:                   # the reply closes the connection
                 self.closing = self.stopped = True
                 if self.early:
