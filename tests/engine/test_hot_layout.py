@@ -12,7 +12,7 @@ import socket
 
 import pytest
 
-from lanner.fronts.conn import Part, Slot
+from lanner.fronts.conn import Conn, Part, Slot
 from lanner.fronts.memcache import MemcacheConn
 from lanner.ipc import handoff
 from lanner.ipc.messages import R_ERROR
@@ -148,3 +148,17 @@ def test_the_worker_its_queues_and_journals_have_no_instance_dict(tmp_path):
             assert not hasattr(obj, "__dict__"), type(obj)
     finally:
         rig.close()
+
+
+def test_a_connections_fields_are_slots_to_interpreted_readers():
+    """Conn is a C type in the compiled build (fronts/conn.pxd): its mixins, subclasses and the
+    front read its fields from interpreted code per request, which LOAD_ATTR specialises for a
+    slot's member descriptor, not for the getset Cython makes of a field (conn.py applies
+    _c_slot_fields).  Each still reads and writes its own field, in either build."""
+    names = Conn.__slots__
+    for n in names:
+        assert type(Conn.__dict__[n]).__name__ == "member_descriptor", n
+    c = MemcacheConn.__new__(MemcacheConn)
+    for i, n in enumerate(names):
+        setattr(c, n, ("v", i))
+    assert [getattr(c, n) for n in names] == [("v", i) for i in range(len(names))]
