@@ -155,10 +155,10 @@ def test_a_connections_fields_are_slots_to_interpreted_readers():
     front read its fields from interpreted code per request, which LOAD_ATTR specialises for a
     slot's member descriptor, not for the getset Cython makes of a field (conn.py applies
     _c_slot_fields).  Each still reads and writes its own field, in either build."""
-    names = Conn.__slots__
-    for n in names:
-        assert type(Conn.__dict__[n]).__name__ == "member_descriptor", n
+    kinds = {n: type(Conn.__dict__[n]).__name__ for n in Conn.__slots__}
+    assert set(kinds.values()) == {"member_descriptor"}, kinds
     c = MemcacheConn.__new__(MemcacheConn)
-    for i, n in enumerate(names):
-        setattr(c, n, ("v", i))
-    assert [getattr(c, n) for n in names] == [("v", i) for i in range(len(names))]
+    marks = {n: object() for n in Conn.__slots__}
+    for n, mark in marks.items():
+        setattr(c, n, mark)
+    assert all(getattr(c, n) is mark for n, mark in marks.items())
