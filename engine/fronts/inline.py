@@ -17,9 +17,9 @@ fused branches (MemcacheConn.store and on_get) then number the request, append i
 make sure the worker's turn is scheduled in their own frame before calling the worker (a
 Python call costs 150-300 instructions here, besides its bytecodes: perf/README.md, stop 14).  Its reply still joins
 the worker's batch, so it leaves only when the commit rules allow, and comes back through
-LocalFront.deliver to `fast_reply`.  Why apart from conn.py: the in-order Slot queue is
-conn.py's concern; this is the slot-less path beside it (Conn keeps the two in order:
-`drain_slots` waits while `fast` is not empty).
+LocalFront.deliver to `Conn.fast_reply` (in conn.py: compiled with Conn, conn.pxd).  Why apart
+from conn.py: the in-order Slot queue is conn.py's concern; this is the slot-less path beside it
+(Conn keeps the two in order: `drain_slots` waits while `fast` is not empty).
 """
 from __future__ import annotations
 
