@@ -6,7 +6,7 @@
 # could not be a member descriptor, and interpreted code reads most of them per request.
 cimport cython
 from lanner.protocols.memcache_commands cimport _c_slot_fields
-from lanner.ops.latency cimport Recorder
+from lanner.ops.latency cimport Recorder, _c_monotonic
 
 cdef bint COMPILED
 
@@ -30,5 +30,5 @@ cdef class Conn(ConnBase):
     cpdef drain_slots(self)
     @cython.locals(out=list, n=Py_ssize_t)
     cpdef flush_out(self)
-    @cython.locals(out=list, n=Py_ssize_t, latency=Recorder)
+    @cython.locals(out=list, n=Py_ssize_t, latency=Recorder, pending=set)
     cpdef fast_reply(self, long status, long flags, payload, value=*)

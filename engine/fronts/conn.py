@@ -240,7 +240,7 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
         if idle is not None:                     # client_timeout is on
             self.last_activity = f.loop.time()
             idle.move_to_end(self.id)            # least recently read first (front.close_idle)
-        self.t_in = time.monotonic()
+        self.t_in = _c_monotonic() if COMPILED else time.monotonic()     # (latency.pxd)
         self.parser.feed(data)
         w = self.worker
         if w is None or w.turn_scheduled or len(f.conns) != 1:
@@ -517,6 +517,7 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
         f = self.front
         out = self.out
         latency = f.latency
+        pending = f.write_pending
         while True:
             _, ok, render, call, fam, t0, w = fast.popleft()
             if ok is None:
@@ -543,7 +544,7 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
                 self.batched = 0
                 self.slots.clear()      # what was sent after the closing command goes unanswered
                 self.held = 0
-                f.write_pending.add(self)
+                pending.add(self)
                 return
             if flags & RF_HELD:
                 if self.unwritten is None:
@@ -559,7 +560,7 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
             self.note_reply(n)
         if not fast and self.slots:
             self.drain_slots()
-        f.write_pending.add(self)
+        pending.add(self)
 
     def note_reply(self, n: int) -> None:
         """A reply of `n` bytes moves the running estimate flow control uses (class doc).  Fused
