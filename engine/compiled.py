@@ -1,7 +1,8 @@
 """Which modules setup.py compiles with Cython (pure-Python mode: the same .py files, no second
 copy of the logic).  Each earned its place by a measured gain in CPU per request
 (perf/README.md, "Compiled hot path"); a module that tests monkeypatch, or whose classes must stay
-plain Python (async code, classes tests subclass or patch), stays out.
+plain Python (async code, classes tests patch), stays out.  A C type can still be subclassed in
+Python (tests subclass Conn where they would have patched it).
 
 `LANNER_REQUIRE_COMPILED=1` makes tests/test_compiled.py fail when any of them was loaded from
 its .py file, i.e. when the build silently fell back to pure Python."""
