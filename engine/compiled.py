@@ -12,6 +12,8 @@ HOT_MODULES = (
     "lanner.protocols.memcache_commands",    # with its .pxd: GetKey, Get, Set C types
     "lanner.ops.latency",            # with latency.pxd: Recorder.observe on a typed memoryview
     "lanner.ipc.shm",                # with shm.pxd: CounterSlot.incr/decr on a typed memoryview
+    "lanner.queues.queue",           # with queue.pxd: PersistentQueue a C type (add, remove)
+    "lanner.storage.journal.journal",    # with journal.pxd: Journal a C type (record_*, flush)
     "lanner.clock",                  # no .pxd: SystemClock.now_ms, once per request, a C call
                                      # instead of a Python frame
 )
