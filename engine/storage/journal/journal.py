@@ -415,12 +415,7 @@ class Journal(JournalBase, JournalCompaction, JournalReadBehind, JournalWriteBeh
         except OSError as e:
             # a view of the buffer may live on in the traceback: keep a copy instead
             self._pending = bytearray(p)
-            self._torn = True
-            try:
-                self._untear()
-            except JournalError:
-                pass
-            raise JournalError(self._path, f"write of {total} bytes failed: {e.strerror or e}", e.errno) from e
+            raise self._write_failed(total, e) from e
         self._disk_size += total
         self._origin += total
         del p[:]                # (frees the buffer, as clear() would: the next turn regrows it)

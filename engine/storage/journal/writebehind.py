@@ -36,18 +36,7 @@ class JournalWriteBehind:
         if self.writer is None or self._fd < 0 or type(data) is not bytes or \
                 self._inflight_n + len(data) > WRITE_BEHIND_MAX:
             return False
-        if self._torn:                # (only after a failed write: none is under way)
-            try:
-                self._untear()
-            except JournalError:
-                return False          # the owner's flush fails too and rolls back
-        buf, self._pending = self._pending, bytearray()
-        buf += head                   # (the ADDX's or CONTINUE's)
-        job = self.writer.submit(self._fd, buf, data, self._inflight)
-        self._chain.append(job)
-        self._inflight_n += job.size
-        self._moved()
-        return True
+        return self._hand_over(head, data)      # (the ADDX's or CONTINUE's head)
 
     def write_behind(self) -> bool:
         """Hand the buffer to the writer's thread, chained behind the writes under way (written in
@@ -57,13 +46,19 @@ class JournalWriteBehind:
         if not self._pending or self.writer is None or self._fd < 0 or \
                 self._inflight_n >= WRITE_BEHIND_MAX:
             return False
+        return self._hand_over(b"", None)
+
+    def _hand_over(self, head: bytes, data: bytes | None) -> bool:
+        """The buffer, then `head`, then `data` (a big item's own bytes) to the writer's thread,
+        chained behind the jobs under way; False if a failed write's bytes cannot be cut back."""
         if self._torn:                # (only after a failed write: none is under way)
             try:
                 self._untear()
             except JournalError:
                 return False          # the owner's flush fails too and rolls back
         buf, self._pending = self._pending, bytearray()
-        job = self.writer.submit(self._fd, buf, None, self._inflight)
+        buf += head
+        job = self.writer.submit(self._fd, buf, data, self._inflight)
         self._chain.append(job)
         self._inflight_n += job.size
         self._moved()
@@ -112,9 +107,14 @@ class JournalWriteBehind:
         self._chain, self._inflight_n = [], 0
         self._moved()
         self._pending[:0] = back
+        raise self._write_failed(size, e) from e
+
+    def _write_failed(self, size: int, e: OSError) -> JournalError:
+        """A write of `size` bytes failed (`e`): the file is cut back to `_disk_size` if it can be
+        (else before the next write), and the error for the owner returned."""
         self._torn = True
         try:
             self._untear()
         except JournalError:
             pass
-        raise JournalError(self._path, f"write of {size} bytes failed: {e.strerror or e}", e.errno) from e
+        return JournalError(self._path, f"write of {size} bytes failed: {e.strerror or e}", e.errno)
