@@ -518,6 +518,8 @@ class Journal(JournalBase, JournalCompaction, JournalReadBehind, JournalWriteBeh
 
 
 if COMPILED:
-    # interpreted readers (the mixins, the syncer, tests) read the fields as member
-    # descriptors, LOAD_ATTR_SLOT, not Cython's getsets (memcache_commands.pxd)
-    _c_slot_fields(Journal, Journal.__slots__)
+    # interpreted readers (the mixins, the syncer, tests) read the object fields as member
+    # descriptors, LOAD_ATTR_SLOT, not Cython's getsets (memcache_commands.pxd); the buffer and
+    # `_origin`, typed in journal.pxd for record_*, stay getsets: no interpreted code reads them
+    # per request
+    _c_slot_fields(Journal, tuple(n for n in Journal.__slots__ if n not in ("_pending", "_origin")))
