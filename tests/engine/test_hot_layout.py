@@ -17,6 +17,8 @@ from lanner.fronts.memcache import MemcacheConn
 from lanner.ipc import handoff
 from lanner.ipc.messages import R_ERROR
 from lanner.perf.hotloop import NullTransport, Rig
+from lanner.queues.queue import PersistentQueue
+from lanner.storage.journal.journal import Journal
 
 SHARED_KEYS_MAX = 30      # CPython 3.11 Objects/dictobject.c SHARED_KEYS_MAX_SIZE
 
@@ -148,3 +150,15 @@ def test_the_worker_its_queues_and_journals_have_no_instance_dict(tmp_path):
             assert not hasattr(obj, "__dict__"), type(obj)
     finally:
         rig.close()
+
+
+@pytest.mark.parametrize("cls, typed", [(PersistentQueue, ()), (Journal, ("_pending", "_origin"))])
+def test_a_queues_and_a_journals_fields_are_read_as_slots_in_either_build(cls, typed):
+    """The mixins, the collection, the syncer and the factory read these fields from interpreted
+    code: as `__slots__` in pure Python, and in the compiled build (queue.pxd, journal.pxd) as
+    the C struct's fields, which Cython would give as getsets that 3.11 does not specialise
+    (~245 instructions a read, perf/README.md stop 14) unless `_c_slot_fields` makes them member
+    descriptors.  `typed`: fields with a C type (journal.pxd), getsets, off the request path."""
+    for name in cls.__slots__:
+        if name not in typed:
+            assert type(cls.__dict__[name]).__name__ == "member_descriptor", name
