@@ -271,17 +271,22 @@ def test_uring_rounds_finish_in_the_order_they_started(uring_syncer):
     assert not select.select([s.notify_r], [], [], 0)[0]                # the owner reaped: no byte
 
 
-def test_uring_rounds_that_waited_for_one_busy_medium_share_the_fsync_started_at_its_reap(uring_syncer):
-    """By default (no follow-on) nothing more of a busy medium is submitted while its fsync is
-    under way: every round that came meanwhile gets the one fsync the reap starts, which covers
-    all their records (it starts after they were written)."""
-    s, k = uring_syncer
+def rounds_behind_one_fsync(s):
+    """A medium (fd 10) and three rounds of it, each after one more record: (medium, rounds...)."""
     a = KernelMedium(10)
     first = s.start([a], [1])
     a.written = 2
     second = s.start([a], [2])
     a.written = 3
-    third = s.start([a], [3])
+    return (a, first, second, s.start([a], [3]))
+
+
+def test_uring_rounds_that_waited_for_one_busy_medium_share_the_fsync_started_at_its_reap(uring_syncer):
+    """By default (no follow-on) nothing more of a busy medium is submitted while its fsync is
+    under way: every round that came meanwhile gets the one fsync the reap starts, which covers
+    all their records (it starts after they were written)."""
+    s, k = uring_syncer
+    a, first, second, third = rounds_behind_one_fsync(s)
     assert len(k.fsyncs(10)) == 1
     k.complete(10)
     s.poll()
@@ -335,12 +340,7 @@ def test_uring_one_busy_medium_gets_its_next_fsync_drained_behind_the_one_under_
     under way returns (the kernel's drain: never two at once, no trip through the loop between
     them); rounds after it wait and share the next follow-on, submitted when the first is reaped."""
     s, k = follow_on_syncer
-    a = KernelMedium(10)
-    first = s.start([a], [1])
-    a.written = 2
-    second = s.start([a], [2])
-    a.written = 3
-    third = s.start([a], [3])
+    a, first, second, third = rounds_behind_one_fsync(s)
     a.written = 4
     fourth = s.start([a], [4])
     assert [j[3] for j in k.fsyncs(10)] == [False, True]               # first, then second's, drained
