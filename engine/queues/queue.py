@@ -38,12 +38,19 @@ import logging
 from collections import deque
 from typing import Callable
 
+from lanner.queues.dropbehind import drop_behind
 from lanner.queues.openreads import OpenReads
 from lanner.queues.item import QItem
 from lanner.queues.undo import ADD, CONFIRM, HELD_OPEN, MOVE_CONFIRM, MOVE_OPEN, OPEN, REMOVE, UNREMOVE
 from lanner.queues.waiters import Waiter, WaitList
 
 log = logging.getLogger(__name__)
+
+try:                            # COMPILED: as in memcache_commands.py (queue.pxd)
+    import cython
+    COMPILED = cython.compiled
+except ImportError:             # pure Python without Cython installed
+    COMPILED = False
 
 _new_item = object.__new__
 #: Above this an int is two digits, and comparing it is a generic call (3.11 specialises
@@ -56,7 +63,13 @@ def limit_floor(config) -> int:
     return min(config.max_items, config.max_size, config.max_item_size, _ONE_DIGIT)
 
 
-class PersistentQueue(OpenReads):
+class PersistentQueueBase:
+    """Empty, first: a C type in the compiled build (queue.pxd), whose first base must be one;
+    the mixin after it stays a Python class."""
+    __slots__ = ()
+
+
+class PersistentQueue(PersistentQueueBase, OpenReads):
     # Slots, not a dict: its lookups per add and remove stay specialised (test_hot_layout.py).
     __slots__ = ("name", "config", "storage", "clock", "is_fanout_child", "expire_sink", "hold_moves",
                  "on_wake", "touched", "undo", "medium", "closed", "created_ms", "waiters", "children",
@@ -331,7 +344,7 @@ class PersistentQueue(OpenReads):
         storage = self.storage
         config = self.config
         if storage.in_read_behind:
-            self._drop_behind()          # first: popping the rest must not read any back
+            drop_behind(self)            # first: popping the rest must not read any back
         while self._items:
             item = self._pop_head()
             self._last_removed_add_time = item.add_time
@@ -339,22 +352,6 @@ class PersistentQueue(OpenReads):
             self._refill(now)
             storage.after_remove(self, config, now)
         self.total_flushes += 1
-
-    def _drop_behind(self) -> None:
-        """Flush in read-behind: the items only the storage holds go without being read back
-        (a flush of millions of them read every one on the loop, issue 8); a flush moves no
-        item (§5.5), so nothing needs them.  Undone as one entry (`_Undrop`)."""
-        n = self._length - len(self._items)
-        nbytes = self._bytes - self._mem_bytes
-        dropped = self.storage.drop_behind(n)
-        if dropped is None:
-            return
-        self._length -= n
-        self._bytes -= nbytes
-        undo = self.undo
-        if undo is not None and dropped[0] is not None:
-            undo.entries.append((self.medium, dropped[0], _Undrop(self, n, nbytes, dropped[1]), REMOVE,
-                                 None, 0, undo.ctx))
 
     # -- expiry --------------------------------------------------------------------------------
     def is_expired(self, item: QItem, now: int) -> bool:
@@ -574,24 +571,7 @@ class PersistentQueue(OpenReads):
         return f"<PersistentQueue {self.name!r} items={self._length} open={len(self._open)}>"
 
 
-class _Undrop:
-    """The undo entry of a flush's `_drop_behind`, standing in for its queue (undo.py calls
-    `revert` and reads `name`): the dropped items are counted again and the storage reads
-    behind from where it was, so they come back in order behind the in-memory ones."""
-    __slots__ = ("queue", "n", "nbytes", "token")
-
-    def __init__(self, queue: PersistentQueue, n: int, nbytes: int, token) -> None:
-        self.queue = queue
-        self.n = n
-        self.nbytes = nbytes
-        self.token = token
-
-    @property
-    def name(self) -> str:
-        return self.queue.name
-
-    def revert(self, kind: int, item, xid: int, mark: int | None = None) -> None:
-        q = self.queue
-        q._length += self.n
-        q._bytes += self.nbytes
-        q.storage.undrop_behind(self.token)
+if COMPILED:
+    # interpreted readers (the mixin, the collection, tests) read the fields as member
+    # descriptors, LOAD_ATTR_SLOT, not Cython's getsets (memcache_commands.pxd)
+    _c_slot_fields(PersistentQueue, PersistentQueue.__slots__)

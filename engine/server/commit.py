@@ -65,21 +65,22 @@ class GroupCommit:
             self.hold_unwritten()
         syncer = self.syncer
         rounds = syncer.rounds
-        if rounds and syncer.ready():    # an fsync returned during this turn: its replies
-            self.take_synced()      # go first, and this batch's round need not wait behind it
         replies = self.replies
         needs_sync = self.sync_queue
-        if not replies and not needs_sync:
-            return
-        self.replies = []
-        if needs_sync or self.held:
-            self.held.extend(replies)
-            if len(syncer) < MAX_ROUNDS:
+        if replies or needs_sync:
+            self.replies = []
+            if needs_sync or self.held:
+                self.held.extend(replies)
                 self.start_sync()
-        elif rounds:
-            rounds[-1].replies.extend(replies)
-        else:
-            self.publish(replies)
+            elif rounds:
+                rounds[-1].replies.extend(replies)
+            else:
+                self.publish(replies)
+        # An fsync returned during this turn: its replies go now.  Reaped after this batch's
+        # round was started (or joined the one waiting), so the fsync that the reap starts for
+        # the rounds that waited carries this batch too, instead of the one after it.
+        if rounds and syncer.ready():
+            self.on_synced()
 
     def write_out(self, dirty):
         """One write per dirty storage (or a write-behind for a big buffer); under sync
@@ -176,10 +177,16 @@ class GroupCommit:
         return bool(self.syncer.rounds)
 
     def start_sync(self) -> None:
-        """Start an fsync round of every storage the held replies depend on."""
-        media, self.sync_queue = self.sync_queue, []
-        held, self.held = self.held, []
-        self.syncer.start(media, held)
+        """The held replies join the round that still waits for the fsyncs of their storages
+        (Syncer.join), or start a round of every storage they depend on, if there is room
+        (MAX_ROUNDS; else they wait in `held` for a round to finish)."""
+        syncer = self.syncer
+        if syncer.join(self.sync_queue, self.held):
+            self.sync_queue, self.held = [], []
+        elif len(syncer) < MAX_ROUNDS:
+            media, self.sync_queue = self.sync_queue, []
+            held, self.held = self.held, []
+            syncer.start(media, held)
 
     def waiting_replies(self):
         """Every list of replies not yet published: the rounds', the held ones, this batch's."""
@@ -201,7 +208,7 @@ class GroupCommit:
         """fsyncs returned (the io_uring eventfd woke the loop, or the pipe): publish what they made
         durable and start the round that waited for a free slot."""
         self.take_synced()
-        if (self.held or self.sync_queue) and len(self.syncer) < MAX_ROUNDS:
+        if self.held or self.sync_queue:
             self.start_sync()
 
     def take_synced(self) -> None:

@@ -13,13 +13,19 @@ Two engines run the fsyncs (issue 8, P5):
 * io_uring (storage/uring.py, the default on Linux x86-64): the owner submits fdatasyncs
   (`sync_target` of the medium says which fd and whether fdatasync covers it) and reaps their
   completions on its own thread when the loop sees the eventfd `fd`, or at the end of a turn in
-  which one came (`ready`, `poll`).  No Python thread, no GIL hand-off, no lock contention.  A
-  round for a medium whose fsync is under way, when that is the only fsync under way (one busy
-  queue), gets its fsync submitted at once, drained behind it (IOSQE_IO_DRAIN): the kernel
-  starts it the moment the first returns, with no trip through the loop, and still never runs
-  two fsyncs of one file at once; one such follow-on per medium, later rounds wait for the next.
-  (Drained, it would hold back every fsync submitted after it: hence only with one medium busy.)
-  Otherwise the rounds that waited get their fsync when the owner reaps the one before.
+  which one came (`ready`, `poll`).  No Python thread, no GIL hand-off, no lock contention.
+  The rounds that waited for a medium's fsync under way get one fsync when the owner reaps it,
+  covering every batch written meanwhile; a batch that comes while the newest round still waits
+  `join`s it (one round per fsync, however many turns the batches took).
+  With `follow_on` (off by default), a round for a medium whose fsync is under way, when that is
+  the only fsync under way (one busy queue), gets its fsync submitted at once, drained behind it
+  (IOSQE_IO_DRAIN): the kernel starts it the moment the first returns, with no trip through the
+  loop, and still never runs two fsyncs of one file at once; one such follow-on per medium, later
+  rounds wait for the next.  (Drained, it would hold back every fsync submitted after it: hence
+  only with one medium busy.)  It is off because it carries only the batches that came before it
+  was submitted, early in the fsync under way, and the ones behind them wait for one fsync more:
+  at 10 closed-loop clients on one queue, 3.3 items per fdatasync with it, about 5 without, and
+  more server CPU per item (perf/README.md, stop 18).
 * threads (no io_uring, and tests that inject fsync functions): a few threads call `medium.sync()`
   (fsync releases the GIL); the thread whose fsync returns fsyncs the same medium again at once
   for the rounds that waited (their records are written), and a finished round writes one byte to
@@ -79,8 +85,10 @@ class Syncer:
     """The fsyncs of one owner and the rounds it has started, oldest first.  With `uring`
     (storage/uring.py) the owner's loop watches `fd` and calls `poll` when it is readable."""
 
-    def __init__(self, notify_w: int, threads: int = THREADS, name: str = "fsync", uring=None) -> None:
+    def __init__(self, notify_w: int, threads: int = THREADS, name: str = "fsync", uring=None,
+                 follow_on: bool = False) -> None:
         self.notify_w = notify_w
+        self.follow_on = follow_on
         self.uring = uring
         self.fd = uring.fd if uring is not None else -1
         self.rounds: deque[Round] = deque()
@@ -113,6 +121,26 @@ class Syncer:
             self._ask(m, r)
         self._submit()
         return r
+
+    def join(self, media: list, replies: list) -> bool:
+        """Add `replies` to the newest round instead of starting one, if that round's fsyncs are
+        all still to be issued (it waits for each of its media's fsync under way) and `media` are
+        among its own: the fsyncs it will get start after the records of `replies` were written,
+        so they cover them too.  One fsync then carries every batch that came while the one
+        before ran, however many turns they took (issue 8, P5).  False: `start` a round."""
+        rounds = self.rounds
+        if not rounds:
+            return False
+        last = rounds[-1]
+        with self._lock:
+            for m in last.media:
+                if last not in self._busy.get(m, ()):
+                    return False
+        for m in media:
+            if m not in last.media:
+                return False
+        last.replies.extend(replies)
+        return True
 
     def later(self, media) -> None:
         """Periodic fsyncs: nobody waits for them; a failure is logged."""
@@ -249,7 +277,7 @@ class Syncer:
             if error is None:
                 waiting = self._busy.get(medium)
                 if waiting is not None:
-                    if not (self.uring is not None and len(self._inflight) == 1 and medium not in self._after
+                    if not (self.follow_on and self.uring is not None and len(self._inflight) == 1 and medium not in self._after
                             and self._issue(medium, [r], after=True)):
                         waiting.append(r)
                     return

@@ -9,6 +9,7 @@ from lanner.clock import FakeClock
 from lanner.config import Config, QueueConfig, ServerConfig
 from lanner.ipc import control
 from lanner.queues.collection import QueueCollection
+from lanner.storage import factory as storage_factory
 from lanner.storage.factory import StorageFactory
 from lanner.storage.journal.journal import Journal
 from lanner.storage.journal.packer import pack_files
@@ -17,18 +18,32 @@ NOW = 1_795_000_000_000
 SMALL = {"max_memory_size": 1024, "max_journal_size": 4096}
 
 
+CHECKPOINT = Journal.checkpoint          # the journal's field (a descriptor)
+
+
+class WatchedJournal(Journal):
+    """A journal that notes, by queue, every read of its `checkpoint` (what a walk over all
+    journals has to look at) in the list `seen` the test gives it.  A subclass, not a patch: in
+    the compiled build Journal is a C type, which cannot be patched."""
+    __slots__ = ()
+    seen: list[str] = []
+
+    @property
+    def checkpoint(self):
+        self.seen.append(self.name)
+        return CHECKPOINT.__get__(self, Journal)
+
+    @checkpoint.setter
+    def checkpoint(self, value) -> None:
+        CHECKPOINT.__set__(self, value)
+
+
 @pytest.fixture
 def reads(monkeypatch):
-    """Counts, by queue, every read of a journal's `checkpoint` (what a walk over all journals
-    has to look at)."""
+    """The reads of every journal's `checkpoint`, by queue: the factory makes WatchedJournals."""
     seen: list[str] = []
-    slot = Journal.checkpoint                 # the journal's slot, wrapped: it has no dict
-
-    def get(j):
-        seen.append(j.name)
-        return slot.__get__(j, Journal)
-
-    monkeypatch.setattr(Journal, "checkpoint", property(get, slot.__set__))
+    monkeypatch.setattr(WatchedJournal, "seen", seen)
+    monkeypatch.setattr(storage_factory, "Journal", WatchedJournal)
     return seen
 
 

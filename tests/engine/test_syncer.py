@@ -243,6 +243,19 @@ def uring_syncer():
     os.close(w)
 
 
+@pytest.fixture
+def follow_on_syncer():
+    """A uring syncer with the drained follow-on on (syncer.py: off by default)."""
+    r, w = os.pipe()
+    fake = FakeUring()
+    s = Syncer(w, uring=fake, follow_on=True)
+    s.notify_r = r
+    yield s, fake
+    s.close()
+    os.close(r)
+    os.close(w)
+
+
 def test_uring_rounds_finish_in_the_order_they_started(uring_syncer):
     s, k = uring_syncer
     a, b = KernelMedium(10), KernelMedium(11)
@@ -258,17 +271,76 @@ def test_uring_rounds_finish_in_the_order_they_started(uring_syncer):
     assert not select.select([s.notify_r], [], [], 0)[0]                # the owner reaped: no byte
 
 
-def test_uring_one_busy_medium_gets_its_next_fsync_drained_behind_the_one_under_way(uring_syncer):
-    """With one medium busy, the next round's fsync is submitted at once, to start when the one
-    under way returns (the kernel's drain: never two at once, no trip through the loop between
-    them); rounds after it wait and share the next follow-on, submitted when the first is reaped."""
-    s, k = uring_syncer
+def rounds_behind_one_fsync(s):
+    """A medium (fd 10) and three rounds of it, each after one more record: (medium, rounds...)."""
     a = KernelMedium(10)
     first = s.start([a], [1])
     a.written = 2
     second = s.start([a], [2])
     a.written = 3
-    third = s.start([a], [3])
+    return (a, first, second, s.start([a], [3]))
+
+
+def test_uring_rounds_that_waited_for_one_busy_medium_share_the_fsync_started_at_its_reap(uring_syncer):
+    """By default (no follow-on) nothing more of a busy medium is submitted while its fsync is
+    under way: every round that came meanwhile gets the one fsync the reap starts, which covers
+    all their records (it starts after they were written)."""
+    s, k = uring_syncer
+    a, first, second, third = rounds_behind_one_fsync(s)
+    assert len(k.fsyncs(10)) == 1
+    k.complete(10)
+    s.poll()
+    assert s.done_prefix() == [first] and [j[3] for j in k.fsyncs(10)] == [False, False]
+    k.complete(10)
+    s.poll()
+    assert s.done_prefix() == [second, third] and a.synced == 3
+
+
+def test_uring_a_batch_joins_the_newest_round_while_it_waits_for_its_media(uring_syncer):
+    """`join`: replies whose records are written go into the round that still waits for the fsync
+    under way of every medium they wrote (it will get an fsync that starts after them), and leave
+    with it; one fsync per medium carries them all."""
+    s, k = uring_syncer
+    a, b = KernelMedium(10), KernelMedium(11)
+    assert not s.join([a], [0])                     # no round at all
+    first = s.start([a, b], [1])
+    a.written = 2
+    assert not s.join([a], [2])                     # first's fsyncs are under way: not covered
+    second = s.start([a], [2])
+    assert not s.join([b], [3])                     # b is not second's: its fsync may not come
+    a.written = 3
+    assert s.join([a], [3]) and s.join([], [4])     # (a reply with nothing to fsync follows too)
+    assert second.replies == [2, 3, 4] and len(s) == 2
+    k.complete(10)
+    k.complete(11)
+    s.poll()
+    assert s.done_prefix() == [first]
+    assert not s.join([a], [5])                     # second's fsync is now under way
+    k.complete(10)
+    s.poll()
+    assert s.done_prefix() == [second] and a.synced == 3 and len(k.fsyncs(10)) == 2
+
+
+def test_a_batch_joins_a_waiting_round_on_the_thread_engine_too(syncer):
+    a = Medium("a")
+    first = syncer.start([a], [1])
+    assert a.started.wait(10)
+    second = syncer.start([a], [2])
+    assert syncer.join([a], [3]) and second.replies == [2, 3]
+    a.go.set()
+    taken = []
+    while len(taken) < 2:
+        wait_notified(syncer)
+        taken += syncer.done_prefix()
+    assert taken == [first, second] and a.syncs == 2
+
+
+def test_uring_one_busy_medium_gets_its_next_fsync_drained_behind_the_one_under_way(follow_on_syncer):
+    """With one medium busy, the next round's fsync is submitted at once, to start when the one
+    under way returns (the kernel's drain: never two at once, no trip through the loop between
+    them); rounds after it wait and share the next follow-on, submitted when the first is reaped."""
+    s, k = follow_on_syncer
+    a, first, second, third = rounds_behind_one_fsync(s)
     a.written = 4
     fourth = s.start([a], [4])
     assert [j[3] for j in k.fsyncs(10)] == [False, True]               # first, then second's, drained
@@ -285,8 +357,8 @@ def test_uring_one_busy_medium_gets_its_next_fsync_drained_behind_the_one_under_
     assert not select.select([s.notify_r], [], [], 0)[0]
 
 
-def test_uring_a_follow_on_is_drained_only_while_its_medium_is_the_only_one_busy(uring_syncer):
-    s, k = uring_syncer
+def test_uring_a_follow_on_is_drained_only_while_its_medium_is_the_only_one_busy(follow_on_syncer):
+    s, k = follow_on_syncer
     a, b = KernelMedium(10), KernelMedium(11)
     first = s.start([a, b], [1])
     a.written = 2
@@ -301,10 +373,10 @@ def test_uring_a_follow_on_is_drained_only_while_its_medium_is_the_only_one_busy
     assert s.done_prefix() == [second]
 
 
-def test_uring_a_failed_fsync_fails_its_follow_on_and_the_rounds_that_waited(uring_syncer):
+def test_uring_a_failed_fsync_fails_its_follow_on_and_the_rounds_that_waited(follow_on_syncer):
     """Linux reports a write-back error once: when the fsync under way fails, the drained one
     behind it may succeed for bytes that are gone, so its rounds fail with the first's error."""
-    s, k = uring_syncer
+    s, k = follow_on_syncer
     a = KernelMedium(10)
     first = s.start([a], [1])
     a.written = 2
@@ -457,11 +529,11 @@ def test_uring_rounds_the_fsync_before_covered_finish_when_it_is_reaped_without_
     assert not select.select([s.notify_r], [], [], 0)[0]
 
 
-def test_uring_a_follow_on_that_succeeds_after_a_failure_leaves_the_medium_undurable(uring_syncer):
+def test_uring_a_follow_on_that_succeeds_after_a_failure_leaves_the_medium_undurable(follow_on_syncer):
     """The failed fsync took the write-back error; the follow-on drained behind it then succeeds
     although the bytes may be gone: the medium must not count them durable (the owner's rollback
     cuts back to what is)."""
-    s, k = uring_syncer
+    s, k = follow_on_syncer
     a = KernelMedium(10)
     first = s.start([a], [1])
     a.written = 2

@@ -9,6 +9,7 @@ import resource
 import threading
 
 import msgpack
+import pytest
 
 from lanner.ipc.messages import (F_OPEN, OP_DISCONNECT, OP_GET, OP_SET, OP_TGET, R_DATA, R_EMPTY, R_ITEM, R_OK,
                                  R_SERVER_ERROR, RF_CLOSE, RF_HELD, unpack_resp)
@@ -230,6 +231,8 @@ class FailingUring:
         return bool(self.done) or self.real.ready()
 
     def reap(self, wait=False):
+        if wait and not self.done and self.held is not None and not self.real.inflight:
+            self.fail()                 # (a test that failed holding it: the teardown's close)
         out, self.done = self.done, []
         return out + self.real.reap(wait and not out)
 
@@ -237,26 +240,29 @@ class FailingUring:
         self.real.close()
 
 
-def failing_uring_worker(worker, tmp_path):
+def failing_uring_worker(worker, tmp_path, follow_on=False):
     """A worker under sync "always" whose io_uring fails q's fdatasyncs on `fail()`: (worker,
-    that uring, q's journal path)."""
+    that uring, q's journal path).  `follow_on`: the syncer's drained follow-on (syncer.py)."""
     q_path = str(tmp_path / "queues" / "q")
     made = []
     w = worker(sync_journal="always", uring=lambda: made.append(FailingUring(q_path)) or made[0])
+    w.syncer.follow_on = follow_on
     return w, made[0], q_path
 
 
-def test_a_failed_io_uring_fsync_fails_its_queue_in_every_round_and_spares_others(worker, tmp_path):
+@pytest.mark.parametrize("follow_on", [False, True])
+def test_a_failed_io_uring_fsync_fails_its_queue_in_every_round_and_spares_others(worker, tmp_path, follow_on):
     """The io_uring engine (the default): as above, the failed fdatasync of q fails both of q's
-    sets, the second although the fdatasync drained behind the first, for round 2, succeeds;
-    `other` keeps its set."""
-    w, k, q_path = failing_uring_worker(worker, tmp_path)
+    sets, the second although (with the follow-on) the fdatasync drained behind the first, for
+    round 2, succeeds; `other` keeps its set."""
+    w, k, q_path = failing_uring_worker(worker, tmp_path, follow_on)
     w.handle(0, req(1, OP_SET, "q", payload=b"a"))
     w.finish_batch()                                          # round 1: q, held
     w.handle(0, req(2, OP_SET, "q", payload=b"b"))
     w.handle(0, req(3, OP_SET, "other", payload=b"c"))
     w.finish_batch()                                          # round 2 starts meanwhile
-    assert len(w.syncer) == 2 and w.published == [] and k.calls == 2 and len(k.behind) == 1
+    assert len(w.syncer) == 2 and w.published == [] and k.calls == 1 + follow_on
+    assert len(k.behind) == follow_on
     k.fail()                                                  # (q's second fsync, behind, succeeds)
     w.wait_for_sync()
     got = replies(w)
@@ -269,24 +275,43 @@ def test_a_failed_io_uring_fsync_fails_its_queue_in_every_round_and_spares_other
     w.handle(0, req(4, OP_SET, "q", payload=b"d"))            # rolled back: q is fsynced again
     w.finish_batch()
     w.wait_for_sync()
-    assert replies(w) == {4: [(R_OK, 0, b"")]} and k.calls == 3
+    assert replies(w) == {4: [(R_OK, 0, b"")]} and k.calls == 2 + follow_on
     w.syncer.close()
 
 
-def test_rounds_finished_together_after_a_failed_fsync_all_reply_errors(worker, tmp_path):
+@pytest.mark.parametrize("follow_on", [False, True])
+def test_rounds_finished_together_after_a_failed_fsync_all_reply_errors(worker, tmp_path, follow_on):
     """q's fdatasync fails and the round behind it finishes in the same reap: the rollback for the
     first undoes the second's set too, and its reply must say so although that round has already
     left the syncer (it used to be published as STORED for an item no longer there)."""
-    w, k, q_path = failing_uring_worker(worker, tmp_path)
+    w, k, q_path = failing_uring_worker(worker, tmp_path, follow_on)
     w.handle(0, req(1, OP_SET, "q", payload=b"a"))
     w.finish_batch()                                          # round 1: q, held
     w.handle(0, req(2, OP_SET, "q", payload=b"b"))
-    w.finish_batch()                                          # round 2: q, drained behind it
-    assert len(w.syncer) == 2 and len(k.behind) == 1
+    w.finish_batch()                                          # round 2: q, waits (or drained behind)
+    assert len(w.syncer) == 2 and len(k.behind) == follow_on
     k.fail()                                                  # both come back in one reap
     w.wait_for_sync()
     why = b"fsync failed: Input/output error (queue 'q')"
     assert replies(w) == {1: [(R_SERVER_ERROR, RF_CLOSE, why)], 2: [(R_SERVER_ERROR, RF_CLOSE, why)]}
+    assert queue_datas(w, "q") == [] and os.path.getsize(q_path) == 0
+    w.syncer.close()
+
+
+def test_a_failed_fsync_fails_the_batches_that_joined_the_round_behind_it(worker, tmp_path):
+    """Batches of several turns joined the round waiting behind q's failing fdatasync
+    (Syncer.join): the rollback undoes all of them and every one of their replies is an error."""
+    w, k, q_path = failing_uring_worker(worker, tmp_path)
+    w.handle(0, req(1, OP_SET, "q", payload=b"a"))
+    w.finish_batch()                                          # round 1: q, held (it will fail)
+    for n, data in ((2, b"b"), (3, b"c")):
+        w.handle(0, req(n, OP_SET, "q", payload=data))
+        w.finish_batch()                                      # round 2, then 3 joins it
+    assert len(w.syncer) == 2 and k.calls == 1
+    k.fail()
+    w.wait_for_sync()
+    why = b"fsync failed: Input/output error (queue 'q')"
+    assert replies(w) == {n: [(R_SERVER_ERROR, RF_CLOSE, why)] for n in (1, 2, 3)}
     assert queue_datas(w, "q") == [] and os.path.getsize(q_path) == 0
     w.syncer.close()
 

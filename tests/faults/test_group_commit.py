@@ -20,9 +20,11 @@ CONFIGS = {
 
 
 @pytest.mark.parametrize("storage", sorted(CONFIGS))
-def test_kill_9_right_after_acks_loses_nothing_acknowledged(tmp_path, storage):
+@pytest.mark.parametrize("nqueues", [12, 1])
+def test_kill_9_right_after_acks_loses_nothing_acknowledged(tmp_path, storage, nqueues):
+    """(One queue: the batches of many turns join the round behind its fdatasync under way.)"""
     h = start_server(tmp_path, workers=1, config=CONFIGS[storage])
-    queues = [b"gc%d" % i for i in range(12)]            # one worker: every queue is its
+    queues = [b"gc%d" % i for i in range(nqueues)]       # one worker: every queue is its
     load = Load(h.memcache_port, queues, writers=10, tag=storage).start()
     try:
         for _ in range(2):

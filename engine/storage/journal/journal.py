@@ -38,10 +38,17 @@ from lanner.storage.journal.files import (JournalError, archived_files, check_na
 from lanner.storage.journal.compaction import JournalCompaction
 from lanner.storage.journal.readbehind import JournalReadBehind
 from lanner.storage.journal.replay import replay_files
+from lanner.storage.journal.writebehind import WRITE_BEHIND_MAX, JournalWriteBehind
 from lanner.storage.seam import ReplayState
 from lanner.storage.writer import write_all
 
 log = logging.getLogger(__name__)
+
+try:                            # COMPILED: as in memcache_commands.py (journal.pxd)
+    import cython
+    COMPILED = cython.compiled
+except ImportError:             # pure Python without Cython installed
+    COMPILED = False
 
 # Disk I/O of the writer goes through these so tests can inject ENOSPC, short
 # writes and failing fsyncs (beanstalkd's `falloc` idea).  Looked up at call time.
@@ -50,16 +57,21 @@ _fsync = os.fsync
 
 AUTOFLUSH = 4 << 20             # pending bytes that force a flush
 BIG_RECORD = 1 << 20            # item bytes written from the item itself, not copied (_add_behind)
-WRITE_BEHIND_MAX = 256 << 20    # pending bytes, behind a write under way, that force a flush
 
 
 _WFLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT
 
 
-class Journal(JournalCompaction, JournalReadBehind):
+class JournalBase:
+    """Empty, first: a C type in the compiled build (journal.pxd), whose first base must be
+    one; the mixins after it stay Python classes."""
+    __slots__ = ()
+
+
+class Journal(JournalBase, JournalCompaction, JournalReadBehind, JournalWriteBehind):
     """The storage seam (seam.py) over Kestrel journal files; it is its own `medium`.
     Rotation, rewrite and checkpoint packs are a base class's (compaction.py), read-behind
-    another's (readbehind.py).
+    another's (readbehind.py), write-behind a third's (writebehind.py).
 
     Writes are buffered in a bytearray; `flush()` hands them to the OS in one
     write.  Write-failure policy: a failed flush truncates the file back to its
@@ -304,30 +316,6 @@ class Journal(JournalCompaction, JournalReadBehind):
         buffer's first byte has a new mark.  (settle_write moves bytes from one to the other.)"""
         self._origin = self._base + self._disk_size + self._inflight_n
 
-    def _add_behind(self, item: QItem, head: bytes) -> bool:
-        """A big item's ADDX (or CONTINUE: `head`) goes to the writer's thread at once: the buffer and the record's
-        head, then the item's own bytes (copying 8 MiB into the buffer was a sixth of the loop
-        under a flood, issue 8).  Behind a write under way it is chained (the thread skips it
-        if that one failed); `settle_write` takes them all.  Only with a writer and bytes that
-        cannot change (`bytes`), up to WRITE_BEHIND_MAX under way; else the caller copies, as
-        for any record.  True if the record went."""
-        data = item.data
-        if self.writer is None or self._fd < 0 or type(data) is not bytes or \
-                self._inflight_n + len(data) > WRITE_BEHIND_MAX:
-            return False
-        if self._torn:                # (only after a failed write: none is under way)
-            try:
-                self._untear()
-            except JournalError:
-                return False          # the owner's flush fails too and rolls back
-        buf, self._pending = self._pending, bytearray()
-        buf += head                   # (the ADDX's or CONTINUE's)
-        job = self.writer.submit(self._fd, buf, data, self._inflight)
-        self._chain.append(job)
-        self._inflight_n += job.size
-        self._moved()
-        return True
-
     def record_remove(self, item: QItem) -> int:
         p = self._pending
         mark = self._origin + len(p)
@@ -383,76 +371,6 @@ class Journal(JournalCompaction, JournalReadBehind):
         else:
             self._flush_quietly()
 
-    def write_behind(self) -> bool:
-        """Hand the buffer to the writer's thread, chained behind the writes under way (written in
-        order), up to WRITE_BEHIND_MAX under way; True if a write was started.  A small record
-        behind a big write goes right after it, not with the next big item or once the flood
-        pauses (issue 8, same-queue fairness: its reply waited 0.2-1.3 s)."""
-        if not self._pending or self.writer is None or self._fd < 0 or \
-                self._inflight_n >= WRITE_BEHIND_MAX:
-            return False
-        if self._torn:                # (only after a failed write: none is under way)
-            try:
-                self._untear()
-            except JournalError:
-                return False          # the owner's flush fails too and rolls back
-        buf, self._pending = self._pending, bytearray()
-        job = self.writer.submit(self._fd, buf, None, self._inflight)
-        self._chain.append(job)
-        self._inflight_n += job.size
-        self._moved()
-        return True
-
-    @property
-    def _inflight(self):
-        """The newest WriteJob under way, if any (the thread writes a chain in order)."""
-        chain = self._chain
-        return chain[-1] if chain else None
-
-    @property
-    def write_done(self) -> bool:
-        """No write under way, or the newest has finished, and with it every one before it
-        (the thread writes in order): `settle_write` will not wait."""
-        chain = self._chain
-        return not chain or chain[-1].done.is_set()
-
-    def settle_write(self, block: bool = True) -> None:
-        """Take the results of the writes done (all of them, waiting, if `block`; else `written_mark`
-        moves past each as it finishes, so a reply need not wait for big writes chained after its
-        record): their bytes are the OS's now, or (one failed) the file is cut back to the end of
-        the last good one, the records of it and of those after it go back to the front of the
-        buffer, and JournalError is raised as from `flush`."""
-        jobs = self._chain
-        if not jobs:
-            return
-        if block:
-            jobs[-1].wait()              # the newest: every earlier one is done too
-        n = 0
-        for job in jobs:
-            if not job.done.is_set():
-                break
-            if job.error is not None:
-                jobs[-1].wait()          # those after it are skipped (WriteJob.after): at once
-                break
-            n += 1
-        for job in jobs[:n]:
-            self._disk_size += job.size
-            self._inflight_n -= job.size
-        del jobs[:n]
-        if not jobs or not jobs[0].done.is_set():
-            return
-        size, e = jobs[0].size, jobs[0].error
-        back = bytearray().join(x for j in jobs for x in (j.buf, j.tail or b""))
-        self._chain, self._inflight_n = [], 0
-        self._moved()
-        self._pending[:0] = back
-        self._torn = True
-        try:
-            self._untear()
-        except JournalError:
-            pass
-        raise JournalError(self._path, f"write of {size} bytes failed: {e.strerror or e}", e.errno) from e
-
     def _flush_quietly(self) -> bool:
         """A flush the journal starts on its own: on failure the records stay buffered for
         the owner's flush, which fails too and rolls back."""
@@ -497,12 +415,7 @@ class Journal(JournalCompaction, JournalReadBehind):
         except OSError as e:
             # a view of the buffer may live on in the traceback: keep a copy instead
             self._pending = bytearray(p)
-            self._torn = True
-            try:
-                self._untear()
-            except JournalError:
-                pass
-            raise JournalError(self._path, f"write of {total} bytes failed: {e.strerror or e}", e.errno) from e
+            raise self._write_failed(total, e) from e
         self._disk_size += total
         self._origin += total
         del p[:]                # (frees the buffer, as clear() would: the next turn regrows it)
@@ -602,3 +515,11 @@ class Journal(JournalCompaction, JournalReadBehind):
     def erase_all(queue_path: str, name: str, listing: list[str] | None = None) -> None:
         """Delete every journal file of `name` (`keep_journal = false`, delete)."""
         erase_files(queue_path, name, listing)
+
+
+if COMPILED:
+    # interpreted readers (the mixins, the syncer, tests) read the object fields as member
+    # descriptors, LOAD_ATTR_SLOT, not Cython's getsets (memcache_commands.pxd); the buffer and
+    # `_origin`, typed in journal.pxd for record_*, stay getsets: no interpreted code reads them
+    # per request
+    _c_slot_fields(Journal, tuple(n for n in Journal.__slots__ if n not in ("_pending", "_origin")))

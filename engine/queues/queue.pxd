@@ -1,0 +1,19 @@
+# C types for the compiled build of queue.py (setup.py, engine/compiled.py); the .py is the code,
+# this file only declares.  Every field is an object: interpreted code (the mixins, the collection,
+# the fronts, tests) reads them through member descriptors (_c_slot_fields), as the `__slots__`
+# of the pure-Python build; the compiled methods read them as C struct fields.
+cimport cython
+from lanner.protocols.memcache_commands cimport _c_slot_fields
+
+cdef bint COMPILED
+
+cdef class PersistentQueueBase:
+    pass
+
+cdef class PersistentQueue(PersistentQueueBase):
+    cdef public object name, config, storage, clock, is_fanout_child, expire_sink, hold_moves
+    cdef public object on_wake, touched, undo, medium, closed, created_ms, waiters, children
+    cdef public object _items, _length, _bytes, _mem_bytes, _limits_of, _floor, _open
+    cdef public object _open_deadline, _moving, _held, _xid, _last_removed_add_time
+    cdef public object total_items, expired_items, discarded, transactions, canceled_transactions
+    cdef public object total_flushes
