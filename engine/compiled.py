@@ -3,7 +3,8 @@ copy of the logic).  Each earned its place by a measured gain in CPU per request
 (perf/README.md, "Compiled hot path"); a module whose classes must stay plain Python (async
 code, classes tests monkeypatch: a C type cannot be patched) stays out.  Tests may still patch a
 compiled module's globals (journal.py's `_write`: Cython reads them from the module at call
-time) and subclass its C types in Python (test_factory_tick's WatchedJournal).
+time) and subclass its C types in Python (test_factory_tick's WatchedJournal,
+test_client_timeout's Watched connection).
 
 `LANNER_REQUIRE_COMPILED=1` makes tests/test_compiled.py fail when any of them was loaded from
 its .py file, i.e. when the build silently fell back to pure Python."""
@@ -14,6 +15,7 @@ HOT_MODULES = (
     "lanner.protocols.memcache_commands",    # with its .pxd: GetKey, Get, Set C types
     "lanner.ops.latency",            # with latency.pxd: Recorder.observe on a typed memoryview
     "lanner.ipc.shm",                # with shm.pxd: CounterSlot.incr/decr on a typed memoryview
+    "lanner.fronts.conn",            # with conn.pxd: Conn a C type, its own fields C struct reads
     "lanner.queues.queue",           # with queue.pxd: PersistentQueue a C type (add, remove)
     "lanner.storage.journal.journal",    # with journal.pxd: Journal a C type (record_*, flush)
     "lanner.clock",                  # no .pxd: SystemClock.now_ms, once per request, a C call

@@ -14,7 +14,6 @@ parser and implements the two hooks `Conn` declares: `handle` and `unavailable`.
 """
 from __future__ import annotations
 
-import abc
 import asyncio
 import logging
 import socket
@@ -26,12 +25,14 @@ from lanner.fronts.counters import C_CURR, C_HERE, C_READ, C_TOTAL, C_WRITTEN
 from lanner.fronts.flow import MAX_INFLIGHT, SMALL_REPLY, room_for
 from lanner.fronts.held import HeldItems
 from lanner.fronts.inline import InlineReplies
+from lanner.protocols.memcache_replies import END_TAIL, SPLICE_MIN
 from lanner.fronts.routed import RoutedRequests
 from lanner.fronts.servercmds import ServerCommands
 from lanner.fronts.spill import REPLY_BUDGET, WRITE_CHUNK, WRITE_LOW, SpillWriter  # noqa: F401 (WRITE_LOW: tests)
 from lanner.ops.latency import BY_TYPE, family_of
 from lanner.queues.names import validate_queue_name
-from lanner.ipc.messages import OP_DISCONNECT, OP_SET_DATA, R_SERVER_ERROR, RF_CLOSE, RF_HELD, RF_MORE
+from lanner.ipc.messages import (OP_DISCONNECT, OP_SET_DATA, R_ITEM, R_OK, R_SERVER_ERROR, RF_CLOSE,
+                                 RF_HELD, RF_MORE)
 
 #: Unparsed bytes a connection holds while it cannot take commands, before it stops reading.
 INPUT_LIMIT = 64 << 10
@@ -40,6 +41,14 @@ if TYPE_CHECKING:                 # the loop imports the connection classes, not
     from lanner.fronts.front import Front
 
 log = logging.getLogger(__name__)
+
+# COMPILED: as in memcache_commands.py (conn.pxd makes it a C constant in the compiled build,
+# where memcache_commands.pxd's _c_slot_fields exists)
+try:
+    import cython
+    COMPILED = cython.compiled
+except ImportError:             # pure Python without Cython installed
+    COMPILED = False
 
 
 class Part:
@@ -83,8 +92,14 @@ def expiry_at(ms: int) -> int:
     return ms if ms > 0 else 1
 
 
-class Conn(InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands, asyncio.Protocol,
-           abc.ABC):
+class ConnBase:
+    """Conn's first base: empty, a C type in the compiled build (conn.pxd), where Cython wants
+    a C type's first base to be one; the mixins after it stay Python classes with empty slots."""
+    __slots__ = ()
+
+
+class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands,
+           asyncio.Protocol):
     """One client connection.  A subclass passes its protocol's parser (`feed(bytes)`, `next()`
     -> command or None, `buffered` -> bytes held), maybe its handler table and whether its bytes
     are counted, and implements `handle` and `unavailable`.
@@ -176,13 +191,15 @@ class Conn(InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands
         self.unwritten: list | None = None    # (worker, id) of replies handed out, not yet written
 
     # -- the protocol hooks ----------------------------------------------------------------------
-    @abc.abstractmethod
+    # (not abc.abstractmethod: a C type cannot have ABCMeta; a subclass without them fails at
+    # its first command or failed worker, tests/fronts/test_conn_hooks.py)
     def handle(self, cmd) -> None:
         """Act on one command: reply at once (`reply_now`) or take a slot and send requests."""
+        raise NotImplementedError("%s.handle" % type(self).__name__)
 
-    @abc.abstractmethod
     def unavailable(self, slot: Slot, reason: str) -> None:
         """Make `slot` the protocol's availability error (a worker failed or restarted)."""
+        raise NotImplementedError("%s.unavailable" % type(self).__name__)
 
     # -- asyncio callbacks -----------------------------------------------------------------------
     def connection_made(self, transport):
@@ -223,7 +240,7 @@ class Conn(InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands
         if idle is not None:                     # client_timeout is on
             self.last_activity = f.loop.time()
             idle.move_to_end(self.id)            # least recently read first (front.close_idle)
-        self.t_in = time.monotonic()
+        self.t_in = _c_monotonic() if COMPILED else time.monotonic()     # (latency.pxd)
         self.parser.feed(data)
         w = self.worker
         if w is None or w.turn_scheduled or len(f.conns) != 1:
@@ -285,9 +302,10 @@ class Conn(InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands
             # True: that used exactly the one reply in flight `room` counted, anything else
             # asks again.
             handlers = self.handlers
+            next_command = parser.next       # (bound once: compiled, a method lookup a call)
             room = self.room()
             while room:
-                cmd = parser.next()
+                cmd = next_command()
                 if cmd is None:
                     # taken to the last whole command with room to spare: what is left (a
                     # part of one) cannot stop the reading below however big (update_reading)
@@ -490,6 +508,60 @@ class Conn(InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands
             self.complete(slot)
         return True
 
+    def fast_reply(self, status: int, flags: int, payload, value: int = 0) -> None:
+        """The reply of the oldest fused (inline.py) or routed (routed.py) request, then of any
+        that came back before it.  A held read's id (RF_HELD, `value`) waits with the reply's
+        bytes in `unwritten` (held.py).  Here, not in inline.py's mixin: in the compiled build
+        it reads the connection's fields as a C type's (conn.pxd)."""
+        fast = self.fast
+        f = self.front
+        out = self.out
+        latency = f.latency
+        pending = f.write_pending
+        while True:
+            _, ok, render, call, fam, t0, w = fast.popleft()
+            if ok is None:
+                n = render(out, status, flags, payload, call)
+            elif status == R_OK:                # a set's STORED
+                out.append(ok)
+                n = len(ok)
+            elif status == R_ITEM and payload.__class__ is bytes and len(payload) < SPLICE_MIN:
+                # a get's value: its VALUE line (`ok`: value_heads; `call`: the key as sent),
+                # its own bytes and END, joined only with the turn's other output (flush_out)
+                n = len(payload)
+                head = ok[call, n]
+                out += (head, payload, END_TAIL)
+                n += len(head) + 7
+            else:
+                n = render(out, status, flags, payload, call)
+            latency.since(fam, t0)
+            if n < 0:                   # the reply closes the connection
+                self.closing = self.stopped = True
+                if self.early:
+                    self.drop_early()
+                fast.clear()
+                self.batch = None
+                self.batched = 0
+                self.slots.clear()      # what was sent after the closing command goes unanswered
+                self.held = 0
+                pending.add(self)
+                return
+            if flags & RF_HELD:
+                if self.unwritten is None:
+                    self.unwritten = [(w, value)]
+                else:
+                    self.unwritten.append((w, value))
+            if not (self.early and fast and fast[0][0] in self.early):
+                break
+            status, flags, payload, value = self.early.pop(fast[0][0])
+        # the last one's size is estimate enough; below SMALL_REPLY with full room it would
+        # change nothing (Conn.note_reply), and skipping only keeps the estimate higher
+        if n > SMALL_REPLY or self.idle_room != MAX_INFLIGHT:
+            self.note_reply(n)
+        if not fast and self.slots:
+            self.drain_slots()
+        pending.add(self)
+
     def note_reply(self, n: int) -> None:
         """A reply of `n` bytes moves the running estimate flow control uses (class doc).  Fused
         replies (inline.py) count too: without them a connection that only sets and gets kept
@@ -621,3 +693,9 @@ class Conn(InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands
                 why = f"ClientId {client_id} is not allowed to {verb} queue {q}"
             return f"The operation {op} is disallowed on queue {q}. {why}"
         return None
+
+
+if COMPILED:
+    # interpreted readers (the mixins, subclasses, fronts, tests) read Conn's fields as member
+    # descriptors (LOAD_ATTR_SLOT), not Cython's getsets (memcache_commands.pxd)
+    _c_slot_fields(Conn, Conn.__slots__)

@@ -17,16 +17,13 @@ fused branches (MemcacheConn.store and on_get) then number the request, append i
 make sure the worker's turn is scheduled in their own frame before calling the worker (a
 Python call costs 150-300 instructions here, besides its bytecodes: perf/README.md, stop 14).  Its reply still joins
 the worker's batch, so it leaves only when the commit rules allow, and comes back through
-LocalFront.deliver to `fast_reply`.  Why apart from conn.py: the in-order Slot queue is
-conn.py's concern; this is the slot-less path beside it (Conn keeps the two in order:
-`drain_slots` waits while `fast` is not empty).
+LocalFront.deliver to `Conn.fast_reply` (in conn.py: compiled with Conn, conn.pxd).  Why apart
+from conn.py: the in-order Slot queue is conn.py's concern; this is the slot-less path beside it
+(Conn keeps the two in order: `drain_slots` waits while `fast` is not empty).
 """
 from __future__ import annotations
 
-from lanner.fronts.flow import MAX_INFLIGHT, SMALL_REPLY
 from lanner.fronts.rendered import family, nth, release
-from lanner.ipc.messages import R_ITEM, R_OK, RF_HELD
-from lanner.protocols.memcache_replies import END_TAIL, SPLICE_MIN
 
 
 class FusedQueues(dict):
@@ -66,57 +63,6 @@ class InlineReplies:
     """Conn methods; `fast`, `early`, `worker`, `local` and the rest are set in Conn.__init__."""
 
     __slots__ = ()
-
-    def fast_reply(self, status: int, flags: int, payload, value: int = 0) -> None:
-        """The reply of the oldest inline (or routed: routed.py) request, then of any that came
-        back before it.  A held read's id (RF_HELD, `value`) waits with the reply's bytes in
-        `unwritten` (held.py)."""
-        fast = self.fast
-        f = self.front
-        out = self.out
-        while True:
-            _, ok, render, call, fam, t0, w = fast.popleft()
-            if ok is None:
-                n = render(out, status, flags, payload, call)
-            elif status == R_OK:                # a set's STORED
-                out.append(ok)
-                n = len(ok)
-            elif status == R_ITEM and payload.__class__ is bytes and len(payload) < SPLICE_MIN:
-                # a get's value: its VALUE line (`ok`: value_heads; `call`: the key as sent),
-                # its own bytes and END, joined only with the turn's other output (flush_out)
-                n = len(payload)
-                head = ok[call, n]
-                out += (head, payload, END_TAIL)
-                n += len(head) + 7
-            else:
-                n = render(out, status, flags, payload, call)
-            f.latency.since(fam, t0)
-            if n < 0:                   # the reply closes the connection
-                self.closing = self.stopped = True
-                if self.early:
-                    self.drop_early()
-                fast.clear()
-                self.batch = None
-                self.batched = 0
-                self.slots.clear()      # what was sent after the closing command goes unanswered
-                self.held = 0
-                f.write_pending.add(self)
-                return
-            if flags & RF_HELD:
-                if self.unwritten is None:
-                    self.unwritten = [(w, value)]
-                else:
-                    self.unwritten.append((w, value))
-            if not (self.early and fast and fast[0][0] in self.early):
-                break
-            status, flags, payload, value = self.early.pop(fast[0][0])
-        # the last one's size is estimate enough; below SMALL_REPLY with full room it would
-        # change nothing (Conn.note_reply), and skipping only keeps the estimate higher
-        if n > SMALL_REPLY or self.idle_room != MAX_INFLIGHT:
-            self.note_reply(n)
-        if not fast and self.slots:
-            self.drain_slots()
-        f.write_pending.add(self)
 
     def release_entry(self, out: list, status: int, flags: int, entry: list, call: tuple) -> int:
         """The `render` of a `fast` entry of rendered replies (rendered.py; `call`: the whole

@@ -469,14 +469,14 @@ def get1_reply(status: int, flags: int, payload, key) -> tuple[bytes, bool]:
 
 
 def set_fused(out: list, status: int, flags: int, payload, call=None) -> int:
-    """set_reply for the fused path (InlineReplies.fast_reply's `render`, which answers R_OK
+    """set_reply for the fused path (Conn.fast_reply's `render`, which answers R_OK
     with the STORED it was given): the reply goes to `out`; its size, or -1 if it closes the
     connection."""
     return _fused(out, set_reply(status, flags, payload))
 
 
 def get1_fused(out: list, status: int, flags: int, payload, key) -> int:
-    """get1_reply for the fused and routed paths, as set_fused, for what InlineReplies.fast_reply
+    """get1_reply for the fused and routed paths, as set_fused, for what Conn.fast_reply
     does not splice itself: a value up to SPLICE_MIN that is not `bytes` (a routed reply's view
     of the ring, reused once read: copied here) goes to `out` as its VALUE line, its own bytes
     and END, joined only with the rest of the turn's output (Conn.flush_out)."""

@@ -8,7 +8,28 @@ import pytest
 from lanner.config import Config, ServerConfig
 from lanner.fronts.conn import Conn
 from lanner.fronts.front import close_idle
+from lanner.fronts.memcache import MemcacheConn
 from tests.fronts.harness import Rig
+
+LAST_ACTIVITY = Conn.__dict__["last_activity"]       # the field itself (a slot's descriptor)
+
+
+class Watched(MemcacheConn):
+    """A memcache connection whose `last_activity` reads are counted (what a sweep has to look
+    at): a property in front of Conn's field, which still holds the value.  A subclass, not a
+    patch of Conn: Conn is a C type in the compiled build (conn.pxd), and a C type's
+    attributes cannot be set."""
+    __slots__ = ()
+    reads: list = []
+
+    @property
+    def last_activity(self):
+        self.reads.append(self.id)
+        return LAST_ACTIVITY.__get__(self)
+
+    @last_activity.setter
+    def last_activity(self, value):
+        LAST_ACTIVITY.__set__(self, value)
 
 
 @pytest.fixture
@@ -19,27 +40,19 @@ def rig(tmp_path):
 
 
 @pytest.fixture
-def looked_at(monkeypatch):
-    """Counts reads of a connection's `last_activity` (what a sweep has to look at): a
-    property in front of its slot, which still holds the value."""
-    reads = []
-    slot = Conn.__dict__["last_activity"]
-
-    def get(c):
-        reads.append(c.id)
-        return slot.__get__(c)
-
-    monkeypatch.setattr(Conn, "last_activity", property(get, slot.__set__))
+def looked_at():
+    """The reads of every Watched connection's `last_activity`, from none."""
+    Watched.reads = reads = []
     return reads
 
 
 def test_the_sweep_closes_the_idle_and_looks_at_no_other(rig, looked_at):
-    old = [rig.connect() for _ in range(10)]
+    old = [rig.connect(Watched) for _ in range(10)]
     waiting = old[1]
     waiting.send(b"get q/t=60000\r\n")                   # a blocking get: idle all the same
     rig.run()
     rig.clock.advance(600)
-    new = [rig.connect() for _ in range(1000)]
+    new = [rig.connect(Watched) for _ in range(1000)]
     rig.clock.advance(100)
     busy = old[0]                                        # connected first, but read since
     assert busy.ask(b"version\r\n").startswith(b"VERSION")
@@ -85,7 +98,7 @@ def test_without_a_client_timeout_a_read_keeps_no_idle_order(tmp_path, looked_at
     so no read pays for the order it would walk (issue 8, per request)."""
     r = Rig(tmp_path)
     try:
-        c = r.connect()
+        c = r.connect(Watched)
         assert c.ask(b"version\r\n").startswith(b"VERSION")
         assert r.front.idle is None and looked_at == []
         c.conn.transport.close()                             # connection_lost with no order to keep

@@ -11,9 +11,13 @@ def test_profile_counts_the_request_path_per_request():
     ops, calls = prof.per_request()
     assert 100 < ops < 5000 and 1 < calls < 100
     names = {name: (b, c) for b, c, name in prof.rows(top=100)}
-    # every request is parsed by pump and answered by fast_reply: one call each per request
-    assert names["engine/fronts/conn.py:Conn.pump"][1] == 1.0
-    assert names["engine/fronts/inline.py:InlineReplies.fast_reply"][1] == 1.0
+    # every request is parsed by pump and answered by fast_reply, one call each per request:
+    # Python frames when conn.py is, none when it is compiled (only Python frames count)
+    if "lanner.fronts.conn" in hotloop.compiled_modules():
+        assert not any(name.startswith("engine/fronts/conn.py:") for name in names)
+    else:
+        assert names["engine/fronts/conn.py:Conn.pump"][1] == 1.0
+        assert names["engine/fronts/conn.py:Conn.fast_reply"][1] == 1.0
     # half the requests are sets, half gets
     assert names["engine/fronts/memcache.py:MemcacheConn.store"][1] == 0.5
     assert names["engine/fronts/memcache.py:MemcacheConn.on_get"][1] == 0.5
@@ -38,4 +42,4 @@ def test_hotloop_opcodes_option_prints_the_table(capsys):
     assert hotloop.main(["--opcodes", "-n", "100", "-c", "1", "-r", "1"]) == 0
     out = capsys.readouterr().out
     assert "bytecodes" in out and "Python calls per request" in out
-    assert "Conn.pump" in out
+    assert "MemcacheConn.store" in out

@@ -1,0 +1,34 @@
+# C types for the compiled build of conn.py (setup.py, engine/compiled.py); the .py is the code,
+# this file only declares.  `Conn` is a C type so that its own methods read its fields as C
+# struct members (perf/README.md, stop 17: "Compiling the whole request chain with C types");
+# interpreted readers (the mixins, subclasses, fronts, tests) read the same fields as member
+# descriptors (conn.py calls _c_slot_fields under COMPILED).  Fields are objects: a typed one
+# could not be a member descriptor, and interpreted code reads most of them per request.
+cimport cython
+from lanner.protocols.memcache_commands cimport _c_slot_fields
+from lanner.ops.latency cimport Recorder, _c_monotonic
+
+cdef bint COMPILED
+
+cdef class ConnBase:
+    pass
+
+cdef class Conn(ConnBase):
+    cdef public object front, parser, id, transport, slots, parts, next_req, blocked
+    cdef public object stopped, closing, out, held, reply_size, idle_room, body, touched
+    cdef public object paused_writing, spill, spilled, wbusy, spill_queued, reading_paused
+    cdef public object cur_fam, t_in, fast, early, worker, local, local_bit
+    cdef public object refuse_reads, refuse_writes, last_activity, adopted, moving, moved
+    cdef public object held_slots, unwritten, handlers, count_bytes, batch, batch_of, batched
+
+    @cython.locals(room=Py_ssize_t, buffered=Py_ssize_t)
+    cpdef pump(self)
+    cpdef room(self)
+    cpdef update_reading(self)
+    cpdef send_disconnects(self)
+    cpdef note_reply(self, n)
+    cpdef drain_slots(self)
+    @cython.locals(out=list, n=Py_ssize_t)
+    cpdef flush_out(self)
+    @cython.locals(out=list, n=Py_ssize_t, latency=Recorder, pending=set)
+    cpdef fast_reply(self, long status, long flags, payload, value=*)
