@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 #: fsync rounds under way at once; a batch beyond them waits in `held` for the next round.
 MAX_ROUNDS = 4
+#: Seconds after which a round's fsyncs still under way are logged (warn_stalled_sync).
+STALLED_SYNC_S = 5.0
 #: Buffered bytes from which a journal's write goes to the writer thread, off the loop.
 WRITE_BEHIND_BYTES = 1 << 20
 
@@ -186,7 +188,15 @@ class GroupCommit:
         elif len(syncer) < MAX_ROUNDS:
             media, self.sync_queue = self.sync_queue, []
             held, self.held = self.held, []
-            syncer.start(media, held)
+            syncer.start(media, held, self.clock.monotonic())
+
+    def warn_stalled_sync(self, now: float) -> None:
+        """Log, once per round, fsyncs still under way after STALLED_SYNC_S (the heartbeat asks)."""
+        r = self.syncer.stalled(now, STALLED_SYNC_S)
+        if r is not None:
+            names = ", ".join(sorted({getattr(m, "name", None) or os.path.basename(m.dir) for m in r.media}))
+            log.warning("worker %d: fsync of %s under way for %.1f s, %d replies wait for it (the disk or "
+                        "the kernel has not completed it)", self.index, names, now - r.started, len(r.replies))
 
     def waiting_replies(self):
         """Every list of replies not yet published: the rounds', the held ones, this batch's."""

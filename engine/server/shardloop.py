@@ -257,7 +257,10 @@ class ShardLoop:
     def on_beat_timer(self) -> None:
         """The heart beats while the loop turns, busy or idle (heartbeat.py); the timer is
         re-armed too, for the deadlines no turn announces (arm_timer)."""
-        self.beat(self.clock.monotonic())
+        now = self.clock.monotonic()
+        self.beat(now)
+        if self.syncer.rounds:
+            self.warn_stalled_sync(now)
         self.arm_timer()
         if not self.stopping:
             self.loop.call_later(self.beat_interval, self.on_beat_timer)

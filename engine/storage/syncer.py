@@ -72,13 +72,15 @@ IDLE_WAIT = 5.0
 
 class Round:
     """Media fsynced for one batch of replies; `replies` leave when `remaining` is 0."""
-    __slots__ = ("media", "replies", "remaining", "failed")
+    __slots__ = ("media", "replies", "remaining", "failed", "started", "warned")
 
-    def __init__(self, media: list, replies: list) -> None:
+    def __init__(self, media: list, replies: list, started: float = 0.0) -> None:
         self.media = media
         self.replies = replies
         self.remaining = len(media)
         self.failed: list = []          # (medium, OSError) whose fsync failed
+        self.started = started          # the owner's monotonic seconds (`stalled`)
+        self.warned = False
 
 
 class Syncer:
@@ -110,10 +112,11 @@ class Syncer:
         """Rounds started and not yet taken by `done_prefix`."""
         return len(self.rounds)
 
-    def start(self, media: list, replies: list) -> Round:
-        """fsync `media` (each once) now; `replies` wait for it."""
+    def start(self, media: list, replies: list, now: float = 0.0) -> Round:
+        """fsync `media` (each once) now; `replies` wait for it.  `now`: the owner's monotonic
+        seconds, for `stalled`."""
         media = list(dict.fromkeys(media))
-        r = Round(media, replies)
+        r = Round(media, replies, now)
         self.rounds.append(r)
         if not media:
             self._notify()
@@ -141,6 +144,18 @@ class Syncer:
                 return False
         last.replies.extend(replies)
         return True
+
+    def stalled(self, now: float, after: float) -> Round | None:
+        """The oldest round, once, if its fsyncs have not all returned `after` seconds after it
+        started: the owner keeps waiting (a reply never leaves before its fsync), but says so in
+        its log, since a disk or kernel that sits on an fsync looks from outside like a server
+        that stopped answering."""
+        if self.rounds:
+            r = self.rounds[0]
+            if r.remaining and not r.warned and now - r.started >= after:
+                r.warned = True
+                return r
+        return None
 
     def later(self, media) -> None:
         """Periodic fsyncs: nobody waits for them; a failure is logged."""

@@ -759,3 +759,24 @@ def test_a_cmdlog_partition_close_waits_for_the_fsync_under_way(uring_syncer, tm
     plog.close()
     assert seen == [(fd, False)]                    # main: [(fd, True)]
     assert s.done_prefix() == [first]
+
+
+def test_stalled_gives_the_oldest_round_once_when_its_fsync_is_late(uring_syncer):
+    """A disk or kernel that sits on an fsync looks like a server that stopped answering: the
+    owner's heartbeat asks `stalled` and logs the round, once, and goes on waiting for it."""
+    s, k = uring_syncer
+    a, b = KernelMedium(10), KernelMedium(11)
+    first = s.start([a], [1], now=100.0)
+    s.start([b], [2], now=103.0)
+    assert s.stalled(104.9, 5.0) is None
+    assert s.stalled(105.0, 5.0) is first
+    assert s.stalled(200.0, 5.0) is None                    # once per round
+    k.complete(10)
+    s.poll()
+    assert s.done_prefix() == [first]
+    late = s.stalled(108.0, 5.0)                            # now the oldest: the round of fd 11
+    assert late is not None and late.media == [b]
+    k.complete(11)
+    s.poll()
+    s.done_prefix()
+    assert s.stalled(1000.0, 5.0) is None                   # nothing under way

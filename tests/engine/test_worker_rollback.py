@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import gc
+import logging
 import os
 import resource
 import threading
@@ -449,3 +450,23 @@ def test_waiting_for_the_fsync_works_with_descriptors_past_1024(worker):
     finally:
         for fd in filler:
             os.close(fd)
+
+
+def test_an_fsync_under_way_too_long_is_logged_once_with_its_queue(worker, tmp_path, clock, caplog):
+    """The heartbeat's check (commit.py `warn_stalled_sync`): the replies keep waiting for the
+    fdatasync, and the log says which queue's file and for how long."""
+    w, k, q_path = failing_uring_worker(worker, tmp_path)
+    w.handle(0, req(1, OP_SET, "q", payload=b"a"))
+    w.finish_batch()                                          # q's fdatasync, held by the ring
+    clock.advance(4_900)
+    with caplog.at_level(logging.WARNING, logger="lanner.server.commit"):
+        w.warn_stalled_sync(clock.monotonic())
+        assert caplog.records == []
+        clock.advance(200)
+        w.warn_stalled_sync(clock.monotonic())
+        w.warn_stalled_sync(clock.monotonic())
+    assert [r.getMessage() for r in caplog.records] == [
+        "worker 0: fsync of q under way for 5.1 s, 1 replies wait for it (the disk or the kernel has not completed it)"]
+    assert w.published == []                                  # still held: it never leaves early
+    k.fail()
+    w.wait_for_sync()
