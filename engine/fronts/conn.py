@@ -25,11 +25,11 @@ from lanner.fronts.counters import C_CURR, C_HERE, C_READ, C_TOTAL, C_WRITTEN
 from lanner.fronts.flow import MAX_INFLIGHT, SMALL_REPLY, room_for
 from lanner.fronts.held import HeldItems
 from lanner.fronts.inline import InlineReplies
-from lanner.protocols.memcache_replies import END_TAIL, SPLICE_MIN
 from lanner.fronts.routed import RoutedRequests
 from lanner.fronts.servercmds import ServerCommands
 from lanner.fronts.spill import REPLY_BUDGET, WRITE_CHUNK, WRITE_LOW, SpillWriter  # noqa: F401 (WRITE_LOW: tests)
 from lanner.ops.latency import BY_TYPE, family_of
+from lanner.protocols.memcache_replies import END_TAIL, SPLICE_MIN
 from lanner.queues.names import validate_queue_name
 from lanner.ipc.messages import (OP_DISCONNECT, OP_SET_DATA, R_ITEM, R_OK, R_SERVER_ERROR, RF_CLOSE,
                                  RF_HELD, RF_MORE)

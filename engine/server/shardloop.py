@@ -259,8 +259,7 @@ class ShardLoop:
         re-armed too, for the deadlines no turn announces (arm_timer)."""
         now = self.clock.monotonic()
         self.beat(now)
-        if self.syncer.rounds:
-            self.warn_stalled_sync(now)
+        self.warn_stalled_sync(now)
         self.arm_timer()
         if not self.stopping:
             self.loop.call_later(self.beat_interval, self.on_beat_timer)
