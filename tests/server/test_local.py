@@ -17,6 +17,14 @@ def worker_procs(h) -> list[psutil.Process]:
     return workers(h.proc.pid)
 
 
+def replaced(h, old: psutil.Process) -> bool:
+    """Whether a new process took `old`'s place: two workers and `old` not among them, read
+    in one listing (two listings race the supervisor's reaping of `old`: the first still sees
+    its zombie, the second no longer does, and the replacement may not be forked yet)."""
+    procs = worker_procs(h)
+    return len(procs) == 2 and old.pid not in [p.pid for p in procs]
+
+
 def serving_worker(h, c: Client) -> int:
     """Index of the worker whose socket is the server end of client `c`."""
     port = c.sock.getsockname()[1]

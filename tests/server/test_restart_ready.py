@@ -7,7 +7,7 @@ import pytest
 
 from tests.helpers import start_server, wait_for
 from tests.server.conftest import Client
-from tests.server.test_local import clients_on, queue_of, worker_procs
+from tests.server.test_local import clients_on, queue_of, replaced, worker_procs
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,7 @@ def test_a_routed_request_right_after_the_ready_line_reaches_the_replacement(tmp
         survivor, victim = worker_procs(h)
         victim.send_signal(signal.SIGKILL)
         # the replacement is forked only after the survivor acknowledged the death
-        assert wait_for(lambda: len(worker_procs(h)) == 2 and victim not in worker_procs(h)), h.log()
+        assert wait_for(lambda: replaced(h, victim)), h.log()
         survivor.send_signal(signal.SIGSTOP)
         try:
             assert wait_for(lambda: "worker 1 up;" in h.log() or h.log().count("worker 1 ready") >= 2,
