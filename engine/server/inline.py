@@ -12,14 +12,7 @@ on_get) are unchanged.
 """
 from __future__ import annotations
 
-from lanner.clock import SystemClock
 from lanner.ipc.messages import R_EMPTY, R_ITEM, R_NOT_STORED, R_OK
-
-try:                            # COMPILED: as in clock.py (inline.pxd cimports its C clock read)
-    import cython
-    COMPILED = cython.compiled
-except ImportError:             # pure Python without Cython installed
-    COMPILED = False
 
 
 class InlineOps:
@@ -28,7 +21,7 @@ class InlineOps:
     (no such queue yet, fanout children, an autoflushing collection, sessions with open reads)
     goes through the collection or the worker, as before."""
 
-    __slots__ = ("worker", "coll", "queues", "undo", "clock", "system_clock", "sessions")
+    __slots__ = ("worker", "coll", "queues", "undo", "clock", "sessions")
 
     def __init__(self, worker, coll) -> None:
         self.worker = worker
@@ -37,7 +30,6 @@ class InlineOps:
         self.queues = coll.queues
         self.undo = coll.undo
         self.clock = coll.clock
-        self.system_clock = type(coll.clock) is SystemClock     # read in C, compiled (clock.pxd)
         self.sessions = worker.sessions
 
     def inline_set(self, src: int, conn: int, req: int, queue: str, expiry: int, data: bytes) -> bool | None:
@@ -50,7 +42,7 @@ class InlineOps:
             if q is None or q.children or coll.autoflush:
                 ok = coll.add(queue, data, expiry or None)
             else:                       # QueueCollection.add, its common case
-                now = _c_now_ms() if COMPILED and self.system_clock else self.clock.now_ms()
+                now = self.clock.now_ms()       # (not clock.pxd's C read: tests stop the clock)
                 ok = q.add(data, expiry, now, now)      # (0 is never, as None is)
                 if ok:
                     coll.total_items += 1
