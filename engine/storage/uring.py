@@ -134,6 +134,13 @@ class Uring:
                 _U32.pack_into(sq, self._sq_tail, tail)
                 if e == errno.EINTR:
                     continue
+                if e == errno.EBUSY and self._overflowed():
+                    # (kernels before 5.19 refuse submissions while completions wait on the
+                    # overflow list: move them into the ring, which has room for every fsync
+                    # under way, and submit again; `reap` takes them)
+                    self._enter_getevents(0)
+                    if not self._overflowed():
+                        continue
                 error = OSError(e, f"io_uring_enter: {os.strerror(e)}")
                 break
             done += got
