@@ -31,10 +31,15 @@ log = logging.getLogger(__name__)
 
 #: fsync rounds under way at once; a batch beyond them waits in `held` for the next round.
 MAX_ROUNDS = 4
-#: Seconds after which a round's fsyncs still under way are logged (warn_stalled_sync).
+#: Seconds after which a round's fsyncs still under way are logged (check_sync).
 STALLED_SYNC_S = 5.0
 #: Buffered bytes from which a journal's write goes to the writer thread, off the loop.
 WRITE_BEHIND_BYTES = 1 << 20
+
+
+def medium_name(m) -> str:
+    """A journal's queue name, a command log's partition directory."""
+    return getattr(m, "name", None) or os.path.basename(m.dir)
 
 
 class GroupCommit:
@@ -190,13 +195,22 @@ class GroupCommit:
             held, self.held = self.held, []
             syncer.start(media, held, self.clock.monotonic())
 
-    def warn_stalled_sync(self, now: float) -> None:
-        """Log, once per round, fsyncs still under way after STALLED_SYNC_S (the heartbeat asks)."""
-        r = self.syncer.stalled(now, STALLED_SYNC_S)
+    def check_sync(self, now: float) -> bool:
+        """The heartbeat's look at the fsyncs: completions that came without waking the loop are
+        taken (the kernel may hold them back with no eventfd signal: uring.py `_overflowed`), and
+        a round still waiting after STALLED_SYNC_S is logged, once.  True if it took some: their
+        replies go out at the end of the turn the caller schedules, as after a wake-up."""
+        syncer = self.syncer
+        took = bool(syncer.rounds) and syncer.ready()
+        if took:
+            self.on_synced()
+        r = syncer.stalled(now, STALLED_SYNC_S)
         if r is not None:
-            names = ", ".join(sorted({getattr(m, "name", None) or os.path.basename(m.dir) for m in r.media}))
+            names = ", ".join(sorted({medium_name(m) for m in r.media}))
             log.warning("worker %d: fsync of %s under way for %.1f s, %d replies wait for it (the disk or "
-                        "the kernel has not completed it)", self.index, names, now - r.started, len(r.replies))
+                        "the kernel has not completed it); %s", self.index, names, now - r.started,
+                        len(r.replies), self.syncer.state(medium_name))
+        return took
 
     def waiting_replies(self):
         """Every list of replies not yet published: the rounds', the held ones, this batch's."""

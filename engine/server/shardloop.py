@@ -259,7 +259,8 @@ class ShardLoop:
         re-armed too, for the deadlines no turn announces (arm_timer)."""
         now = self.clock.monotonic()
         self.beat(now)
-        self.warn_stalled_sync(now)
+        if self.check_sync(now):        # fsyncs that returned without waking the loop
+            self.woke()
         self.arm_timer()
         if not self.stopping:
             self.loop.call_later(self.beat_interval, self.on_beat_timer)

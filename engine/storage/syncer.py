@@ -157,6 +157,17 @@ class Syncer:
                 return r
         return None
 
+    def state(self, name=repr) -> str:
+        """What the fsyncs wait on, for the stall warning: a round can wait only for an fsync the
+        kernel holds (`in flight`), one gathered and not yet submitted, or a medium busy with
+        rounds behind it; the kernel's own view is in /proc/PID/fdinfo of the ring."""
+        with self._lock:
+            busy = ", ".join(f"{name(m)}:{len(w)}" for m, w in self._busy.items()) or "none"
+            return (f"{len(self.rounds)} rounds, the oldest missing {self.rounds[0].remaining if self.rounds else 0}; "
+                    f"in flight {sorted(name(m) for m, _, _ in self._inflight.values())}, "
+                    f"to submit {len(self._jobs)}, busy (rounds waiting) {busy}, "
+                    f"ring in flight {self.uring.inflight if self.uring is not None else '-'}")
+
     def later(self, media) -> None:
         """Periodic fsyncs: nobody waits for them; a failure is logged."""
         for m in media:

@@ -37,6 +37,7 @@ EVENTS = 64
 _SETUP, _ENTER, _REGISTER = 425, 426, 427       # x86-64 (and every architecture since 5.1)
 _REGISTER_EVENTFD = 4
 _ENTER_GETEVENTS = 1
+_SQ_CQ_OVERFLOW = 2                             # IORING_SQ_CQ_OVERFLOW, in the SQ ring's flags
 _FEAT_SINGLE_MMAP = 1
 _OFF_SQ_RING, _OFF_CQ_RING, _OFF_SQES = 0, 0x8000000, 0x10000000
 _OP_FSYNC, _FSYNC_DATASYNC = 3, 1
@@ -102,7 +103,7 @@ class Uring:
         self._sq, self._cq = sq, cq
         self._sqes = mmap.mmap(ring_fd, p.sq_entries * _SQE.size, flags, prot, offset=_OFF_SQES)
         self._sq_entries = p.sq_entries
-        self._sq_tail, self._sq_array = sq_off[1], sq_off[6]
+        self._sq_tail, self._sq_flags, self._sq_array = sq_off[1], sq_off[4], sq_off[6]
         self._sq_mask = _U32.unpack_from(sq, sq_off[2])[0]
         self._cq_head, self._cq_tail, self._cqes = cq_off[0], cq_off[1], cq_off[5]
         self._cq_mask = _U32.unpack_from(cq, cq_off[2])[0]
@@ -133,6 +134,13 @@ class Uring:
                 _U32.pack_into(sq, self._sq_tail, tail)
                 if e == errno.EINTR:
                     continue
+                if e == errno.EBUSY and self._overflowed():
+                    # (kernels before 5.19 refuse submissions while completions wait on the
+                    # overflow list: move them into the ring, which has room for every fsync
+                    # under way, and submit again; `reap` takes them)
+                    self._enter_getevents(0)
+                    if not self._overflowed():
+                        continue
                 error = OSError(e, f"io_uring_enter: {os.strerror(e)}")
                 break
             done += got
@@ -142,9 +150,25 @@ class Uring:
         return done, error
 
     def ready(self) -> bool:
-        """A completion waits to be reaped (no syscall)."""
+        """A completion waits to be reaped (no syscall), in the ring or held back by the kernel."""
         cq = self._cq
-        return _U32.unpack_from(cq, self._cq_head)[0] != _U32.unpack_from(cq, self._cq_tail)[0]
+        return (_U32.unpack_from(cq, self._cq_head)[0] != _U32.unpack_from(cq, self._cq_tail)[0]
+                or self._overflowed())
+
+    def _overflowed(self) -> bool:
+        """The kernel holds completions on its overflow list.  It puts one there when it finds no
+        free entry in the completion ring at that moment, and then every later one too (their
+        order), until a GETEVENTS enter moves them in; their eventfd signal may have come and
+        gone while the ring looked empty.  Seen on 6.18 with a handful of fsyncs under way and
+        the ring all but empty: the worker's replies then waited for ever (a sync "always"
+        stall)."""
+        return bool(_U32.unpack_from(self._sq, self._sq_flags)[0] & _SQ_CQ_OVERFLOW)
+
+    def _enter_getevents(self, wait: int) -> None:
+        """Move the overflowed completions into the ring, and with `wait`, block for one."""
+        while self._syscall(_ENTER, self._ring_fd, 0, wait, _ENTER_GETEVENTS, None, 0) < 0:
+            if ctypes.get_errno() != errno.EINTR:
+                raise OSError(ctypes.get_errno(), "io_uring_enter (getevents) failed")
 
     def reap(self, wait: bool = False) -> list[tuple[int, int]]:
         """(token, errno or 0) of each fsync done; with `wait`, block for at least one if any is
@@ -156,18 +180,21 @@ class Uring:
         if not self.inflight:
             return []
         if wait and not self.ready():
-            while self._syscall(_ENTER, self._ring_fd, 0, 1, _ENTER_GETEVENTS, None, 0) < 0:
-                if ctypes.get_errno() != errno.EINTR:
-                    raise OSError(ctypes.get_errno(), "io_uring_enter (wait) failed")
+            self._enter_getevents(1)
         cq, base, mask = self._cq, self._cqes, self._cq_mask
-        head = _U32.unpack_from(cq, self._cq_head)[0]
-        tail = _U32.unpack_from(cq, self._cq_tail)[0]
         out = []
-        while head != tail:
-            token, res, _ = _CQE.unpack_from(cq, base + (head & mask) * _CQE.size)
-            out.append((token, -res if res < 0 else 0))
-            head = (head + 1) & 0xFFFFFFFF
-        _U32.pack_into(cq, self._cq_head, head)
+        while True:
+            if self._overflowed():
+                self._enter_getevents(0)
+            head = _U32.unpack_from(cq, self._cq_head)[0]
+            tail = _U32.unpack_from(cq, self._cq_tail)[0]
+            if head == tail:
+                break
+            while head != tail:
+                token, res, _ = _CQE.unpack_from(cq, base + (head & mask) * _CQE.size)
+                out.append((token, -res if res < 0 else 0))
+                head = (head + 1) & 0xFFFFFFFF
+            _U32.pack_into(cq, self._cq_head, head)
         self.inflight -= len(out)
         return out
 

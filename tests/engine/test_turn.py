@@ -470,3 +470,47 @@ def test_under_sync_always_a_cut_batch_still_waits_for_its_fsync(tmp_path):
         assert all(c.transport.written == [b"STORED\r\n"] for c in rig.conns)
     finally:
         rig.close()
+
+
+class SilentUring(HoldingUring):
+    """A held fdatasync returns without an eventfd signal, as the kernel may do when it keeps the
+    completion on its overflow list (storage/uring.py `_overflowed`)."""
+
+    def release(self):
+        self.done += self.held
+        self.held = []
+
+    def reap(self, wait=False):
+        try:
+            os.eventfd_read(self.fd)        # (as the real one: a signal is taken once)
+        except BlockingIOError:
+            pass
+        return super().reap(wait)
+
+
+def test_an_fsync_that_returned_without_a_wake_up_is_answered_at_the_heartbeat(tmp_path, monkeypatch):
+    """Nothing wakes the loop for such a completion, and a closed-loop client sends nothing
+    more: the heartbeat (commit.py `check_sync`) takes it, and the STORED leaves in the turn it
+    schedules, as after a wake-up.  Before, the reply waited for ever; and taken without that
+    turn, it would sit in the connection's buffer."""
+    from lanner.server import worker as W
+    (tmp_path / "lanner.toml").write_text('[default]\nsync_journal = "always"\n')
+    config = load_config(str(tmp_path / "lanner.toml"), {"queue_path": str(tmp_path / "q"),
+                                                         "status_file": str(tmp_path / "status")})
+    made = []
+    monkeypatch.setattr(W, "open_uring", lambda: made.append(SilentUring(str(tmp_path / "q" / "q"))) or made[0])
+    rig = Rig(str(tmp_path), 1, config=config)
+    try:
+        w, c = rig.worker, rig.conns[0]
+        c.data_received(b"set q 0 0 1\r\nx\r\n")
+        rig.turn()
+        [uring] = made
+        assert uring.calls == 1 and c.transport.written == []
+        uring.release()
+        rig.turn()
+        assert c.transport.written == []                  # no wake-up, no turn, no reply
+        w.on_beat_timer()
+        rig.turn()
+        assert c.transport.written == [b"STORED\r\n"]
+    finally:
+        rig.close()

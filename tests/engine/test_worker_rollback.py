@@ -17,6 +17,7 @@ from lanner.ipc.messages import (F_OPEN, OP_DISCONNECT, OP_GET, OP_SET, OP_TGET,
 from lanner.storage.uring import open_uring
 from lanner.storage.journal import journal as J
 from tests.engine.conftest import req
+from tests.helpers import wait_for
 
 
 def replies(w):
@@ -452,21 +453,36 @@ def test_waiting_for_the_fsync_works_with_descriptors_past_1024(worker):
             os.close(fd)
 
 
+def test_the_heartbeat_takes_an_fsync_that_returned_without_waking_the_loop(worker, clock):
+    """The kernel may keep a completion on its overflow list and signal no eventfd (uring.py
+    `_overflowed`); the heartbeat (commit.py `check_sync`) looks, and the replies leave then
+    instead of never: before, a closed-loop client's set under sync "always" stalled for good."""
+    w = worker(sync_journal="always")
+    w.handle(0, req(1, OP_SET, "q", payload=b"a"))
+    w.finish_batch()                                          # q's fdatasync, in the kernel
+    assert wait_for(w.syncer.ready)                           # returned; nothing woke this loop
+    assert w.published == []
+    w.check_sync(clock.monotonic())
+    assert replies(w) == {1: [(R_OK, 0, b"")]}
+
+
 def test_an_fsync_under_way_too_long_is_logged_once_with_its_queue(worker, tmp_path, clock, caplog):
-    """The heartbeat's check (commit.py `warn_stalled_sync`): the replies keep waiting for the
+    """The heartbeat's check (commit.py `check_sync`): the replies keep waiting for the
     fdatasync, and the log says which queue's file and for how long."""
     w, k, q_path = failing_uring_worker(worker, tmp_path)
     w.handle(0, req(1, OP_SET, "q", payload=b"a"))
     w.finish_batch()                                          # q's fdatasync, held by the ring
     clock.advance(4_900)
     with caplog.at_level(logging.WARNING, logger="lanner.server.commit"):
-        w.warn_stalled_sync(clock.monotonic())
+        w.check_sync(clock.monotonic())
         assert caplog.records == []
         clock.advance(200)
-        w.warn_stalled_sync(clock.monotonic())
-        w.warn_stalled_sync(clock.monotonic())
+        w.check_sync(clock.monotonic())
+        w.check_sync(clock.monotonic())
     assert [r.getMessage() for r in caplog.records] == [
-        "worker 0: fsync of q under way for 5.1 s, 1 replies wait for it (the disk or the kernel has not completed it)"]
+        "worker 0: fsync of q under way for 5.1 s, 1 replies wait for it (the disk or the kernel has not "
+        "completed it); 1 rounds, the oldest missing 1; in flight ['q'], to submit 0, busy (rounds waiting) "
+        "q:0, ring in flight 1"]
     assert w.published == []                                  # still held: it never leaves early
     k.fail()
     w.wait_for_sync()
