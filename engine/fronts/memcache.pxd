@@ -13,7 +13,7 @@ from lanner.fronts.front cimport Front
 from lanner.server.local cimport LocalFront
 
 cdef class MemcacheConn(Conn):
-    @cython.locals(f=Front, lf=LocalFront, my=CounterSlot)
+    @cython.locals(f=Front, lf=LocalFront, my=CounterSlot, s=Set)
     cpdef store(self, cmd)
     @cython.locals(f=Front, lf=LocalFront, my=CounterSlot, k=GetKey)
     cpdef on_get(self, Get cmd)

@@ -69,7 +69,12 @@ class MemcacheConn(Conn):
         which go to the same worker(s) as they arrive (F_STREAM, then OP_SET_DATA;
         ipc/bodies.py)."""
         f = self.front
-        q = cmd.queue
+        stream = type(cmd) is not Set
+        if stream:
+            q, exptime, noreply = cmd.queue, cmd.exptime, cmd.noreply
+        else:
+            s = cmd                     # (compiled: a Set, its fields read as C struct members)
+            q, exptime, noreply = s.queue, s.exptime, s.noreply
         st = f.status
         fused = f.fused[q]
         if not fused or st.seq[0] != st.clear or self.refuse_writes:
@@ -83,10 +88,8 @@ class MemcacheConn(Conn):
             fused = f.fused[q]          # the name is checked now
         my = f.my                       # (compiled: `incr` a C call, memcache.pxd)
         my.incr(C_SET)
-        exptime = cmd.exptime
         expiry = exptime and expiry_of(exptime, f.clock)
-        stream = type(cmd) is not Set
-        if fused and not stream and not cmd.noreply and not self.slots and not self.worker.closed_conns:
+        if fused and not stream and not noreply and not self.slots and not self.worker.closed_conns:
             # the hot path: one queue of this worker, one reply, the body whole
             # the fused request's number and reply entry (inline.py), here and in on_get
             lf = f                      # (fused: a worker's own front; compiled, a LocalFront)
@@ -105,7 +108,7 @@ class MemcacheConn(Conn):
             fast = self.fast
             if fast:
                 # replies owed already: this one may join them, rendered (rendered.py), as in on_get
-                ok = w.inline_set(f.index, self.id, req, q, expiry, cmd.data)
+                ok = w.inline_set(f.index, self.id, req, q, expiry, s.data)
                 ent = self.batch
                 if ok is not None and (ent is not None or len(fast) > 1):
                     replies = w.replies
@@ -120,14 +123,14 @@ class MemcacheConn(Conn):
                 fast.append((req, STORED, set_fused, None, self.cur_fam, self.t_in, -1))
                 return True
             fast.append((req, STORED, set_fused, None, self.cur_fam, self.t_in, -1))
-            w.inline_set(f.index, self.id, req, q, expiry, cmd.data)
+            w.inline_set(f.index, self.id, req, q, expiry, s.data)
             return True                 # fused: one reply in flight and nothing else (Conn.process)
         dests = f.config.aliases.get(q)
         if stream:
             flags, size, payload = F_STREAM, cmd.size, b""
         else:
             flags, size, payload = 0, len(cmd.data), cmd.data
-        if dests is None and cmd.noreply:
+        if dests is None and noreply:
             # nothing to wait for: fire and forget, no slot
             w = f.owner(q)
             req = self.notify(w, OP_SET, flags | F_NOREPLY, q, expiry, size, payload)
@@ -143,7 +146,7 @@ class MemcacheConn(Conn):
             if stream:
                 self.begin_body([(part.worker, part.req)])
             return
-        slot = self.new_slot(_finish_alias_set, call=cmd.noreply)
+        slot = self.new_slot(_finish_alias_set, call=noreply)
         f.send(f.owner(q), self.id, 0, OP_ALIAS_PUT, 0, q, 1, size)
         targets = []
         for d in dests:
