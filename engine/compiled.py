@@ -16,6 +16,9 @@ HOT_MODULES = (
     "lanner.ops.latency",            # with latency.pxd: Recorder.observe on a typed memoryview
     "lanner.ipc.shm",                # with shm.pxd: CounterSlot.incr/decr on a typed memoryview
     "lanner.fronts.conn",            # with conn.pxd: Conn a C type, its own fields C struct reads
+    "lanner.fronts.front",           # with front.pxd: Front a C type, read as one by memcache.pxd
+    "lanner.server.local",           # with local.pxd: LocalFront a C type (the fused path's front)
+    "lanner.fronts.memcache",        # with memcache.pxd: MemcacheConn a C type, store/on_get typed
     "lanner.queues.queue",           # with queue.pxd: PersistentQueue a C type (add, remove)
     "lanner.storage.journal.journal",    # with journal.pxd: Journal a C type (record_*, flush)
     "lanner.server.inline",          # with inline.pxd: the worker's fused set and get, C calls

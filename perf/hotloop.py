@@ -40,7 +40,7 @@ from lanner.fronts.memcache import MemcacheConn
 from lanner.ipc.mesh import Mesh, Peers
 from lanner.ipc.shm import CounterBlock
 from lanner.server.heaptrim import child_gc
-from lanner.server.local import attach_front
+from lanner.server.local import LocalFront, attach_front
 from lanner.server.status import ServerStatus
 from lanner.server.worker import Worker
 
@@ -83,10 +83,12 @@ class NullTransport:
 class Rig:
     """One worker serving its own clients, in this process."""
 
-    def __init__(self, folder: str, conns: int, config=None, transport=None, config_file=None) -> None:
+    def __init__(self, folder: str, conns: int, config=None, transport=None, config_file=None,
+                 front_class=LocalFront) -> None:
         """`config` (tests): instead of the defaults with `folder`'s paths; `transport`: makes
         each connection's transport (NullTransport); `config_file`: a TOML file whose queue
-        settings the rig's queue takes (its paths are still `folder`'s)."""
+        settings the rig's queue takes (its paths are still `folder`'s); `front_class` (tests):
+        the worker's own front, a LocalFront subclass that records calls (attach_front)."""
         self.config = config or load_config(config_file, {"queue_path": os.path.join(folder, "q"),
                                                           "status_file": os.path.join(folder, "status")})
         os.makedirs(self.config.server.queue_path, exist_ok=True)
@@ -103,7 +105,7 @@ class Rig:
         w.boot()
         req, resp = self.mesh.front_rings(0)
         attach_front(w, (0, req, resp, self.mesh.front_wake[0].fd, {}, counters, time.time(), None),
-                     worker_end)
+                     worker_end, front_class)
         w.open_loop()
         self.conns = []
         for _ in range(conns):

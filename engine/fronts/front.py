@@ -19,17 +19,13 @@ from collections import OrderedDict
 import uvloop
 
 from lanner.config import ConfigError, reload_config
-from lanner.fronts.admin import AdminConn
 from lanner.fronts.conn import Conn
 from lanner.fronts.counters import FRONT_COUNTERS, global_stats
 from lanner.fronts.held import Settles
 from lanner.fronts.inline import FusedQueues
-from lanner.fronts.memcache import MemcacheConn
 from lanner.fronts.putbound import put_bound
 from lanner.fronts.routed import Routes
 from lanner.fronts.spill import SpillTurns
-from lanner.fronts.text import TextConn
-from lanner.fronts.thrift import ThriftConn
 from lanner.ipc import control
 from lanner.ipc.messages import (FRAG_SIZE, RESP_SIZE, RF_HELD, Reassembler, pack_req, send,
                                  unpack_resp)
@@ -42,12 +38,17 @@ __all__ = ["FRONT_COUNTERS", "Front", "front_main"]    # the supervisor sizes th
 
 log = logging.getLogger(__name__)
 
+# COMPILED: as in memcache_commands.py (front.pxd makes it a C constant in the compiled build,
+# where memcache_commands.pxd's _c_slot_fields exists)
+try:
+    import cython
+    COMPILED = cython.compiled
+except ImportError:             # pure Python without Cython installed
+    COMPILED = False
+
 #: Messages a request ring may hold in overflow (its worker lagging by a full ring) before the
 #: front stops taking new commands on every connection until the worker catches up.
 BACKLOG_LIMIT = 64
-
-CONN_CLASSES = {"memcache": MemcacheConn, "text": TextConn, "admin": AdminConn, "thrift": ThriftConn}
-
 
 class ItemLimits(dict):
     """queue -> the largest set body it could store under the front's config: the memcache
@@ -71,7 +72,13 @@ class ItemLimits(dict):
         return limit
 
 
-class Front:
+class FrontBase:
+    """Front's first base: empty, a C type in the compiled build (front.pxd), where Cython wants
+    a C type's first base to be one (as conn.py's ConnBase)."""
+    __slots__ = ()
+
+
+class Front(FrontBase):
     """One front process's state: its rings, its connections, the config it serves.
 
     Slots, no instance dict, as a connection's (conn.py): a worker's own front is read on every
@@ -256,7 +263,8 @@ class Front:
         pending = self.write_pending
         if pending:
             if len(pending) == 1:
-                pending.pop().pump()
+                c = pending.pop()
+                c.pump()            # (compiled: a C call, `c` typed in front.pxd)
                 return
             self.write_pending = set()
             for c in pending:
@@ -352,6 +360,9 @@ class Front:
 async def serve_listeners(front: Front) -> None:
     """Accept on the front's listeners and close connections idle for longer than
     client_timeout (a front process, or a worker serving its own clients: local.py)."""
+    # imported here, not with the module: memcache.so cimports Front (memcache.pxd), so it
+    # loads this module as it loads, before its own class exists
+    from lanner.fronts.kinds import CONN_CLASSES
     loop = front.loop
     for kind, sock in front.listeners.items():
         cls = CONN_CLASSES[kind]
@@ -421,3 +432,9 @@ def front_main(index, config, status, counters, req_rings, resp_rings, wake_fd, 
                 c.transport.abort()
         front.flush_rings()
     return 0
+
+
+if COMPILED:
+    # interpreted readers (conn.py's def methods, the other protocols, tests) read Front's fields
+    # as member descriptors (LOAD_ATTR_SLOT), not Cython's getsets (memcache_commands.pxd)
+    _c_slot_fields(Front, Front.__slots__)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from lanner.protocols import memcache as mc
 from lanner.protocols import memcache_replies as mr
+from lanner.protocols.memcache_commands import Set
+from lanner.protocols.memcache_replies import END_TAIL, SPLICE_MIN, STORED, value_heads
 
 from lanner import __version__
 from lanner.fronts.conn import Conn, Slot, expiry_at
@@ -26,6 +28,8 @@ STREAM_OVER = 64 << 10
 
 
 class MemcacheConn(Conn):
+    """A memcache client's connection: a C type in the compiled build (memcache.pxd), whose
+    `store` and `on_get` read the front, its counters and the command typed."""
     __slots__ = ()               # Conn's slots are all its state (conn.py)
 
     def __init__(self, front):
@@ -65,7 +69,12 @@ class MemcacheConn(Conn):
         which go to the same worker(s) as they arrive (F_STREAM, then OP_SET_DATA;
         ipc/bodies.py)."""
         f = self.front
-        q = cmd.queue
+        stream = type(cmd) is not Set
+        if stream:
+            q, exptime, noreply = cmd.queue, cmd.exptime, cmd.noreply
+        else:
+            s = cmd                     # (compiled: a Set, its fields read as C struct members)
+            q, exptime, noreply = s.queue, s.exptime, s.noreply
         st = f.status
         fused = f.fused[q]
         if not fused or st.seq[0] != st.clear or self.refuse_writes:
@@ -77,29 +86,29 @@ class MemcacheConn(Conn):
             if f.config.has_whitelists and self.not_listed(q, "add"):
                 return
             fused = f.fused[q]          # the name is checked now
-        f.my.incr(C_SET)
-        exptime = cmd.exptime
+        my = f.my                       # (compiled: `incr` a C call, memcache.pxd)
+        my.incr(C_SET)
         expiry = exptime and expiry_of(exptime, f.clock)
-        stream = type(cmd) is not mc.Set
-        if fused and not stream and not cmd.noreply and not self.slots and not self.worker.closed_conns:
+        if fused and not stream and not noreply and not self.slots and not self.worker.closed_conns:
             # the hot path: one queue of this worker, one reply, the body whole
             # the fused request's number and reply entry (inline.py), here and in on_get
+            lf = f                      # (fused: a worker's own front; compiled, a LocalFront)
             req = self.next_req
             # (req + 1) & 0xFFFFFFFF or 1, by a compare of one-digit ints (specialised, where `&`
             # and an int's truth test are calls) until 2**30
             self.next_req = req + 1 if req < 0x3FFFFFFF else (req + 1) & 0xFFFFFFFF or 1
             if self.touched != self.local_bit:     # (an int compare; `|=` is a generic call)
                 self.touched |= self.local_bit
-            if f.streak:
-                f.streak.pop(self.id, None)     # a local request breaks a streak towards a handoff
-            f.inline_requests += 1
+            if lf.streak:
+                lf.streak.pop(self.id, None)    # a local request breaks a streak towards a handoff
+            lf.inline_requests += 1
             w = self.worker
             if not w.turn_scheduled:
                 w.schedule_turn()
             fast = self.fast
             if fast:
                 # replies owed already: this one may join them, rendered (rendered.py), as in on_get
-                ok = w.inline_set(f.index, self.id, req, q, expiry, cmd.data)
+                ok = w.inline_set(f.index, self.id, req, q, expiry, s.data)
                 ent = self.batch
                 if ok is not None and (ent is not None or len(fast) > 1):
                     replies = w.replies
@@ -111,17 +120,17 @@ class MemcacheConn(Conn):
                     if opens(self, replies, STORED3 if ok else NOT_STORED3):
                         return True
                 self.batch = None
-                fast.append((req, mr.STORED, set_fused, None, self.cur_fam, self.t_in, -1))
+                fast.append((req, STORED, set_fused, None, self.cur_fam, self.t_in, -1))
                 return True
-            fast.append((req, mr.STORED, set_fused, None, self.cur_fam, self.t_in, -1))
-            w.inline_set(f.index, self.id, req, q, expiry, cmd.data)
+            fast.append((req, STORED, set_fused, None, self.cur_fam, self.t_in, -1))
+            w.inline_set(f.index, self.id, req, q, expiry, s.data)
             return True                 # fused: one reply in flight and nothing else (Conn.process)
         dests = f.config.aliases.get(q)
         if stream:
             flags, size, payload = F_STREAM, cmd.size, b""
         else:
             flags, size, payload = 0, len(cmd.data), cmd.data
-        if dests is None and cmd.noreply:
+        if dests is None and noreply:
             # nothing to wait for: fire and forget, no slot
             w = f.owner(q)
             req = self.notify(w, OP_SET, flags | F_NOREPLY, q, expiry, size, payload)
@@ -129,7 +138,7 @@ class MemcacheConn(Conn):
                 self.begin_body([(w, req)])
             return
         if dests is None:                # one queue, one reply, through its worker's ring
-            if not stream and self.route_fast(q, OP_SET, expiry, payload, mr.STORED, set_fused, None):
+            if not stream and self.route_fast(q, OP_SET, expiry, payload, STORED, set_fused, None):
                 return True             # no Slot: one reply in flight, as fused (routed.py)
             slot = self.new_slot(_finish_stored)
             part = self.request(slot, f.owner(q), OP_SET, flags, q, expiry, size, payload)
@@ -137,7 +146,7 @@ class MemcacheConn(Conn):
             if stream:
                 self.begin_body([(part.worker, part.req)])
             return
-        slot = self.new_slot(_finish_alias_set, call=cmd.noreply)
+        slot = self.new_slot(_finish_alias_set, call=noreply)
         f.send(f.owner(q), self.id, 0, OP_ALIAS_PUT, 0, q, 1, size)
         targets = []
         for d in dests:
@@ -174,16 +183,18 @@ class MemcacheConn(Conn):
                 if f.config.has_whitelists and self.not_listed(q, "remove"):
                     return
                 fused = f.fused[q]      # the name is checked now
-            f.my.incr(C_GET)
+            my = f.my                   # (compiled: `incr` a C call, memcache.pxd)
+            my.incr(C_GET)
             if fused and not self.slots and not self.worker.closed_conns:
                 # the fused request's number and reply entry (inline.py), as in store
+                lf = f                  # (fused: a worker's own front; compiled, a LocalFront)
                 req = self.next_req
                 self.next_req = req + 1 if req < 0x3FFFFFFF else (req + 1) & 0xFFFFFFFF or 1
                 if self.touched != self.local_bit:     # (an int compare; `|=` is a generic call)
                     self.touched |= self.local_bit
-                if f.streak:
-                    f.streak.pop(self.id, None)
-                f.inline_requests += 1
+                if lf.streak:
+                    lf.streak.pop(self.id, None)
+                lf.inline_requests += 1
                 w = self.worker
                 if not w.turn_scheduled:
                     w.schedule_turn()
@@ -195,8 +206,8 @@ class MemcacheConn(Conn):
                         pieces = None   # (nothing to join: its reply alone)
                     elif data is False:
                         pieces = END3
-                    elif data.__class__ is bytes and len(data) < mr.SPLICE_MIN:
-                        pieces = (mr.value_heads[k.raw, len(data)], data, mr.END_TAIL)
+                    elif data.__class__ is bytes and len(data) < SPLICE_MIN:
+                        pieces = (value_heads[k.raw, len(data)], data, END_TAIL)
                     else:               # it answered itself (None), or a value too big to render
                         pieces = None
                     if pieces is not None:
@@ -209,9 +220,9 @@ class MemcacheConn(Conn):
                         if opens(self, replies, pieces):
                             return True
                     self.batch = None
-                    fast.append((req, mr.value_heads, get1_fused, k.raw, self.cur_fam, self.t_in, -1))
+                    fast.append((req, value_heads, get1_fused, k.raw, self.cur_fam, self.t_in, -1))
                     return True
-                fast.append((req, mr.value_heads, get1_fused, k.raw, self.cur_fam, self.t_in, -1))
+                fast.append((req, value_heads, get1_fused, k.raw, self.cur_fam, self.t_in, -1))
                 w.inline_get(f.index, self.id, req, q)
                 return True         # fused: one reply in flight and nothing else (Conn.process)
             if f.config.aliases.get(q) is not None:
@@ -449,7 +460,7 @@ def expiry_of(exptime: int, clock) -> int:
 def set_reply(status: int, flags: int, payload, call=None) -> tuple[bytes, bool]:
     """A one-queue set's reply and whether it closes the connection (both paths use it)."""
     if status == R_OK:
-        return mr.STORED, False
+        return STORED, False
     if status == R_SERVER_ERROR:
         return mr.server_error(bytes(payload).decode("latin-1", "replace")), True
     if status == R_CLIENT_ERROR:
@@ -482,9 +493,9 @@ def get1_fused(out: list, status: int, flags: int, payload, key) -> int:
     and END, joined only with the rest of the turn's output (Conn.flush_out)."""
     if status == R_ITEM:
         n = len(payload)
-        if n < mr.SPLICE_MIN:
-            head = mr.value_heads[key, n]
-            out += (head, payload if payload.__class__ is bytes else bytes(payload), mr.END_TAIL)
+        if n < SPLICE_MIN:
+            head = value_heads[key, n]
+            out += (head, payload if payload.__class__ is bytes else bytes(payload), END_TAIL)
             return len(head) + n + 7
     return _fused(out, get1_reply(status, flags, payload, key))
 
@@ -517,7 +528,7 @@ def _finish_alias_set(slot: Slot) -> None:
     if any(p.status == R_SERVER_ERROR for p in slot.parts):
         first_failure(slot)
     else:
-        slot.out = mr.STORED if all(p.status == R_OK for p in slot.parts) else mr.NOT_STORED
+        slot.out = STORED if all(p.status == R_OK for p in slot.parts) else mr.NOT_STORED
     if slot.call and not slot.close:
         slot.out = b""
 
@@ -538,15 +549,15 @@ def first_failure(slot: Slot) -> bool:
     return False
 
 
-HANDLERS = {
-    mc.Get: MemcacheConn.on_get, mc.Set: MemcacheConn.store, mc.SetRefused: MemcacheConn.on_set_refused,
-    mc.SetHead: MemcacheConn.store, mc.SetPiece: MemcacheConn.on_set_piece,
-    mc.Delete: MemcacheConn.on_delete, mc.Flush: MemcacheConn.on_flush,
-    mc.FlushAll: MemcacheConn.on_flush_all, mc.FlushExpired: MemcacheConn.on_flush_expired,
-    mc.FlushAllExpired: MemcacheConn.on_flush_all_expired, mc.Stats: MemcacheConn.on_stats,
-    mc.DumpStats: MemcacheConn.on_dump_stats, mc.DumpConfig: MemcacheConn.on_dump_config,
-    mc.Monitor: MemcacheConn.on_monitor, mc.Confirm: MemcacheConn.on_confirm,
-    mc.Status: MemcacheConn.on_status, mc.Version: MemcacheConn.on_version,
-    mc.Reload: MemcacheConn.on_reload, mc.Shutdown: MemcacheConn.on_shutdown,
-    mc.Quit: MemcacheConn.on_quit, mc.ProtocolError: MemcacheConn.on_protocol_error,
-}
+HANDLERS = {kind: getattr(MemcacheConn, name) for kind, name in {
+    # by name, looked up on the class: compiled, `MemcacheConn.store` would be the C function
+    # of the cpdef method (memcache.pxd), not the Python entry Conn.pump calls
+    mc.Get: "on_get", mc.Set: "store", mc.SetRefused: "on_set_refused", mc.SetHead: "store",
+    mc.SetPiece: "on_set_piece", mc.Delete: "on_delete", mc.Flush: "on_flush",
+    mc.FlushAll: "on_flush_all", mc.FlushExpired: "on_flush_expired",
+    mc.FlushAllExpired: "on_flush_all_expired", mc.Stats: "on_stats",
+    mc.DumpStats: "on_dump_stats", mc.DumpConfig: "on_dump_config", mc.Monitor: "on_monitor",
+    mc.Confirm: "on_confirm", mc.Status: "on_status", mc.Version: "on_version",
+    mc.Reload: "on_reload", mc.Shutdown: "on_shutdown", mc.Quit: "on_quit",
+    mc.ProtocolError: "on_protocol_error",
+}.items()}

@@ -45,8 +45,6 @@ import socket
 
 from lanner.fronts.counters import C_CURR, C_HANDOFFS, C_HERE, C_ROUTED
 from lanner.fronts.front import Front
-from lanner.fronts.memcache import MemcacheConn
-from lanner.fronts.text import TextConn
 from lanner.ipc import handoff
 from lanner.ipc.messages import (OP_DISCONNECT, OP_DUMP_CONFIG, OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED,
                                  OP_HANDOFF, OP_RELOAD, OP_STATS, R_ERROR, R_OK, R_SERVER_ERROR,
@@ -54,13 +52,25 @@ from lanner.ipc.messages import (OP_DISCONNECT, OP_DUMP_CONFIG, OP_FLUSH_ALL, OP
 
 log = logging.getLogger(__name__)
 
-# The protocols whose connection state lives entirely in the worker (open reads) and the
-# parser's unparsed bytes, so a connection can move; thrift's open reads carry server-wide ids.
-MOVABLE = (MemcacheConn, TextConn)
+# COMPILED: as in memcache_commands.py (local.pxd makes it a C constant in the compiled build,
+# where memcache_commands.pxd's _c_slot_fields exists)
+try:
+    import cython
+    COMPILED = cython.compiled
+except ImportError:             # pure Python without Cython installed
+    COMPILED = False
+
 # the parts of commands sent to every worker say nothing about where a connection belongs
 FANOUT_OPS = frozenset((OP_STATS, OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED, OP_DUMP_CONFIG, OP_RELOAD))
 HANDOFF_AFTER = 2             # consecutive requests to one other worker before the connection moves
 MAX_UNPARSED = 1 << 16        # a connection holding more unparsed input stays until it has less
+
+
+def movable_classes() -> tuple:
+    """The connection classes that can move (fronts/kinds.py), loaded at the first handoff:
+    memcache.so cimports LocalFront (memcache.pxd), so it loads this module as it loads."""
+    from lanner.fronts.kinds import MOVABLE
+    return MOVABLE
 
 
 class LocalFront(Front):
@@ -142,7 +152,7 @@ class LocalFront(Front):
         touched = c.touched
         if touched & (1 << self.local) and not self.worker.holds(self.index, c.id):
             touched &= ~(1 << self.local)      # e.g. a `stats` long ago: nothing of it is here
-        if (not isinstance(c, MOVABLE) or c.closing or c.stopped or t is None or t.is_closing()
+        if (not isinstance(c, movable_classes()) or c.closing or c.stopped or t is None or t.is_closing()
                 or c.blocked is not None or c.body is not None or c.reading_paused
                 or c.paused_writing or c in self.ring_waiters
                 or touched != 1 << w or w in self.down_workers
@@ -170,7 +180,7 @@ class LocalFront(Front):
         c.moving = True
         self.my.decr(C_HERE)
         slot = c.new_slot(lambda s: self.handed_off(c, s), blocking=True)
-        c.request(slot, w, OP_HANDOFF, MOVABLE.index(type(c)), b"", seq, 0, unparsed)
+        c.request(slot, w, OP_HANDOFF, movable_classes().index(type(c)), b"", seq, 0, unparsed)
         c.seal(slot)
 
     def handed_off(self, c, slot) -> None:
@@ -219,12 +229,12 @@ class LocalFront(Front):
                         self.index, src)
             w.reply(src, conn, req, R_SERVER_ERROR, 0, 0, b"connection handoff lost its socket")
             return
-        if self.stopping or (src, conn) in w.pending_by_conn or kind >= len(MOVABLE):
+        if self.stopping or (src, conn) in w.pending_by_conn or kind >= len(movable_classes()):
             log.info("front %d: declined a connection from front %d", self.index, src)
             os.close(fd)
             w.reply(src, conn, req, R_ERROR)
             return
-        c = MOVABLE[kind](self)
+        c = movable_classes()[kind](self)
         c.adopted = True           # curr/total_connections counted it where it was accepted
         self.my.incr(C_HERE)       # it dies with this process from now on
         c.touched = 1 << self.local
@@ -270,10 +280,11 @@ class LocalFront(Front):
         return n
 
 
-def attach_front(worker, parts, control_sock) -> None:
-    """Give `worker` its own front (its listeners are served once its loop runs)."""
+def attach_front(worker, parts, control_sock, front_class=LocalFront) -> None:
+    """Give `worker` its own front (its listeners are served once its loop runs).
+    `front_class`: a subclass that records what tests watch (a C type cannot be patched)."""
     slot, req, resp, wake_fd, listeners, counters, started_at, chans = parts
-    front = LocalFront(worker, slot, worker.config, worker.status, counters, req, resp, wake_fd,
+    front = front_class(worker, slot, worker.config, worker.status, counters, req, resp, wake_fd,
                        control_sock, listeners, started_at, worker.clock,
                        channels=[send for _, send in chans] if chans else None)
     worker.front = front
@@ -282,3 +293,9 @@ def attach_front(worker, parts, control_sock) -> None:
         front.receive_ends = [recv for recv, _ in chans]
         worker.inbox = handoff.Inbox(chans[worker.index][0])
         worker.inbox.drop_all()      # a dead predecessor's unclaimed sockets: those clients are gone
+
+
+if COMPILED:
+    # interpreted readers (the worker, tests) read LocalFront's fields as member descriptors
+    # (LOAD_ATTR_SLOT), not Cython's getsets (memcache_commands.pxd)
+    _c_slot_fields(LocalFront, LocalFront.__slots__)

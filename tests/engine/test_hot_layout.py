@@ -13,11 +13,13 @@ import socket
 import pytest
 
 from lanner.fronts.conn import Conn, Part, Slot
+from lanner.fronts.front import Front
 from lanner.fronts.memcache import MemcacheConn
 from lanner.ipc import handoff
 from lanner.ipc.messages import R_ERROR
 from lanner.perf.hotloop import NullTransport, Rig
 from lanner.queues.queue import PersistentQueue
+from lanner.server.local import LocalFront
 from lanner.storage.journal.journal import Journal
 
 SHARED_KEYS_MAX = 30      # CPython 3.11 Objects/dictobject.c SHARED_KEYS_MAX_SIZE
@@ -153,24 +155,29 @@ def test_the_worker_its_queues_and_journals_have_no_instance_dict(tmp_path):
 
 
 @pytest.mark.parametrize("cls, typed", [(PersistentQueue, ()), (Journal, ("_pending", "_origin")),
-                                        (Conn, ())])
+                                        (Conn, ()), (Front, ()), (LocalFront, ())])
 def test_a_queues_and_a_journals_fields_are_read_as_slots_in_either_build(cls, typed):
     """The mixins, the collection, the syncer and the factory read these fields from interpreted
     code: as `__slots__` in pure Python, and in the compiled build (queue.pxd, journal.pxd) as
     the C struct's fields, which Cython would give as getsets that 3.11 does not specialise
     (~245 instructions a read, perf/README.md stop 14) unless `_c_slot_fields` makes them member
     descriptors.  `typed`: fields with a C type (journal.pxd), getsets, off the request path.
-    A connection's too (conn.pxd): its mixins, subclasses and the front read them per request."""
+    A connection's too (conn.pxd): its mixins, subclasses and the front read them per request;
+    and a front's (front.pxd, local.pxd): conn.py's def methods, the worker and the other
+    protocols read them per request."""
     for name in cls.__slots__:
         if name not in typed:
             assert type(cls.__dict__[name]).__name__ == "member_descriptor", name
 
 
-def test_each_of_a_connections_fields_holds_its_own_value():
+@pytest.mark.parametrize("cls, names", [(MemcacheConn, Conn.__slots__),
+                                         (LocalFront, Front.__slots__ + LocalFront.__slots__)])
+def test_each_of_a_connections_fields_holds_its_own_value(cls, names):
     """In the compiled build each member descriptor's offset into the C struct is found at load
-    (_c_slot_fields): every field reads back what was written to it, in either build."""
-    c = MemcacheConn.__new__(MemcacheConn)
-    marks = {n: object() for n in Conn.__slots__}
+    (_c_slot_fields): every field reads back what was written to it, in either build (a
+    connection's, and a worker's own front's, its base's fields and its own)."""
+    c = cls.__new__(cls)
+    marks = {n: object() for n in names}
     for n, mark in marks.items():
         setattr(c, n, mark)
     assert all(getattr(c, n) is mark for n, mark in marks.items())

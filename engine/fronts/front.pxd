@@ -1,0 +1,29 @@
+# C types for the compiled build of front.py (setup.py, engine/compiled.py); the .py is the code,
+# this file only declares.  `Front` is a C type so that the compiled connection handlers
+# (memcache.pxd types the front they read as one) read its fields as C struct members, where
+# interpreted code cannot specialise a read of another object's field from C (perf/README.md,
+# stop 17: "Compiling the whole request chain with C types", plan step 4).  Interpreted readers
+# (the mixins, conn.py's def methods, the other protocols, tests) read the same fields as member
+# descriptors (front.py calls _c_slot_fields under COMPILED).  Fields are objects: interpreted
+# code reads most of them per request.
+cimport cython
+from lanner.protocols.memcache_commands cimport _c_slot_fields
+from lanner.fronts.conn cimport Conn
+
+cdef bint COMPILED
+
+cdef class FrontBase:
+    pass
+
+cdef class Front(FrontBase):
+    cdef public object index, config, epoch, status, counters, my, latency, req_rings, resp_rings
+    cdef public object nworkers, wake_fd, control, listeners, started_at, clock, conns, idle
+    cdef public object next_conn, dirty_rings, flush_scheduled, down_workers, loop, ctl_reader
+    cdef public object servers, stopping, write_pending, spills, ring_waiters, congested, asm
+    cdef public object live_req, live_resp, valid_names, item_limits, owners, settles, fused
+    cdef public object routes
+
+    @cython.locals(conns=dict, c=Conn)
+    cpdef drain_responses(self)
+    @cython.locals(pending=set, c=Conn)
+    cpdef flush_writes(self)
