@@ -21,6 +21,8 @@ HOT_MODULES = (
     "lanner.fronts.memcache",        # with memcache.pxd: MemcacheConn a C type, store/on_get typed
     "lanner.queues.queue",           # with queue.pxd: PersistentQueue a C type (add, remove)
     "lanner.storage.journal.journal",    # with journal.pxd: Journal a C type (record_*, flush)
+    "lanner.server.inline",          # with inline.pxd: the worker's fused set and get, C calls
+                                     # into the queue along typed references
     "lanner.clock",                  # no .pxd: SystemClock.now_ms, once per request, a C call
                                      # instead of a Python frame
 )

@@ -17,3 +17,8 @@ cdef class PersistentQueue(PersistentQueueBase):
     cdef public object _open_deadline, _moving, _held, _xid, _last_removed_add_time
     cdef public object total_items, expired_items, discarded, transactions, canceled_transactions
     cdef public object total_flushes
+
+    # cpdef: a C call from a compiled caller holding a typed PersistentQueue (server/inline.pxd,
+    # the fused path's set and get); interpreted callers see the same methods
+    cpdef bint add(self, data, expiry_ms=*, add_time_ms=*, now_ms=*, bint count_total=*) except -1
+    cpdef remove(self, transactional=*)

@@ -61,6 +61,7 @@ from lanner.server.exits import EXIT_BOOT_ERROR, EXIT_OK, EXIT_UNSAVED
 from lanner.server.heaptrim import HeapTrim
 from lanner.server.heartbeat import MAX_BEAT_INTERVAL
 from lanner.server.holding import Holding, Holds
+from lanner.server.inline import InlineOps
 from lanner.server.local import attach_front
 from lanner.server.opencounts import OpenReadCounts
 from lanner.server.commit import GroupCommit
@@ -76,8 +77,9 @@ log = logging.getLogger(__name__)
 class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
     """A shard's queues and everything that touches them; the mixins hold the turn's end
     (commit.py), waiting requests (waiting.py) and peer/control duties (peers.py)."""
-    # Slots, not a dict: inline_set, inline_get and what they read per request stay specialised
-    # lookups whatever names the process sets (test_hot_layout.py); the last two: shardloop.py's.
+    # Slots, not a dict: what the fused path reads per request stays specialised lookups whatever
+    # names the process sets (test_hot_layout.py); "handled", "sleep_rings": shardloop.py's;
+    # "inline_set", "inline_get": the fused set and get, InlineOps' bound methods (boot).
     __slots__ = ("index", "nworkers", "nfronts", "peers", "front", "local_src", "inbox", "loop",
                  "turn_scheduled", "stop_scheduled", "stopping", "reads_left", "stepping", "timer",
                  "timer_ms", "deadlines_changed", "config", "epoch", "_own_epoch", "status", "inbound",
@@ -87,7 +89,8 @@ class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
                  "void_moves", "moves_voided", "holding", "stats_jobs", "replies", "held", "sync_queue",
                  "sync_done_r", "sync_done_w", "syncer", "writer", "writing", "settled", "write_held", "mot",
                  "coll", "storage_factory", "next_expire_ms", "next_strand_ms", "tids", "tcounts",
-                 "tids_supply", "taborts", "bodies", "closed_conns", "handled", "sleep_rings")
+                 "tids_supply", "taborts", "bodies", "closed_conns", "handled", "sleep_rings", "inline_set",
+                 "inline_get")
 
     def __init__(self, index: int, nworkers: int, config, status, inbound, outbound, wake_fd: int,
                  control_sock, cleaner_sock=None, clock=SYSTEM_CLOCK, nfronts: int = 1,
@@ -165,6 +168,8 @@ class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
         self.storage_factory = factory
         factory.collection = self.coll
         factory.on_deadline = self.note_deadline
+        fused = InlineOps(self, self.coll)      # the fused local path's set and get (inline.py)
+        self.inline_set, self.inline_get = fused.inline_set, fused.inline_get
 
         def progress(name, i, n):
             log.info("worker %d: replaying queue %r (%d/%d)", self.index, name, i, n)
@@ -289,59 +294,6 @@ class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
             return True
         self.closed_conns.discard((src, conn))
         return False
-
-    def inline_set(self, src: int, conn: int, req: int, queue: str, expiry: int, data: bytes) -> bool | None:
-        """A whole-body set from this worker's own client, run by the fused local path
-        (MemcacheConn.store, which scheduled the turn): OP_SET as `execute` runs it, without the
-        request record.  A queue that exists and has no fanout children is added to here, with
-        QueueCollection.add's accounting (a Python call less); any other through `coll.add`."""
-        coll = self.coll
-        coll.undo.ctx = (src, conn, req)
-        try:
-            q = coll.queues.get(queue)
-            if q is None or q.children or coll.autoflush:
-                ok = coll.add(queue, data, expiry or None)
-            else:                       # QueueCollection.add, its common case
-                now = coll.clock.now_ms()
-                ok = q.add(data, expiry, now, now)      # (0 is never, as None is)
-                if ok:
-                    coll.total_items += 1
-        except Exception as e:   # one bad request must not take the shard down
-            self.request_failed(src, conn, req, queue, e)
-        else:
-            # its head unpacked: the reply stays in this process (messages.resp_fields)
-            self.replies.append((src, (conn, req, R_OK if ok else R_NOT_STORED, 0, 0, 0), b""))
-            return ok
-
-    def inline_get(self, src: int, conn: int, req: int, queue: str) -> bytes | bool | None:
-        """A plain `get q` from this worker's own client, run by the fused local path
-        (MemcacheConn.on_get, which scheduled the turn): Waiting.plain_get for a connection of
-        this worker's own front while the worker has no sessions at all (so none holds an open
-        read), with QueueCollection.remove's accounting; else plain_get.  Returns the value, False
-        if none, None if another path answers (a reply rendered at once: rendered.py)."""
-        if self.sessions:
-            self.plain_get(src, conn, req, queue)
-            return
-        coll = self.coll
-        coll.undo.ctx = (src, conn, req)
-        try:
-            q = coll.queues.get(queue)
-            if q is None or coll.autoflush:
-                item = coll.remove(queue)
-            else:                       # QueueCollection.remove, its common case
-                item = q.remove()
-                if item is None:
-                    coll.get_misses += 1
-                else:
-                    coll.get_hits += 1
-        except Exception as e:   # one bad request must not take the shard down
-            self.request_failed(src, conn, req, queue, e)
-        else:
-            if item is None:
-                self.replies.append((src, (conn, req, R_EMPTY, 0, 0, 0), b""))
-                return False
-            self.replies.append((src, (conn, req, R_ITEM, 0, 0, 0), item.data))
-            return item.data
 
     def execute(self, src: int, conn: int, req: int, op: int, flags: int, queue: str, a: int, b: int,
                 payload) -> None:

@@ -173,6 +173,31 @@ def test_a_failed_journal_write_makes_the_inline_reply_an_error(rig, monkeypatch
     assert [i.data for i in r.worker.coll.queue("q").memory_items()] == [b"a"]
 
 
+class Unreadable:
+    """A queue config every read of which raises: the queue's add or remove fails half-way."""
+
+    def __getattr__(self, name):
+        raise RuntimeError("config unreadable: " + name)
+
+
+@pytest.mark.parametrize("request_", [b"set q 0 0 1\r\nb\r\n", b"get q\r\n"])
+def test_a_fused_request_the_queue_raises_on_is_a_server_error_that_closes(rig, request_):
+    """The worker's fused set and get (server/inline.py) answer a request whose queue call
+    raised as the worker answers any (request_failed): SERVER_ERROR, the connection closed,
+    the shard and the queue's items untouched."""
+    r = rig(2)
+    c, other = r.conns
+    assert run(r, c, b"set q 0 0 1\r\na\r\n") == b"STORED\r\n"
+    q = r.worker.coll.queue("q")
+    config, q.config = q.config, Unreadable()
+    before = r.worker.front.inline_requests
+    assert run(r, other, request_) == b"SERVER_ERROR internal error\r\n"
+    assert r.worker.front.inline_requests == before + 1
+    assert other.transport.closed and not c.transport.closed
+    q.config = config
+    assert run(r, c, b"get q\r\nget q\r\n") == b"VALUE q 0 1\r\na\r\nEND\r\nEND\r\n"
+
+
 def test_under_sync_always_no_reply_before_the_fsync(rig, monkeypatch):
     monkeypatch.setattr(W, "open_uring", lambda: None)   # the fsync threads, which call J._fsync
     r = rig(sync_journal="always")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from lanner.perf import hotloop
 from lanner.server.local import LocalFront
-from lanner.server.worker import Worker
 
 
 def test_hotloop_runs_and_checks_every_reply():
@@ -34,17 +33,17 @@ def test_inline_requests_carry_the_parsed_queue_name(tmp_path, monkeypatch):
             return LocalFront.send(self, worker, conn_id, req, op, flags, queue, *rest)
     rig = hotloop.Rig(str(tmp_path), 1, front_class=SeenFront)
     try:
-        real_set, real_get = Worker.inline_set, Worker.inline_get
+        worker = rig.worker
 
-        def inline_set(self, src, conn, req, queue, *rest):
-            seen.append(queue)
-            return real_set(self, src, conn, req, queue, *rest)
-
-        def inline_get(self, src, conn, req, queue):
-            seen.append(queue)
-            return real_get(self, src, conn, req, queue)
-        monkeypatch.setattr(Worker, "inline_set", inline_set)     # a worker has slots, no dict
-        monkeypatch.setattr(Worker, "inline_get", inline_get)
+        def recording(real):
+            """The worker's fused set or get (InlineOps' bound method, a slot of the worker),
+            noting the queue name it is called with."""
+            def call(src, conn, req, queue, *rest):
+                seen.append(queue)
+                return real(src, conn, req, queue, *rest)
+            return call
+        monkeypatch.setattr(worker, "inline_set", recording(worker.inline_set))
+        monkeypatch.setattr(worker, "inline_get", recording(worker.inline_get))
         c = rig.conns[0]
         c.data_received(b"set jobs 0 0 2\r\nhi\r\nget jobs\r\nget jobs/peek\r\n")
         rig.turn()

@@ -1,0 +1,17 @@
+# C type for the compiled build of inline.py (setup.py, engine/compiled.py); the .py is the code,
+# this file only declares.  The references the two methods follow per request are typed: the
+# queue dict and the sessions a `dict` (a C lookup, a C size), a queue a PersistentQueue (its
+# cpdef `add` and `remove` C calls, `children` a struct read).  The methods are cpdef: a C call
+# for a compiled caller that types its reference, the bound method the worker hands out for the
+# others.
+cimport cython
+from lanner.queues.queue cimport PersistentQueue
+
+cdef class InlineOps:
+    cdef public object worker, coll, undo, clock
+    cdef public dict queues, sessions
+
+    @cython.locals(q=PersistentQueue)
+    cpdef inline_set(self, src, conn, req, queue, expiry, data)
+    @cython.locals(q=PersistentQueue)
+    cpdef inline_get(self, src, conn, req, queue)
