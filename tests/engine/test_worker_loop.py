@@ -21,7 +21,9 @@ from lanner.ipc.shm import IdBlocks, SharedCounter
 from lanner.queues.placement import worker_of
 from lanner.server.heartbeat import Heartbeats
 from lanner.server.status import ServerStatus
+from lanner.server import worker as W
 from lanner.server.worker import Worker
+from tests.engine.test_turn import HoldingUring
 
 
 class FakeFront:
@@ -211,15 +213,22 @@ def test_control_is_read_while_busy_and_the_heart_beats(harness):
     assert h.heartbeats.silent_for(slot, h.clock.monotonic()) == pytest.approx(0, abs=1e-6)
 
 
-def test_peer_down_of_a_front_drops_replies_owed_to_it(harness):
+def test_peer_down_of_a_front_drops_replies_owed_to_it(harness, monkeypatch, tmp_path):
+    """The front dies while its STORED waits for q's fdatasync (held until then: a fast disk
+    could return it within the step, and the reply would reach the front before it died)."""
+    made = []
+    monkeypatch.setattr(W, "open_uring", lambda: made.append(HoldingUring(str(tmp_path / "q" / "q"))) or made[0])
     h = harness(config='[default]\nsync_journal = "always"\n')
     f = h.fronts[0]
     f.send(0, 1, 1, OP_SET, b"q", payload=b"x")
     wk = h.workers[0]
     wk.step(wait=0)                                              # the STORED waits for fsync
-    assert wk.sync_inflight
+    [uring] = made
+    assert wk.sync_inflight and uring.calls == 1
     h.tell(0, {"cmd": "peer_down", "peer": 0})
     wk.poll_control()
+    uring.release()
+    uring.path = str(tmp_path)                                  # (holds no more of q's)
     h.settle()
     assert f.replies() == []                                     # nothing for the dead front
     h.mesh.discard_unread("front", 0)
