@@ -55,6 +55,10 @@ from lanner.clock import SYSTEM_CLOCK
 from lanner.config import ConfigError, reload_config
 from lanner.fronts.counters import forget_dead
 from lanner.fronts.front import FRONT_COUNTERS, front_main
+# Loaded here, before any fork, though only the children use them: front.py and local.py load
+# the connection classes lazily (kinds.py), and each child loading them itself would keep its own
+# copy of memcache.so's and the parser's modules (+9 MB PSS at perf memory's 1 GiB backlog).
+from lanner.fronts.kinds import CONN_CLASSES  # noqa: F401
 from lanner.ipc import control, handoff
 from lanner.ipc.mesh import CLEANER, FRONT, WORKER, Mesh, Peers
 from lanner.ipc.shm import ConfigEpoch, CounterBlock, IdBlocks, SharedCounter
