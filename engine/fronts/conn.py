@@ -92,6 +92,14 @@ def expiry_at(ms: int) -> int:
     return ms if ms > 0 else 1
 
 
+class FrontBase:
+    """What a connection reads of its front per request (`Front`'s first base, front.py): in the
+    compiled build a C type declared here, in conn.pxd, so `Conn`'s methods read these fields
+    as C struct members through a typed local (front.pxd cimports conn.pxd for `Conn`: conn.pxd
+    cannot cimport `Front` back, a cycle at load).  Slots, set by Front.__init__."""
+    __slots__ = ("epoch", "my", "latency", "conns", "idle", "loop", "write_pending", "congested")
+
+
 class ConnBase:
     """Conn's first base: empty, a C type in the compiled build (conn.pxd), where Cython wants
     a C type's first base to be one; the mixins after it stay Python classes with empty slots."""
@@ -235,7 +243,8 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
         if f.epoch.word[0] != f.epoch.seen:      # a reload was answered somewhere: follow it first
             f.catch_up_config()
         if self.count_bytes:
-            f.my.incr(C_READ, len(data))
+            my = f.my                   # (compiled: `incr` a C call, conn.pxd)
+            my.incr(C_READ, len(data))
         idle = f.idle
         if idle is not None:                     # client_timeout is on
             self.last_activity = f.loop.time()
@@ -334,7 +343,8 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
             return 1 if self.front.ring_room(self.body, self) else 0
         if self.blocked is not None or self.paused_writing:
             return 0
-        if self.front.congested and not self.front.room_for_commands(self):
+        f = self.front
+        if f.congested and not f.room_for_commands(self):
             return 0
         t = self.transport
         if not (self.slots or self.fast or self.held or self.spilled) and \
@@ -628,11 +638,15 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
             data = out[0]
             n = len(data)
             if len(out) > 1:
-                n = sum(map(len, out))
+                n = 0
+                for piece in out:       # (compiled: a C loop, where sum(map(len, out)) looked up
+                    n += len(piece)     # two builtins and called through them)
                 if n <= WRITE_CHUNK:
                     data = b"".join(out)
             if self.count_bytes:
-                self.front.my.incr(C_WRITTEN, n)
+                f = self.front
+                my = f.my               # (compiled: `incr` a C call, conn.pxd)
+                my.incr(C_WRITTEN, n)
             if n > WRITE_CHUNK or self.spilled or self.wbusy:
                 self.spill_out([data] if n <= WRITE_CHUNK else out)    # behind what waits: a slice per turn
             else:
@@ -699,3 +713,4 @@ if COMPILED:
     # interpreted readers (the mixins, subclasses, fronts, tests) read Conn's fields as member
     # descriptors (LOAD_ATTR_SLOT), not Cython's getsets (memcache_commands.pxd)
     _c_slot_fields(Conn, Conn.__slots__)
+    _c_slot_fields(FrontBase, FrontBase.__slots__)

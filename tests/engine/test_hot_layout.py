@@ -12,7 +12,7 @@ import socket
 
 import pytest
 
-from lanner.fronts.conn import Conn, Part, Slot
+from lanner.fronts.conn import Conn, FrontBase, Part, Slot
 from lanner.fronts.front import Front
 from lanner.fronts.memcache import MemcacheConn
 from lanner.ipc import handoff
@@ -155,7 +155,7 @@ def test_the_worker_its_queues_and_journals_have_no_instance_dict(tmp_path):
 
 
 @pytest.mark.parametrize("cls, typed", [(PersistentQueue, ()), (Journal, ("_pending", "_origin")),
-                                        (Conn, ()), (Front, ()), (LocalFront, ())])
+                                        (Conn, ()), (FrontBase, ()), (Front, ()), (LocalFront, ())])
 def test_a_queues_and_a_journals_fields_are_read_as_slots_in_either_build(cls, typed):
     """The mixins, the collection, the syncer and the factory read these fields from interpreted
     code: as `__slots__` in pure Python, and in the compiled build (queue.pxd, journal.pxd) as
@@ -171,7 +171,8 @@ def test_a_queues_and_a_journals_fields_are_read_as_slots_in_either_build(cls, t
 
 
 @pytest.mark.parametrize("cls, names", [(MemcacheConn, Conn.__slots__),
-                                         (LocalFront, Front.__slots__ + LocalFront.__slots__)])
+                                         (LocalFront, FrontBase.__slots__ + Front.__slots__ +
+                                          LocalFront.__slots__)])
 def test_each_of_a_connections_fields_holds_its_own_value(cls, names):
     """In the compiled build each member descriptor's offset into the C struct is found at load
     (_c_slot_fields): every field reads back what was written to it, in either build (a
