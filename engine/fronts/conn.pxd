@@ -7,9 +7,13 @@
 cimport cython
 from lanner.protocols.memcache_commands cimport _c_slot_fields
 from lanner.ops.latency cimport Recorder, _c_monotonic
-from lanner.ipc.shm cimport CounterSlot
+from lanner.ipc.shm cimport ConfigEpoch, CounterSlot
+from lanner.protocols.memcache cimport MemcacheParser
 
 cdef bint COMPILED
+# compared with C ints per reply (fast_reply, flush_out): C constants, not module lookups
+cdef long R_OK, R_ITEM, RF_HELD
+cdef Py_ssize_t SMALL_REPLY, SPLICE_MIN, WRITE_CHUNK
 
 # What a connection reads of its front per request: Front's first base (front.pxd), declared
 # here because front.pxd cimports `Conn` (deliver's and flush_writes' C calls): conn.pxd
@@ -29,9 +33,9 @@ cdef class Conn(ConnBase):
     cdef public object refuse_reads, refuse_writes, last_activity, adopted, moving, moved
     cdef public object held_slots, unwritten, handlers, count_bytes, batch, batch_of, batched
 
-    @cython.locals(f=FrontBase, my=CounterSlot)
+    @cython.locals(f=FrontBase, epoch=ConfigEpoch, my=CounterSlot)
     cpdef data_received(self, data)
-    @cython.locals(room=Py_ssize_t, buffered=Py_ssize_t)
+    @cython.locals(room=Py_ssize_t, buffered=Py_ssize_t, mp=MemcacheParser)
     cpdef pump(self)
     @cython.locals(f=FrontBase)
     cpdef room(self)

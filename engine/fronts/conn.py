@@ -29,6 +29,7 @@ from lanner.fronts.routed import RoutedRequests
 from lanner.fronts.servercmds import ServerCommands
 from lanner.fronts.spill import REPLY_BUDGET, WRITE_CHUNK, WRITE_LOW, SpillWriter  # noqa: F401 (WRITE_LOW: tests)
 from lanner.ops.latency import BY_TYPE, family_of
+from lanner.protocols.memcache import MemcacheParser
 from lanner.protocols.memcache_replies import END_TAIL, SPLICE_MIN
 from lanner.queues.names import validate_queue_name
 from lanner.ipc.messages import (OP_DISCONNECT, OP_SET_DATA, R_ITEM, R_OK, R_SERVER_ERROR, RF_CLOSE,
@@ -240,7 +241,8 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
 
     def data_received(self, data: bytes):
         f = self.front
-        if f.epoch.word[0] != f.epoch.seen:      # a reload was answered somewhere: follow it first
+        epoch = f.epoch
+        if epoch.behind():              # a reload was answered somewhere: follow it first
             f.catch_up_config()
         if self.count_bytes:
             my = f.my                   # (compiled: `incr` a C call, conn.pxd)
@@ -305,23 +307,28 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
         if self.out:
             self.flush_out()
         parser = self.parser
-        buffered = parser.buffered           # (a descriptor call on the compiled parser: once)
+        # memcache's parser (nearly every connection's) read as its C type, compiled: `next` a
+        # C call, `buffered` its two fields (StreamParser.buffered), where the others' are a
+        # method lookup and a descriptor call
+        mp = parser if type(parser) is MemcacheParser else None
+        buffered = parser.buffered if mp is None else len(mp._buf) - mp._pos
         if buffered or self.body is not None:    # no bytes held: no command to take
             # Take commands while `room` allows; a handler that took the fused path returns
             # True: that used exactly the one reply in flight `room` counted, anything else
             # asks again.
             handlers = self.handlers
-            next_command = parser.next       # (bound once: compiled, a method lookup a call)
+            next_command = parser.next if mp is None else None     # (bound once)
             room = self.room()
             while room:
-                cmd = next_command()
+                cmd = next_command() if mp is None else mp.next()
                 if cmd is None:
                     # taken to the last whole command with room to spare: what is left (a
                     # part of one) cannot stop the reading below however big (update_reading)
                     buffered = 0
                     break
                 kind = type(cmd)
-                self.cur_fam = BY_TYPE[kind] if kind in BY_TYPE else family_of(cmd)
+                fam = dict.get(BY_TYPE, kind)       # (compiled: one C lookup)
+                self.cur_fam = fam if fam is not None else family_of(cmd)
                 if handlers is None:
                     self.handle(cmd)
                 elif handlers[kind](self, cmd) is True:
@@ -329,7 +336,7 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
                     continue
                 room = self.room()
             else:
-                buffered = parser.buffered
+                buffered = parser.buffered if mp is None else len(mp._buf) - mp._pos
         if self.out or self.closing:
             self.flush_out()
         if self.reading_paused or self.stopped or self.paused_writing or buffered > INPUT_LIMIT:
@@ -535,11 +542,13 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
             elif status == R_OK:                # a set's STORED
                 out.append(ok)
                 n = len(ok)
-            elif status == R_ITEM and payload.__class__ is bytes and len(payload) < SPLICE_MIN:
+            elif status == R_ITEM and type(payload) is bytes and len(payload) < SPLICE_MIN:
                 # a get's value: its VALUE line (`ok`: value_heads; `call`: the key as sent),
                 # its own bytes and END, joined only with the turn's other output (flush_out)
                 n = len(payload)
-                head = ok[call, n]
+                head = dict.get(ok, (call, n))      # (compiled: a C lookup, where a dict
+                if head is None:                    # subclass's [] is a Python-level call)
+                    head = ok[call, n]
                 out += (head, payload, END_TAIL)
                 n += len(head) + 7
             else:
