@@ -22,6 +22,11 @@ cdef Py_ssize_t SMALL_REPLY, SPLICE_MIN, WRITE_CHUNK
 cdef class FrontBase:
     cdef public object epoch, my, latency, conns, idle, loop, write_pending, congested
 
+# What a connection reads of its worker (a worker's own front's connections): Worker's first
+# base (server/worker.py, a Python class), declared here for the same reason.
+cdef class WorkerBase:
+    cdef public object turn_scheduled, reads_left, closed_conns, replies, inline_set, inline_get
+
 cdef class ConnBase:
     pass
 
@@ -33,7 +38,7 @@ cdef class Conn(ConnBase):
     cdef public object refuse_reads, refuse_writes, last_activity, adopted, moving, moved
     cdef public object held_slots, unwritten, handlers, count_bytes, batch, batch_of, batched
 
-    @cython.locals(f=FrontBase, epoch=ConfigEpoch, my=CounterSlot)
+    @cython.locals(f=FrontBase, epoch=ConfigEpoch, my=CounterSlot, w=WorkerBase, mp=MemcacheParser)
     cpdef data_received(self, data)
     @cython.locals(room=Py_ssize_t, buffered=Py_ssize_t, mp=MemcacheParser)
     cpdef pump(self)

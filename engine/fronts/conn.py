@@ -101,6 +101,16 @@ class FrontBase:
     __slots__ = ("epoch", "my", "latency", "conns", "idle", "loop", "write_pending", "congested")
 
 
+class WorkerBase:
+    """What a connection of a worker's own front (local.py) reads of that worker per request
+    (`Worker`'s first base, server/worker.py): in the compiled build a C type declared in
+    conn.pxd, as FrontBase, so data_received and the memcache handlers (memcache.pxd) read the
+    turn's state and call the fused set/get through struct members, not generic lookups of a
+    Python object's slots.  Slots, set by the worker."""
+    __slots__ = ("turn_scheduled", "reads_left", "closed_conns", "replies", "inline_set",
+                 "inline_get")
+
+
 class ConnBase:
     """Conn's first base: empty, a C type in the compiled build (conn.pxd), where Cython wants
     a C type's first base to be one; the mixins after it stay Python classes with empty slots."""
@@ -252,7 +262,12 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
             self.last_activity = f.loop.time()
             idle.move_to_end(self.id)            # least recently read first (front.close_idle)
         self.t_in = _c_monotonic() if COMPILED else time.monotonic()     # (latency.pxd)
-        self.parser.feed(data)
+        parser = self.parser
+        if type(parser) is MemcacheParser:
+            mp = parser                 # (compiled: `feed` a C call, as `next` in pump)
+            mp.feed(data)
+        else:
+            parser.feed(data)
         w = self.worker
         if w is None or w.turn_scheduled or len(f.conns) != 1:
             # a read's rendered replies share its time (rendered.py); a quiet turn's read is its
@@ -723,3 +738,4 @@ if COMPILED:
     # descriptors (LOAD_ATTR_SLOT), not Cython's getsets (memcache_commands.pxd)
     _c_slot_fields(Conn, Conn.__slots__)
     _c_slot_fields(FrontBase, FrontBase.__slots__)
+    _c_slot_fields(WorkerBase, WorkerBase.__slots__)
