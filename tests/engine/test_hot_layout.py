@@ -12,7 +12,7 @@ import socket
 
 import pytest
 
-from lanner.fronts.conn import Conn, FrontBase, Part, Slot
+from lanner.fronts.conn import Conn, FrontBase, Part, Slot, WorkerBase
 from lanner.fronts.front import Front
 from lanner.fronts.memcache import MemcacheConn
 from lanner.ipc import handoff
@@ -20,6 +20,7 @@ from lanner.ipc.messages import R_ERROR
 from lanner.perf.hotloop import NullTransport, Rig
 from lanner.queues.queue import PersistentQueue
 from lanner.server.local import LocalFront
+from lanner.server.worker import Worker
 from lanner.storage.journal.journal import Journal
 
 SHARED_KEYS_MAX = 30      # CPython 3.11 Objects/dictobject.c SHARED_KEYS_MAX_SIZE
@@ -155,7 +156,8 @@ def test_the_worker_its_queues_and_journals_have_no_instance_dict(tmp_path):
 
 
 @pytest.mark.parametrize("cls, typed", [(PersistentQueue, ()), (Journal, ("_pending", "_origin")),
-                                        (Conn, ()), (FrontBase, ()), (Front, ()), (LocalFront, ())])
+                                        (Conn, ()), (FrontBase, ()), (Front, ()), (LocalFront, ()),
+                                        (WorkerBase, ())])
 def test_a_queues_and_a_journals_fields_are_read_as_slots_in_either_build(cls, typed):
     """The mixins, the collection, the syncer and the factory read these fields from interpreted
     code: as `__slots__` in pure Python, and in the compiled build (queue.pxd, journal.pxd) as
@@ -164,7 +166,8 @@ def test_a_queues_and_a_journals_fields_are_read_as_slots_in_either_build(cls, t
     descriptors.  `typed`: fields with a C type (journal.pxd), getsets, off the request path.
     A connection's too (conn.pxd): its mixins, subclasses and the front read them per request;
     and a front's (front.pxd, local.pxd): conn.py's def methods, the worker and the other
-    protocols read them per request."""
+    protocols read them per request; and what a connection reads of its front and its worker
+    (FrontBase, WorkerBase, conn.pxd): the worker's own code reads those per turn."""
     for name in cls.__slots__:
         if name not in typed:
             assert type(cls.__dict__[name]).__name__ == "member_descriptor", name
@@ -172,7 +175,8 @@ def test_a_queues_and_a_journals_fields_are_read_as_slots_in_either_build(cls, t
 
 @pytest.mark.parametrize("cls, names", [(MemcacheConn, Conn.__slots__),
                                          (LocalFront, FrontBase.__slots__ + Front.__slots__ +
-                                          LocalFront.__slots__)])
+                                          LocalFront.__slots__),
+                                         (Worker, WorkerBase.__slots__ + Worker.__slots__)])
 def test_each_of_a_connections_fields_holds_its_own_value(cls, names):
     """In the compiled build each member descriptor's offset into the C struct is found at load
     (_c_slot_fields): every field reads back what was written to it, in either build (a
