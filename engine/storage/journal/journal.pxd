@@ -7,6 +7,7 @@
 # getsets, off the request path (rotation, read-behind, write-behind).
 cimport cython
 from lanner.protocols.memcache_commands cimport _c_slot_fields
+from lanner.queues.item cimport QItem
 
 cdef bint COMPILED
 
@@ -23,3 +24,10 @@ cdef class Journal(JournalBase):
     cdef public object check_due, check_at, rewrites, rotations, _archived_size, _last_ts
     cdef public object _rewrites_allowed_at, checkpoint, _pack_outstanding, _rewrite_job
     cdef public object sync_gate, on_checkpoint
+
+    # cpdef: a C call from the compiled queue holding a typed Journal (queue.pxd), the item's
+    # fields struct reads (item.pxd); interpreted callers and Python subclasses' overrides see
+    # the same methods
+    cpdef record_add(self, QItem item)
+    cpdef record_remove(self, QItem item)
+    cpdef record_open(self, QItem item, xid)
