@@ -55,6 +55,10 @@ except ImportError:             # pure Python without Cython installed
     COMPILED = False
 
 
+#: The fields queue.pxd gives a C type: getsets for interpreted code, not member descriptors.
+C_TYPED = ("undo", "_length", "_bytes", "_mem_bytes", "total_items", "_floor", "_max_memory")
+
+
 class PersistentQueueBase:
     """Empty, first: a C type in the compiled build (queue.pxd), whose first base must be one;
     the mixin after it stays a Python class."""
@@ -218,7 +222,8 @@ class PersistentQueue(PersistentQueueBase, OpenReads):
             log.info("queue %r: dropping to read-behind at %d bytes", self.name, self._bytes)
             storage.start_read_behind()
         items = self._items
-        if items and (max_age is not None or items[0].expiry):    # the head may have expired
+        head = items[0] if items else None
+        if head is not None and (max_age is not None or head.expiry):    # it may have expired
             self.discard_expired(now)
         mark = storage.record_add(item) if journal is None else journal.record_add(item)
         undo = self.undo
@@ -284,7 +289,8 @@ class PersistentQueue(PersistentQueueBase, OpenReads):
             now = self.clock.now_ms()
             self._recycle_timed_out(now)
         items = self._items
-        if items and (self._max_age is not None or items[0].expiry):
+        head = items[0] if items else None
+        if head is not None and (self._max_age is not None or head.expiry):
             if now is None:
                 now = self.clock.now_ms()
             self.discard_expired(now)
@@ -573,4 +579,4 @@ class PersistentQueue(PersistentQueueBase, OpenReads):
 if COMPILED:
     # interpreted readers (the mixin, the collection, tests) read the fields as member
     # descriptors, LOAD_ATTR_SLOT, not Cython's getsets (memcache_commands.pxd)
-    _c_slot_fields(PersistentQueue, PersistentQueue.__slots__)
+    _c_slot_fields(PersistentQueue, tuple(n for n in PersistentQueue.__slots__ if n not in C_TYPED))
