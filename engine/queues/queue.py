@@ -70,8 +70,7 @@ class PersistentQueue(PersistentQueueBase, OpenReads):
     __slots__ = ("name", "config", "storage", "clock", "is_fanout_child", "expire_sink", "hold_moves",
                  "on_wake", "touched", "undo", "medium", "closed", "created_ms", "waiters", "children",
                  "_items", "_length", "_bytes", "_mem_bytes", "_limits_of", "_floor", "_max_age",
-                 "_max_memory", "_fanout_only", "_open",
-                 "_open_deadline", "_moving", "_held",
+                 "_max_memory", "_fanout_only", "_open", "_open_deadline", "_moving", "_held",
                  "_xid", "_last_removed_add_time", "total_items", "expired_items", "discarded",
                  "transactions", "canceled_transactions", "total_flushes")
 
@@ -101,9 +100,7 @@ class PersistentQueue(PersistentQueueBase, OpenReads):
         self.waiters = WaitList()
         self.children: list[str] = []      # fanout children, maintained by the collection
         self._items: deque[QItem] = deque()
-        self._length = 0
-        self._bytes = 0
-        self._mem_bytes = 0
+        self._length = self._bytes = self._mem_bytes = 0
         adopt_limits(self, config)     # `_floor`, `_max_age`, ... of `_limits_of`
         self._open: dict[int, QItem] = {}
         self._open_deadline: dict[int, int] = {}   # xid -> ms, only under open_transaction_timeout
@@ -114,8 +111,7 @@ class PersistentQueue(PersistentQueueBase, OpenReads):
         self.total_items = 0
         self.expired_items = 0
         self.discarded = 0
-        self.transactions = 0
-        self.canceled_transactions = 0
+        self.transactions = self.canceled_transactions = 0
         self.total_flushes = 0
 
     # -- the QueueView a storage reads -------------------------------------------------------
@@ -212,8 +208,7 @@ class PersistentQueue(PersistentQueueBase, OpenReads):
         item.job_id = None
         item.priority = 0
         storage = self.storage
-        # a Journal's records and flags are C calls and struct reads (queue.pxd); other storages'
-        # (a command log, memory, tests' recorders) Python ones
+        # a Journal's record_* and flags: C calls and struct reads (queue.pxd); others' Python ones
         journal = storage if isinstance(storage, Journal) else None
         due = storage.check_due if journal is None else journal.check_due
         if due and (due is True or self._bytes < due):
