@@ -19,6 +19,8 @@ HOT_MODULES = (
     "lanner.fronts.front",           # with front.pxd: Front a C type, read as one by memcache.pxd
     "lanner.server.local",           # with local.pxd: LocalFront a C type (the fused path's front)
     "lanner.fronts.memcache",        # with memcache.pxd: MemcacheConn a C type, store/on_get typed
+    "lanner.queues.item",            # with item.pxd: QItem a C type (an add: a C allocation, struct stores)
+    "lanner.queues.undo",            # with undo.pxd: UndoLog a C type (the queue notes, the fused path sets ctx)
     "lanner.queues.queue",           # with queue.pxd: PersistentQueue a C type (add, remove)
     "lanner.storage.journal.journal",    # with journal.pxd: Journal a C type (record_*, flush)
     "lanner.server.inline",          # with inline.pxd: the worker's fused set and get, C calls

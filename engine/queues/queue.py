@@ -39,10 +39,12 @@ from collections import deque
 from typing import Callable
 
 from lanner.queues.dropbehind import drop_behind
+from lanner.queues.limits import adopt_limits
 from lanner.queues.openreads import OpenReads
 from lanner.queues.item import QItem
 from lanner.queues.undo import ADD, CONFIRM, HELD_OPEN, MOVE_CONFIRM, MOVE_OPEN, OPEN, REMOVE, UNREMOVE
 from lanner.queues.waiters import Waiter, WaitList
+from lanner.storage.journal.journal import Journal
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +54,9 @@ try:                            # COMPILED: as in memcache_commands.py (queue.px
 except ImportError:             # pure Python without Cython installed
     COMPILED = False
 
-_new_item = object.__new__
-#: Above this an int is two digits, and comparing it is a generic call (3.11 specialises
-#: compares of one-digit ints only): the limits' defaults (INT_MAX, LONG_MAX) are bigger.
-_ONE_DIGIT = (1 << 30) - 1
 
-
-def limit_floor(config) -> int:
-    """A one-digit int no limit an add checks is below: whatever is under it passes them all."""
-    return min(config.max_items, config.max_size, config.max_item_size, _ONE_DIGIT)
+#: The fields queue.pxd gives a C type: getsets for interpreted code, not member descriptors.
+C_TYPED = ("undo", "_length", "_bytes", "_mem_bytes", "total_items", "_floor", "_max_memory")
 
 
 class PersistentQueueBase:
@@ -73,8 +69,8 @@ class PersistentQueue(PersistentQueueBase, OpenReads):
     # Slots, not a dict: its lookups per add and remove stay specialised (test_hot_layout.py).
     __slots__ = ("name", "config", "storage", "clock", "is_fanout_child", "expire_sink", "hold_moves",
                  "on_wake", "touched", "undo", "medium", "closed", "created_ms", "waiters", "children",
-                 "_items", "_length", "_bytes", "_mem_bytes", "_limits_of", "_floor", "_open",
-                 "_open_deadline", "_moving", "_held",
+                 "_items", "_length", "_bytes", "_mem_bytes", "_limits_of", "_floor", "_max_age",
+                 "_max_memory", "_fanout_only", "_open", "_open_deadline", "_moving", "_held",
                  "_xid", "_last_removed_add_time", "total_items", "expired_items", "discarded",
                  "transactions", "canceled_transactions", "total_flushes")
 
@@ -104,11 +100,8 @@ class PersistentQueue(PersistentQueueBase, OpenReads):
         self.waiters = WaitList()
         self.children: list[str] = []      # fanout children, maintained by the collection
         self._items: deque[QItem] = deque()
-        self._length = 0
-        self._bytes = 0
-        self._mem_bytes = 0
-        self._limits_of = None     # the config `_floor` is limit_floor of (add)
-        self._floor = 0
+        self._length = self._bytes = self._mem_bytes = 0
+        adopt_limits(self, config)     # `_floor`, `_max_age`, ... of `_limits_of`
         self._open: dict[int, QItem] = {}
         self._open_deadline: dict[int, int] = {}   # xid -> ms, only under open_transaction_timeout
         self._moving: dict[int, QItem] = {}        # xid -> expired item whose move is not confirmed
@@ -118,8 +111,7 @@ class PersistentQueue(PersistentQueueBase, OpenReads):
         self.total_items = 0
         self.expired_items = 0
         self.discarded = 0
-        self.transactions = 0
-        self.canceled_transactions = 0
+        self.transactions = self.canceled_transactions = 0
         self.total_flushes = 0
 
     # -- the QueueView a storage reads -------------------------------------------------------
@@ -188,27 +180,27 @@ class PersistentQueue(PersistentQueueBase, OpenReads):
         if self.touched is not None:
             self.touched[self] = None
         config = self.config
-        if config is not self._limits_of:    # (reload, or a test that sets `config`)
-            self._floor, self._limits_of = limit_floor(config), config
+        if config is not self._limits_of:
+            adopt_limits(self, config)
         floor = self._floor                 # its compares are specialised, the limits' are not
         n = len(data)
         if self.closed or (n >= floor and n > config.max_item_size):
             return False
-        if config.fanout_only and not self.is_fanout_child:
+        if self._fanout_only and not self.is_fanout_child:
             return True
         now = self.clock.now_ms() if now_ms is None else now_ms
         # "Full" is judged before the expiry sweep of this add (§5.3, §9 #21).
         if (self._length >= floor or self._bytes >= floor) and not self._room_for_one(config, now):
             return False
         expiry = expiry_ms or 0
-        max_age = config.max_age
+        max_age = self._max_age
         if max_age is not None:
             cap = now + max_age
             if not expiry or cap < expiry:
                 expiry = cap
-        # QItem(...) without type_call and a Python __init__: ~700 of ~2.1k instructions less a
-        # set; every field is stored (test_hot_path: the item equals QItem(add_time, expiry, data))
-        item = _new_item(QItem)
+        # QItem(...) without its __init__ (a C allocation and struct stores compiled, item.pxd);
+        # every field is stored (test_hot_path: the item equals QItem(add_time, expiry, data))
+        item = QItem.__new__(QItem)
         item.add_time = now if add_time_ms is None else add_time_ms
         item.expiry = expiry
         item.data = data
@@ -216,21 +208,25 @@ class PersistentQueue(PersistentQueueBase, OpenReads):
         item.job_id = None
         item.priority = 0
         storage = self.storage
-        if storage.check_due and (storage.check_due is True or self._bytes < storage.check_due):
+        # a Journal's record_* and flags: C calls and struct reads (queue.pxd); others' Python ones
+        journal = storage if isinstance(storage, Journal) else None
+        due = storage.check_due if journal is None else journal.check_due
+        if due and (due is True or self._bytes < due):
             storage.before_add(self, config, now)
-        if self._bytes >= config.max_memory_size and storage.can_read_behind and not storage.in_read_behind:
+        if self._bytes >= self._max_memory and storage.can_read_behind and not storage.in_read_behind:
             log.info("queue %r: dropping to read-behind at %d bytes", self.name, self._bytes)
             storage.start_read_behind()
         items = self._items
-        if items and (max_age is not None or items[0].expiry):    # the head may have expired
+        head = items[0] if items else None
+        if head is not None and (max_age is not None or head.expiry):    # it may have expired
             self.discard_expired(now)
-        mark = storage.record_add(item)
+        mark = storage.record_add(item) if journal is None else journal.record_add(item)
         undo = self.undo
         if undo is not None and mark is not None:
             undo.entries.append((self.medium, mark, self, ADD, item, 0, undo.ctx))
         self._length += 1
         self._bytes += n
-        if not storage.in_read_behind:
+        if not (storage.in_read_behind if journal is None else journal.in_read_behind):
             self._items.append(item)
             self._mem_bytes += n
         elif not self._items:
@@ -280,13 +276,16 @@ class PersistentQueue(PersistentQueueBase, OpenReads):
             return None
         now = None
         config = self.config
+        if config is not self._limits_of:
+            adopt_limits(self, config)
         if transactional:
             self.transactions += 1     # counted even if the head turns out expired (§4.2)
         if self._open_deadline and config.open_transaction_timeout is not None:
             now = self.clock.now_ms()
             self._recycle_timed_out(now)
         items = self._items
-        if items and (config.max_age is not None or items[0].expiry):
+        head = items[0] if items else None
+        if head is not None and (self._max_age is not None or head.expiry):
             if now is None:
                 now = self.clock.now_ms()
             self.discard_expired(now)
@@ -299,6 +298,7 @@ class PersistentQueue(PersistentQueueBase, OpenReads):
         self._length -= 1
         self._last_removed_add_time = item.add_time
         storage = self.storage
+        journal = storage if isinstance(storage, Journal) else None     # (add)
         if transactional:
             xid = self._next_xid()
             item.xid = xid
@@ -308,19 +308,19 @@ class PersistentQueue(PersistentQueueBase, OpenReads):
                 if now is None:
                     now = self.clock.now_ms()
                 self._open_deadline[xid] = now + timeout
-            mark = storage.record_open(item, xid)
+            mark = storage.record_open(item, xid) if journal is None else journal.record_open(item, xid)
             kind = OPEN
         else:
-            mark = storage.record_remove(item)
+            mark = storage.record_remove(item) if journal is None else journal.record_remove(item)
             kind = REMOVE
         undo = self.undo
         if undo is not None and mark is not None:
             undo.entries.append((self.medium, mark, self, kind, item, xid if transactional else 0, undo.ctx))
-        if storage.in_read_behind:
+        if storage.in_read_behind if journal is None else journal.in_read_behind:
             if now is None:
                 now = self.clock.now_ms()
             self._refill(now)
-        due = storage.check_due
+        due = storage.check_due if journal is None else journal.check_due
         if due and (due is True or self._bytes < due):     # (seam.py, point 3)
             storage.after_remove(self, config, self.clock.now_ms() if now is None else now)
         return item
@@ -574,4 +574,4 @@ class PersistentQueue(PersistentQueueBase, OpenReads):
 if COMPILED:
     # interpreted readers (the mixin, the collection, tests) read the fields as member
     # descriptors, LOAD_ATTR_SLOT, not Cython's getsets (memcache_commands.pxd)
-    _c_slot_fields(PersistentQueue, PersistentQueue.__slots__)
+    _c_slot_fields(PersistentQueue, tuple(n for n in PersistentQueue.__slots__ if n not in C_TYPED))

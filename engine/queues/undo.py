@@ -40,6 +40,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from operator import countOf, itemgetter
 
+try:                            # COMPILED: as in memcache_commands.py (undo.pxd)
+    import cython
+    COMPILED = cython.compiled
+except ImportError:             # pure Python without Cython installed
+    COMPILED = False
+
 ADD, REMOVE, OPEN, UNREMOVE, CONFIRM = range(5)
 #: An expired item's move to another worker's queue opened (its REMOVE_TENTATIVE), and
 #: confirmed (its CONFIRM_REMOVE): an open read of the queue's own (queue.py `_moving`).
@@ -185,3 +191,8 @@ def counted_adds(undone: list[Undone]) -> int:
         if u.kind == ADD:
             n += 1
     return n
+
+
+if COMPILED:
+    # interpreted code reads and sets `ctx` as a `__slots__` field (memcache_commands.pxd)
+    _c_slot_fields(UndoLog, ("ctx", "copies"))

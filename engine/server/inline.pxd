@@ -5,13 +5,16 @@
 # for a compiled caller that types its reference, the bound method the worker hands out for the
 # others.
 cimport cython
+from lanner.queues.item cimport QItem
 from lanner.queues.queue cimport PersistentQueue
+from lanner.queues.undo cimport UndoLog
 
 cdef class InlineOps:
-    cdef public object worker, coll, undo, clock
+    cdef public object worker, coll, clock
+    cdef public UndoLog undo      # `ctx` set per request: a struct write (undo.pxd)
     cdef public dict queues, sessions
 
     @cython.locals(q=PersistentQueue)
     cpdef inline_set(self, src, conn, req, queue, expiry, data)
-    @cython.locals(q=PersistentQueue)
+    @cython.locals(q=PersistentQueue, item=QItem)
     cpdef inline_get(self, src, conn, req, queue)

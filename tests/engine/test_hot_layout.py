@@ -18,10 +18,12 @@ from lanner.fronts.memcache import MemcacheConn
 from lanner.ipc import handoff
 from lanner.ipc.messages import R_ERROR
 from lanner.perf.hotloop import NullTransport, Rig
-from lanner.queues.queue import PersistentQueue
+from lanner.queues.item import QItem
+from lanner.queues.queue import C_TYPED, PersistentQueue
+from lanner.queues.undo import UndoLog
 from lanner.server.local import LocalFront
 from lanner.server.worker import Worker
-from lanner.storage.journal.journal import Journal
+from lanner.storage.journal.journal import C_TYPED as JOURNAL_C_TYPED, Journal
 
 SHARED_KEYS_MAX = 30      # CPython 3.11 Objects/dictobject.c SHARED_KEYS_MAX_SIZE
 
@@ -155,15 +157,16 @@ def test_the_worker_its_queues_and_journals_have_no_instance_dict(tmp_path):
         rig.close()
 
 
-@pytest.mark.parametrize("cls, typed", [(PersistentQueue, ()), (Journal, ("_pending", "_origin")),
+@pytest.mark.parametrize("cls, typed", [(PersistentQueue, C_TYPED), (Journal, JOURNAL_C_TYPED),
                                         (Conn, ()), (FrontBase, ()), (Front, ()), (LocalFront, ()),
-                                        (WorkerBase, ())])
+                                        (WorkerBase, ()), (QItem, ()), (UndoLog, ("entries",))])
 def test_a_queues_and_a_journals_fields_are_read_as_slots_in_either_build(cls, typed):
     """The mixins, the collection, the syncer and the factory read these fields from interpreted
     code: as `__slots__` in pure Python, and in the compiled build (queue.pxd, journal.pxd) as
     the C struct's fields, which Cython would give as getsets that 3.11 does not specialise
     (~245 instructions a read, perf/README.md stop 14) unless `_c_slot_fields` makes them member
-    descriptors.  `typed`: fields with a C type (journal.pxd), getsets, off the request path.
+    descriptors.  `typed`: fields with a C type (queue.pxd, journal.pxd, undo.pxd), getsets, off
+    the request path.  An item's (item.pxd): the codec, read-behind and the cmdlog read them.
     A connection's too (conn.pxd): its mixins, subclasses and the front read them per request;
     and a front's (front.pxd, local.pxd): conn.py's def methods, the worker and the other
     protocols read them per request; and what a connection reads of its front and its worker

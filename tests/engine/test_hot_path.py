@@ -2,11 +2,14 @@
 general code it skips would have answered."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from lanner.clock import FakeClock
 from lanner.config import Config, QueueConfig, ServerConfig
 from lanner.ipc.messages import R_ITEM, pack_resp, resp_fields
 from lanner.queues.collection import QueueCollection
 from lanner.queues.undo import ADD, UndoLog
+from lanner.storage.journal.journal import Journal
 
 
 class Medium:
@@ -149,3 +152,121 @@ def test_a_plain_remove_reads_no_clock_and_one_that_needs_it_reads_it_once():
     item = q.remove(transactional=True)
     assert item.data == b"x" and clock.reads == 1       # max_age and the deadline: one reading
     assert q._open_deadline == {item.xid: clock.now_ms() + 1000}
+
+
+class RecordingJournal(Journal):
+    """A Journal whose record_* a Python subclass overrides (as tests' watched journals do): the
+    compiled queue calls them along a typed reference (queue.pxd), and must still reach these."""
+
+    __slots__ = ("seen",)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen = []
+
+    def record_add(self, item):
+        self.seen.append(("add", item.data))
+        return super().record_add(item)
+
+    def record_remove(self, item):
+        self.seen.append(("remove", item.data))
+        return super().record_remove(item)
+
+    def record_open(self, item, xid):
+        self.seen.append(("open", item.data, xid))
+        return super().record_open(item, xid)
+
+
+def run_steps(q, clock) -> tuple[list, bool]:
+    """Adds, plain and transactional removes, expiry, and (for a journal) read-behind and back:
+    what a client sees step by step, and whether the queue went into read-behind."""
+    seen = []
+    for i in range(12):
+        seen.append(q.add(b"%02d" % i * 10, clock.now_ms() + 5 if i == 3 else None, None, clock.now_ms()))
+    seen.append((q.length, q.size_bytes))
+    behind = q.memory_bytes < q.size_bytes
+    clock.advance(10)                           # item 3 expires
+    for transactional in (False, True, False, True, False):
+        item = q.remove(transactional)
+        seen.append((item.data, item.xid))
+    seen.append([i.data for _ in range(7) if (i := q.remove()) is not None])
+    seen.append(q.remove())
+    seen.append((q.length, q.size_bytes, q.memory_bytes, sorted(q.open_items()), dict(q.stats())["expired_items"]))
+    return seen, behind
+
+
+def test_a_journal_its_python_subclass_and_a_command_log_give_one_queue_state(tmp_path):
+    """The typed path (the storage a Journal: C calls of its record_* and struct reads of its
+    flags), a Python subclass overriding record_* (the same calls must reach the override), and
+    the Python path of every other storage (a workq command log) serve the same steps alike,
+    and the journal and its subclass write the same bytes."""
+    from lanner.queues.queue import PersistentQueue
+    from lanner.storage.journal.journal import Journal
+    clock = FakeClock(1_700_000_000_000)
+    config = QueueConfig(max_memory_size=60)           # a journal reads behind from the 4th item on
+    runs, files = [], []
+    for kind in (Journal, RecordingJournal):
+        storage = kind(str(tmp_path / kind.__name__), "q", clock)
+        q = PersistentQueue("q", config, storage, clock)
+        q.replay()
+        runs.append(run_steps(q, clock))
+        q.close()
+        files.append((tmp_path / kind.__name__ / "q").read_bytes())
+        clock.advance(-10)
+    assert runs[0] == runs[1] and runs[0][1] and files[0] == files[1]
+    assert storage.seen[:13] == [("add", b"%02d" % i * 10) for i in range(12)] + [("remove", b"00" * 10)]
+    assert ("open", b"01" * 10, 1) in storage.seen
+
+    coll = QueueCollection(Config(server=ServerConfig(queue_path=str(tmp_path / "cmdlog")),
+                                  default=replace(config, storage="cmdlog")), clock)
+    try:
+        q = coll.queue("q")
+        assert not isinstance(q.storage, Journal)
+        logged = run_steps(q, clock)
+    finally:
+        coll.close()
+    assert logged == (runs[0][0], False)        # (a command log keeps every item in memory)
+
+
+def test_the_limits_a_queue_keeps_follow_a_config_set_between_requests(tmp_path):
+    """add and remove read max_age, max_memory_size and fanout_only from copies the queue keeps
+    (queues/limits.py): a config set on the queue, or a reload, is in force at the very next
+    request, an add or a remove alike."""
+    from lanner.queues.queue import PersistentQueue
+    from lanner.storage.journal.journal import Journal
+    clock = FakeClock(1_700_000_000_000)
+    q = PersistentQueue("q", QueueConfig(), Journal(str(tmp_path), "q", clock), clock)
+    q.replay()
+    try:
+        assert q.add(b"a") and q.add(b"b")
+        clock.advance(1000)
+        q.config = replace(q.config, max_age=500)       # a remove next: expires both by age
+        assert q.remove() is None and dict(q.stats())["expired_items"] == "2"
+        q.reload(replace(q.config, max_age=None, fanout_only=True))
+        assert q.add(b"c") and q.length == 0            # a fanout-only master keeps nothing
+        q.config = replace(q.config, fanout_only=False, max_memory_size=2)
+        assert q.add(b"dd") and q.add(b"ee") and q.storage.in_read_behind
+        assert q.memory_bytes == 2 and q.remove().data == b"dd" and q.remove().data == b"ee"
+    finally:
+        q.close()
+
+
+def test_a_qitem_keeps_the_dataclass_surface_in_either_build():
+    """QItem is written out (a C type compiled, item.pxd) where it was a slots dataclass: the
+    same constructor, defaults, equality by value, repr, len, match and no hash."""
+    import pytest
+    from lanner.queues.item import QItem
+    a = QItem(5, 0, b"abc")
+    b = QItem(add_time=5, expiry=0, data=b"abc", xid=0, job_id=None, priority=0)
+    assert a == b and not a != b and a != QItem(5, 0, b"abc", 1) and a != (5, 0, b"abc", 0, None, 0)
+    assert repr(QItem(1, 2, b"x", 3, b"j", 4)) == "QItem(add_time=1, expiry=2, data=b'x', xid=3, job_id=b'j', priority=4)"
+    assert len(a) == 3 and (a.xid, a.job_id, a.priority) == (0, None, 0)
+    with pytest.raises(TypeError):
+        hash(a)
+    with pytest.raises(AttributeError):
+        a.other = 1
+    match QItem(1, 2, b"y", priority=7):
+        case QItem(add, exp, data, xid, job, prio):
+            assert (add, exp, data, xid, job, prio) == (1, 2, b"y", 0, None, 7)
+    a.xid = 9
+    assert a == QItem(5, 0, b"abc", 9)

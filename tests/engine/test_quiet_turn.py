@@ -11,6 +11,7 @@ import pytest
 
 from lanner.config import load_config
 from lanner.perf.hotloop import NullTransport, Rig
+from lanner.queues import collection
 from lanner.queues.undo import UndoLog
 from lanner.server import commit
 from lanner.server.local import LocalFront
@@ -225,14 +226,16 @@ def test_the_trim_a_write_hints_forgets_only_committed_records(tmp_path, monkeyp
     the general batch end still answer alike."""
     monkeypatch.setattr(commit, "WRITE_BEHIND_BYTES", BEHIND)
     hinted = []
-    real = UndoLog.trim
 
-    def checked(self, through=None):
-        if through is not None:
-            hinted.append(through)
-            assert all(e[1] < through.committed_mark for e in self.entries if e[0] is through)
-        return real(self, through)
-    monkeypatch.setattr(UndoLog, "trim", checked)
+    class CheckedUndo(UndoLog):
+        """The rigs' undo logs (a C type compiled, undo.pxd: its methods cannot be patched)."""
+
+        def trim(self, through=None):
+            if through is not None:
+                hinted.append(through)
+                assert all(e[1] < through.committed_mark for e in self.entries if e[0] is through)
+            return super().trim(through)
+    monkeypatch.setattr(collection, "UndoLog", CheckedUndo)
     quiet = make_rig(tmp_path, "quiet", policy)
     general = make_rig(tmp_path, "general", policy)
     try:

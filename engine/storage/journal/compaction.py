@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable
 
+from lanner.config_values import LONG_MAX
 from lanner.storage.journal.codec import pack_addx, pack_xid, Cursor, encode_add
 from lanner.storage.journal.files import archived_files, fsync_dir, parse_archive, unlink_quietly, write_all
 from lanner.storage.journal.packer import pack_files
@@ -167,7 +168,7 @@ class JournalCompaction:
             limit = min(limit, config.default_journal_size)
         if total <= config.max_journal_size:
             limit = min(limit, config.max_journal_size - self._archived_size + 1)
-        self.check_at = self._base + limit
+        self.check_at = min(self._base + limit, LONG_MAX)     # (a C integer compiled: journal.pxd)
         below = WHEN_EMPTY if size >= config.default_journal_size else 0
         if total > config.max_journal_size and config.max_memory_size > below:
             below = config.max_memory_size

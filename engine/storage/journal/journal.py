@@ -60,6 +60,8 @@ BIG_RECORD = 1 << 20            # item bytes written from the item itself, not c
 
 
 _WFLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+#: The fields journal.pxd gives a C type: getsets for interpreted code, not member descriptors.
+C_TYPED = ("_pending", "_origin", "check_at")
 
 
 class JournalBase:
@@ -522,4 +524,4 @@ if COMPILED:
     # descriptors, LOAD_ATTR_SLOT, not Cython's getsets (memcache_commands.pxd); the buffer and
     # `_origin`, typed in journal.pxd for record_*, stay getsets: no interpreted code reads them
     # per request
-    _c_slot_fields(Journal, tuple(n for n in Journal.__slots__ if n not in ("_pending", "_origin")))
+    _c_slot_fields(Journal, tuple(n for n in Journal.__slots__ if n not in C_TYPED))
