@@ -53,6 +53,7 @@ cdef class MemcacheParser(StreamParser):
                    have=Py_ssize_t, cmd=object, set_=_CSet, piece=object, first=int,
                    i=Py_ssize_t, end=Py_ssize_t, name=str, sl=_SetLine)
     cpdef object next(self)
+    cpdef feed(self, data)
     @cython.locals(toks=list, word=bytes, key=bytes)
     cpdef object _line(self, bytes line)
     @cython.locals(size=object, exptime=object, flags=object, name=bytes, queue=str, noreply=bint)

@@ -7,8 +7,25 @@
 cimport cython
 from lanner.protocols.memcache_commands cimport _c_slot_fields
 from lanner.ops.latency cimport Recorder, _c_monotonic
+from lanner.ipc.shm cimport ConfigEpoch, CounterSlot
+from lanner.protocols.memcache cimport MemcacheParser
 
 cdef bint COMPILED
+# compared with C ints per reply (fast_reply, flush_out): C constants, not module lookups
+cdef long R_OK, R_ITEM, RF_HELD
+cdef Py_ssize_t SMALL_REPLY, SPLICE_MIN, WRITE_CHUNK
+
+# What a connection reads of its front per request: Front's first base (front.pxd), declared
+# here because front.pxd cimports `Conn` (deliver's and flush_writes' C calls): conn.pxd
+# cimporting `Front` would be a cycle at load.  A local typed FrontBase reads these as struct
+# members; `my` and `latency` as their C types make `incr` and `since` C calls.
+cdef class FrontBase:
+    cdef public object epoch, my, latency, conns, idle, loop, write_pending, congested
+
+# What a connection reads of its worker (a worker's own front's connections): Worker's first
+# base (server/worker.py, a Python class), declared here for the same reason.
+cdef class WorkerBase:
+    cdef public object turn_scheduled, reads_left, closed_conns, replies, inline_set, inline_get
 
 cdef class ConnBase:
     pass
@@ -21,14 +38,17 @@ cdef class Conn(ConnBase):
     cdef public object refuse_reads, refuse_writes, last_activity, adopted, moving, moved
     cdef public object held_slots, unwritten, handlers, count_bytes, batch, batch_of, batched
 
-    @cython.locals(room=Py_ssize_t, buffered=Py_ssize_t)
+    @cython.locals(f=FrontBase, epoch=ConfigEpoch, my=CounterSlot, w=WorkerBase, mp=MemcacheParser)
+    cpdef data_received(self, data)
+    @cython.locals(room=Py_ssize_t, buffered=Py_ssize_t, mp=MemcacheParser)
     cpdef pump(self)
+    @cython.locals(f=FrontBase)
     cpdef room(self)
     cpdef update_reading(self)
     cpdef send_disconnects(self)
     cpdef note_reply(self, n)
     cpdef drain_slots(self)
-    @cython.locals(out=list, n=Py_ssize_t)
+    @cython.locals(out=list, n=Py_ssize_t, f=FrontBase, my=CounterSlot)
     cpdef flush_out(self)
-    @cython.locals(out=list, n=Py_ssize_t, latency=Recorder, pending=set)
+    @cython.locals(out=list, n=Py_ssize_t, f=FrontBase, latency=Recorder, pending=set)
     cpdef fast_reply(self, long status, long flags, payload, value=*)

@@ -29,6 +29,7 @@ from lanner.fronts.routed import RoutedRequests
 from lanner.fronts.servercmds import ServerCommands
 from lanner.fronts.spill import REPLY_BUDGET, WRITE_CHUNK, WRITE_LOW, SpillWriter  # noqa: F401 (WRITE_LOW: tests)
 from lanner.ops.latency import BY_TYPE, family_of
+from lanner.protocols.memcache import MemcacheParser
 from lanner.protocols.memcache_replies import END_TAIL, SPLICE_MIN
 from lanner.queues.names import validate_queue_name
 from lanner.ipc.messages import (OP_DISCONNECT, OP_SET_DATA, R_ITEM, R_OK, R_SERVER_ERROR, RF_CLOSE,
@@ -90,6 +91,24 @@ def expiry_at(ms: int) -> int:
     """An expiry computed from a client's relative or absolute time: never 0 (which means
     "no expiry") and never negative (an instant before the epoch is simply expired)."""
     return ms if ms > 0 else 1
+
+
+class FrontBase:
+    """What a connection reads of its front per request (`Front`'s first base, front.py): in the
+    compiled build a C type declared here, in conn.pxd, so `Conn`'s methods read these fields
+    as C struct members through a typed local (front.pxd cimports conn.pxd for `Conn`: conn.pxd
+    cannot cimport `Front` back, a cycle at load).  Slots, set by Front.__init__."""
+    __slots__ = ("epoch", "my", "latency", "conns", "idle", "loop", "write_pending", "congested")
+
+
+class WorkerBase:
+    """What a connection of a worker's own front (local.py) reads of that worker per request
+    (`Worker`'s first base, server/worker.py): in the compiled build a C type declared in
+    conn.pxd, as FrontBase, so data_received and the memcache handlers (memcache.pxd) read the
+    turn's state and call the fused set/get through struct members, not generic lookups of a
+    Python object's slots.  Slots, set by the worker."""
+    __slots__ = ("turn_scheduled", "reads_left", "closed_conns", "replies", "inline_set",
+                 "inline_get")
 
 
 class ConnBase:
@@ -232,16 +251,23 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
 
     def data_received(self, data: bytes):
         f = self.front
-        if f.epoch.word[0] != f.epoch.seen:      # a reload was answered somewhere: follow it first
+        epoch = f.epoch
+        if epoch.behind():              # a reload was answered somewhere: follow it first
             f.catch_up_config()
         if self.count_bytes:
-            f.my.incr(C_READ, len(data))
+            my = f.my                   # (compiled: `incr` a C call, conn.pxd)
+            my.incr(C_READ, len(data))
         idle = f.idle
         if idle is not None:                     # client_timeout is on
             self.last_activity = f.loop.time()
             idle.move_to_end(self.id)            # least recently read first (front.close_idle)
         self.t_in = _c_monotonic() if COMPILED else time.monotonic()     # (latency.pxd)
-        self.parser.feed(data)
+        parser = self.parser
+        if type(parser) is MemcacheParser:
+            mp = parser                 # (compiled: `feed` a C call, as `next` in pump)
+            mp.feed(data)
+        else:
+            parser.feed(data)
         w = self.worker
         if w is None or w.turn_scheduled or len(f.conns) != 1:
             # a read's rendered replies share its time (rendered.py); a quiet turn's read is its
@@ -296,23 +322,28 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
         if self.out:
             self.flush_out()
         parser = self.parser
-        buffered = parser.buffered           # (a descriptor call on the compiled parser: once)
+        # memcache's parser (nearly every connection's) read as its C type, compiled: `next` a
+        # C call, `buffered` its two fields (StreamParser.buffered), where the others' are a
+        # method lookup and a descriptor call
+        mp = parser if type(parser) is MemcacheParser else None
+        buffered = parser.buffered if mp is None else len(mp._buf) - mp._pos
         if buffered or self.body is not None:    # no bytes held: no command to take
             # Take commands while `room` allows; a handler that took the fused path returns
             # True: that used exactly the one reply in flight `room` counted, anything else
             # asks again.
             handlers = self.handlers
-            next_command = parser.next       # (bound once: compiled, a method lookup a call)
+            next_command = parser.next if mp is None else None     # (bound once)
             room = self.room()
             while room:
-                cmd = next_command()
+                cmd = next_command() if mp is None else mp.next()
                 if cmd is None:
                     # taken to the last whole command with room to spare: what is left (a
                     # part of one) cannot stop the reading below however big (update_reading)
                     buffered = 0
                     break
                 kind = type(cmd)
-                self.cur_fam = BY_TYPE[kind] if kind in BY_TYPE else family_of(cmd)
+                fam = dict.get(BY_TYPE, kind)       # (compiled: one C lookup)
+                self.cur_fam = fam if fam is not None else family_of(cmd)
                 if handlers is None:
                     self.handle(cmd)
                 elif handlers[kind](self, cmd) is True:
@@ -320,7 +351,7 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
                     continue
                 room = self.room()
             else:
-                buffered = parser.buffered
+                buffered = parser.buffered if mp is None else len(mp._buf) - mp._pos
         if self.out or self.closing:
             self.flush_out()
         if self.reading_paused or self.stopped or self.paused_writing or buffered > INPUT_LIMIT:
@@ -334,7 +365,8 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
             return 1 if self.front.ring_room(self.body, self) else 0
         if self.blocked is not None or self.paused_writing:
             return 0
-        if self.front.congested and not self.front.room_for_commands(self):
+        f = self.front
+        if f.congested and not f.room_for_commands(self):
             return 0
         t = self.transport
         if not (self.slots or self.fast or self.held or self.spilled) and \
@@ -525,11 +557,13 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
             elif status == R_OK:                # a set's STORED
                 out.append(ok)
                 n = len(ok)
-            elif status == R_ITEM and payload.__class__ is bytes and len(payload) < SPLICE_MIN:
+            elif status == R_ITEM and type(payload) is bytes and len(payload) < SPLICE_MIN:
                 # a get's value: its VALUE line (`ok`: value_heads; `call`: the key as sent),
                 # its own bytes and END, joined only with the turn's other output (flush_out)
                 n = len(payload)
-                head = ok[call, n]
+                head = dict.get(ok, (call, n))      # (compiled: a C lookup, where a dict
+                if head is None:                    # subclass's [] is a Python-level call)
+                    head = ok[call, n]
                 out += (head, payload, END_TAIL)
                 n += len(head) + 7
             else:
@@ -628,11 +662,15 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
             data = out[0]
             n = len(data)
             if len(out) > 1:
-                n = sum(map(len, out))
+                n = 0
+                for piece in out:       # (compiled: a C loop, where sum(map(len, out)) looked up
+                    n += len(piece)     # two builtins and called through them)
                 if n <= WRITE_CHUNK:
                     data = b"".join(out)
             if self.count_bytes:
-                self.front.my.incr(C_WRITTEN, n)
+                f = self.front
+                my = f.my               # (compiled: `incr` a C call, conn.pxd)
+                my.incr(C_WRITTEN, n)
             if n > WRITE_CHUNK or self.spilled or self.wbusy:
                 self.spill_out([data] if n <= WRITE_CHUNK else out)    # behind what waits: a slice per turn
             else:
@@ -699,3 +737,5 @@ if COMPILED:
     # interpreted readers (the mixins, subclasses, fronts, tests) read Conn's fields as member
     # descriptors (LOAD_ATTR_SLOT), not Cython's getsets (memcache_commands.pxd)
     _c_slot_fields(Conn, Conn.__slots__)
+    _c_slot_fields(FrontBase, FrontBase.__slots__)
+    _c_slot_fields(WorkerBase, WorkerBase.__slots__)

@@ -8,20 +8,16 @@
 # code reads most of them per request.
 cimport cython
 from lanner.protocols.memcache_commands cimport _c_slot_fields
-from lanner.fronts.conn cimport Conn
+from lanner.fronts.conn cimport Conn, FrontBase
 
 cdef bint COMPILED
 
-cdef class FrontBase:
-    pass
-
-cdef class Front(FrontBase):
-    cdef public object index, config, epoch, status, counters, my, latency, req_rings, resp_rings
-    cdef public object nworkers, wake_fd, control, listeners, started_at, clock, conns, idle
-    cdef public object next_conn, dirty_rings, flush_scheduled, down_workers, loop, ctl_reader
-    cdef public object servers, stopping, write_pending, spills, ring_waiters, congested, asm
-    cdef public object live_req, live_resp, valid_names, item_limits, owners, settles, fused
-    cdef public object routes
+cdef class Front(FrontBase):        # FrontBase: the fields a connection reads (conn.pxd)
+    cdef public object index, config, status, counters, req_rings, resp_rings, nworkers, wake_fd
+    cdef public object control, listeners, started_at, clock, next_conn, dirty_rings
+    cdef public object flush_scheduled, down_workers, ctl_reader, servers, stopping, spills
+    cdef public object ring_waiters, asm, live_req, live_resp, valid_names, item_limits, owners
+    cdef public object settles, fused, routes
 
     @cython.locals(conns=dict, c=Conn)
     cpdef drain_responses(self)

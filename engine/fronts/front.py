@@ -19,7 +19,7 @@ from collections import OrderedDict
 import uvloop
 
 from lanner.config import ConfigError, reload_config
-from lanner.fronts.conn import Conn
+from lanner.fronts.conn import Conn, FrontBase
 from lanner.fronts.counters import FRONT_COUNTERS, global_stats
 from lanner.fronts.held import Settles
 from lanner.fronts.inline import FusedQueues
@@ -72,26 +72,20 @@ class ItemLimits(dict):
         return limit
 
 
-class FrontBase:
-    """Front's first base: empty, a C type in the compiled build (front.pxd), where Cython wants
-    a C type's first base to be one (as conn.py's ConnBase)."""
-    __slots__ = ()
-
-
 class Front(FrontBase):
     """One front process's state: its rings, its connections, the config it serves.
 
     Slots, no instance dict, as a connection's (conn.py): a worker's own front is read on every
     request (`deliver`, `latency`, `write_pending`, `fused`, `status` ...), and with a dict its
     47 names were past the 30 a class's shared key table holds, so every such read was a
-    generic lookup (tests/engine/test_hot_layout.py).  A subclass adds its own slots."""
+    generic lookup (tests/engine/test_hot_layout.py).  A subclass adds its own slots; what a
+    connection reads per request is FrontBase's (conn.py)."""
 
-    __slots__ = ("index", "config", "epoch", "status", "counters", "my", "latency", "req_rings",
-                 "resp_rings", "nworkers", "wake_fd", "control", "listeners", "started_at", "clock",
-                 "conns", "idle", "next_conn", "dirty_rings", "flush_scheduled", "down_workers",
-                 "loop", "ctl_reader", "servers", "stopping", "write_pending", "spills",
-                 "ring_waiters", "congested", "asm", "live_req", "live_resp", "valid_names",
-                 "item_limits", "owners", "settles", "fused", "routes")
+    __slots__ = ("index", "config", "status", "counters", "req_rings", "resp_rings", "nworkers",
+                 "wake_fd", "control", "listeners", "started_at", "clock", "next_conn",
+                 "dirty_rings", "flush_scheduled", "down_workers", "ctl_reader", "servers",
+                 "stopping", "spills", "ring_waiters", "asm", "live_req", "live_resp",
+                 "valid_names", "item_limits", "owners", "settles", "fused", "routes")
 
     def __init__(self, index, config, status, counters, req_rings, resp_rings, wake_fd, control_sock,
                  listeners, started_at: float, clock, loop, epoch: ConfigEpoch | None = None):

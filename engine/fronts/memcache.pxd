@@ -8,12 +8,12 @@
 cimport cython
 from lanner.protocols.memcache_commands cimport Get, GetKey, Set
 from lanner.ipc.shm cimport CounterSlot
-from lanner.fronts.conn cimport Conn
+from lanner.fronts.conn cimport Conn, WorkerBase
 from lanner.fronts.front cimport Front
 from lanner.server.local cimport LocalFront
 
 cdef class MemcacheConn(Conn):
-    @cython.locals(f=Front, lf=LocalFront, my=CounterSlot, s=Set)
+    @cython.locals(f=Front, lf=LocalFront, my=CounterSlot, s=Set, wk=WorkerBase)
     cpdef store(self, cmd)
-    @cython.locals(f=Front, lf=LocalFront, my=CounterSlot, k=GetKey)
+    @cython.locals(f=Front, lf=LocalFront, my=CounterSlot, k=GetKey, wk=WorkerBase)
     cpdef on_get(self, Get cmd)

@@ -76,7 +76,9 @@ class MemcacheConn(Conn):
             s = cmd                     # (compiled: a Set, its fields read as C struct members)
             q, exptime, noreply = s.queue, s.exptime, s.noreply
         st = f.status
-        fused = f.fused[q]
+        fused = dict.get(f.fused, q)    # (compiled: a C lookup; FusedQueues' own [] is a
+        if fused is None:               # Python-level call, ~350 instructions)
+            fused = f.fused[q]
         if not fused or st.seq[0] != st.clear or self.refuse_writes:
             # the checks FusedQueues and the status's `clear` stand for (inline.py, status.py)
             if q not in f.valid_names and self.bad_name(q):
@@ -89,7 +91,8 @@ class MemcacheConn(Conn):
         my = f.my                       # (compiled: `incr` a C call, memcache.pxd)
         my.incr(C_SET)
         expiry = exptime and expiry_of(exptime, f.clock)
-        if fused and not stream and not noreply and not self.slots and not self.worker.closed_conns:
+        wk = self.worker                # (compiled: a WorkerBase, conn.pxd: struct reads)
+        if fused and not stream and not noreply and not self.slots and not wk.closed_conns:
             # the hot path: one queue of this worker, one reply, the body whole
             # the fused request's number and reply entry (inline.py), here and in on_get
             lf = f                      # (fused: a worker's own front; compiled, a LocalFront)
@@ -102,16 +105,15 @@ class MemcacheConn(Conn):
             if lf.streak:
                 lf.streak.pop(self.id, None)    # a local request breaks a streak towards a handoff
             lf.inline_requests += 1
-            w = self.worker
-            if not w.turn_scheduled:
-                w.schedule_turn()
+            if not wk.turn_scheduled:
+                wk.schedule_turn()
             fast = self.fast
             if fast:
                 # replies owed already: this one may join them, rendered (rendered.py), as in on_get
-                ok = w.inline_set(f.index, self.id, req, q, expiry, s.data)
+                ok = wk.inline_set(f.index, self.id, req, q, expiry, s.data)
                 ent = self.batch
                 if ok is not None and (ent is not None or len(fast) > 1):
-                    replies = w.replies
+                    replies = wk.replies
                     if ent is not None and self.batch_of is replies:
                         replies.pop()
                         ent += STORED3 if ok else NOT_STORED3
@@ -123,7 +125,7 @@ class MemcacheConn(Conn):
                 fast.append((req, STORED, set_fused, None, self.cur_fam, self.t_in, -1))
                 return True
             fast.append((req, STORED, set_fused, None, self.cur_fam, self.t_in, -1))
-            w.inline_set(f.index, self.id, req, q, expiry, s.data)
+            wk.inline_set(f.index, self.id, req, q, expiry, s.data)
             return True                 # fused: one reply in flight and nothing else (Conn.process)
         dests = f.config.aliases.get(q)
         if stream:
@@ -173,7 +175,9 @@ class MemcacheConn(Conn):
             # the hot path: a plain `get q` (one key, no option)
             q = k.queue
             st = f.status
-            fused = f.fused[q]
+            fused = dict.get(f.fused, q)    # (as in store)
+            if fused is None:
+                fused = f.fused[q]
             if not fused or st.seq[0] != st.clear or self.refuse_reads:
                 # the checks FusedQueues and the status's `clear` stand for (inline.py, status.py)
                 if q not in f.valid_names and self.bad_name(q):
@@ -185,7 +189,8 @@ class MemcacheConn(Conn):
                 fused = f.fused[q]      # the name is checked now
             my = f.my                   # (compiled: `incr` a C call, memcache.pxd)
             my.incr(C_GET)
-            if fused and not self.slots and not self.worker.closed_conns:
+            wk = self.worker            # (as in store)
+            if fused and not self.slots and not wk.closed_conns:
                 # the fused request's number and reply entry (inline.py), as in store
                 lf = f                  # (fused: a worker's own front; compiled, a LocalFront)
                 req = self.next_req
@@ -195,12 +200,11 @@ class MemcacheConn(Conn):
                 if lf.streak:
                     lf.streak.pop(self.id, None)
                 lf.inline_requests += 1
-                w = self.worker
-                if not w.turn_scheduled:
-                    w.schedule_turn()
+                if not wk.turn_scheduled:
+                    wk.schedule_turn()
                 fast = self.fast
                 if fast:
-                    data = w.inline_get(f.index, self.id, req, q)
+                    data = wk.inline_get(f.index, self.id, req, q)
                     ent = self.batch
                     if ent is None and len(fast) < 2:
                         pieces = None   # (nothing to join: its reply alone)
@@ -211,7 +215,7 @@ class MemcacheConn(Conn):
                     else:               # it answered itself (None), or a value too big to render
                         pieces = None
                     if pieces is not None:
-                        replies = w.replies
+                        replies = wk.replies
                         if ent is not None and self.batch_of is replies:
                             replies.pop()
                             ent += pieces
@@ -223,7 +227,7 @@ class MemcacheConn(Conn):
                     fast.append((req, value_heads, get1_fused, k.raw, self.cur_fam, self.t_in, -1))
                     return True
                 fast.append((req, value_heads, get1_fused, k.raw, self.cur_fam, self.t_in, -1))
-                w.inline_get(f.index, self.id, req, q)
+                wk.inline_get(f.index, self.id, req, q)
                 return True         # fused: one reply in flight and nothing else (Conn.process)
             if f.config.aliases.get(q) is not None:
                 self.reply_now(mr.END)

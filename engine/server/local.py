@@ -269,7 +269,7 @@ class LocalFront(Front):
             if dst != src:
                 continue
             n += 1
-            conn_id, req, status, flags, _, value = head if head.__class__ is tuple else unpack_resp(head, 0)
+            conn_id, req, status, flags, _, value = head if type(head) is tuple else unpack_resp(head, 0)
             c = conns.get(conn_id)
             if c is not None:
                 fast = c.fast

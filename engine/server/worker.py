@@ -39,6 +39,7 @@ from collections import defaultdict
 import msgpack
 
 from lanner.clock import SYSTEM_CLOCK
+from lanner.fronts.conn import WorkerBase
 from lanner.ipc import control
 from lanner.ipc.bodies import Bodies
 from lanner.ipc.mesh import Peers
@@ -74,23 +75,23 @@ from lanner.server.waiting import Pending, Waiting
 log = logging.getLogger(__name__)
 
 
-class Worker(GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
+class Worker(WorkerBase, GroupCommit, Waiting, Holding, PeerOps, ShardLoop, MoveOps):
     """A shard's queues and everything that touches them; the mixins hold the turn's end
     (commit.py), waiting requests (waiting.py) and peer/control duties (peers.py)."""
     # Slots, not a dict: what the fused path reads per request stays specialised lookups whatever
     # names the process sets (test_hot_layout.py); "handled", "sleep_rings": shardloop.py's;
-    # "inline_set", "inline_get": the fused set and get, InlineOps' bound methods (boot).
+    # "inline_set", "inline_get" (the fused set and get, InlineOps' bound methods, boot) and
+    # what else a connection reads per request: WorkerBase's (fronts/conn.py).
     __slots__ = ("index", "nworkers", "nfronts", "peers", "front", "local_src", "inbox", "loop",
-                 "turn_scheduled", "stop_scheduled", "stopping", "reads_left", "stepping", "timer",
-                 "timer_ms", "deadlines_changed", "config", "epoch", "_own_epoch", "status", "inbound",
+                 "stop_scheduled", "stopping", "stepping", "timer", "timer_ms", "deadlines_changed",
+                 "config", "epoch", "_own_epoch", "status", "inbound",
                  "outbound", "wake_fd", "control", "cleaner", "clock", "heart", "beat_interval", "next_beat",
                  "heap_trim", "ctl_reader", "cleaner_reader", "rings", "worker_rings", "worker_srcs",
                  "in_rings", "outs", "asm", "sessions", "pending_by_conn", "down_peers", "moves", "own_slot",
-                 "void_moves", "moves_voided", "holding", "stats_jobs", "replies", "held", "sync_queue",
+                 "void_moves", "moves_voided", "holding", "stats_jobs", "held", "sync_queue",
                  "sync_done_r", "sync_done_w", "syncer", "writer", "writing", "settled", "write_held", "mot",
                  "coll", "storage_factory", "next_expire_ms", "next_strand_ms", "tids", "tcounts",
-                 "tids_supply", "taborts", "bodies", "closed_conns", "handled", "sleep_rings", "inline_set",
-                 "inline_get")
+                 "tids_supply", "taborts", "bodies", "handled", "sleep_rings")
 
     def __init__(self, index: int, nworkers: int, config, status, inbound, outbound, wake_fd: int,
                  control_sock, cleaner_sock=None, clock=SYSTEM_CLOCK, nfronts: int = 1,

@@ -12,7 +12,7 @@ import socket
 
 import pytest
 
-from lanner.fronts.conn import Conn, Part, Slot
+from lanner.fronts.conn import Conn, FrontBase, Part, Slot, WorkerBase
 from lanner.fronts.front import Front
 from lanner.fronts.memcache import MemcacheConn
 from lanner.ipc import handoff
@@ -22,6 +22,7 @@ from lanner.queues.item import QItem
 from lanner.queues.queue import C_TYPED, PersistentQueue
 from lanner.queues.undo import UndoLog
 from lanner.server.local import LocalFront
+from lanner.server.worker import Worker
 from lanner.storage.journal.journal import C_TYPED as JOURNAL_C_TYPED, Journal
 
 SHARED_KEYS_MAX = 30      # CPython 3.11 Objects/dictobject.c SHARED_KEYS_MAX_SIZE
@@ -157,8 +158,8 @@ def test_the_worker_its_queues_and_journals_have_no_instance_dict(tmp_path):
 
 
 @pytest.mark.parametrize("cls, typed", [(PersistentQueue, C_TYPED), (Journal, JOURNAL_C_TYPED),
-                                        (Conn, ()), (Front, ()), (LocalFront, ()), (QItem, ()),
-                                        (UndoLog, ("entries",))])
+                                        (Conn, ()), (FrontBase, ()), (Front, ()), (LocalFront, ()),
+                                        (WorkerBase, ()), (QItem, ()), (UndoLog, ("entries",))])
 def test_a_queues_and_a_journals_fields_are_read_as_slots_in_either_build(cls, typed):
     """The mixins, the collection, the syncer and the factory read these fields from interpreted
     code: as `__slots__` in pure Python, and in the compiled build (queue.pxd, journal.pxd) as
@@ -168,14 +169,17 @@ def test_a_queues_and_a_journals_fields_are_read_as_slots_in_either_build(cls, t
     the request path.  An item's (item.pxd): the codec, read-behind and the cmdlog read them.
     A connection's too (conn.pxd): its mixins, subclasses and the front read them per request;
     and a front's (front.pxd, local.pxd): conn.py's def methods, the worker and the other
-    protocols read them per request."""
+    protocols read them per request; and what a connection reads of its front and its worker
+    (FrontBase, WorkerBase, conn.pxd): the worker's own code reads those per turn."""
     for name in cls.__slots__:
         if name not in typed:
             assert type(cls.__dict__[name]).__name__ == "member_descriptor", name
 
 
 @pytest.mark.parametrize("cls, names", [(MemcacheConn, Conn.__slots__),
-                                         (LocalFront, Front.__slots__ + LocalFront.__slots__)])
+                                         (LocalFront, FrontBase.__slots__ + Front.__slots__ +
+                                          LocalFront.__slots__),
+                                         (Worker, WorkerBase.__slots__ + Worker.__slots__)])
 def test_each_of_a_connections_fields_holds_its_own_value(cls, names):
     """In the compiled build each member descriptor's offset into the C struct is found at load
     (_c_slot_fields): every field reads back what was written to it, in either build (a
