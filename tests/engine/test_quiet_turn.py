@@ -15,8 +15,9 @@ from lanner.queues import collection
 from lanner.queues.undo import UndoLog
 from lanner.server import commit
 from lanner.server.local import LocalFront
+from lanner.server import worker as worker_module
 from lanner.server.worker import Worker
-from tests.engine.test_turn import counting
+from tests.engine.test_turn import HoldingUring, counting
 
 BEHIND = 4096      # write-behind threshold in the equivalence runs: some sets go to the writer
 
@@ -203,15 +204,24 @@ def test_quiet_turns_answer_as_the_general_batch_end(tmp_path, monkeypatch, poli
         general.close()
 
 
-def test_under_sync_always_a_quiet_turns_reply_waits_for_its_fsync(tmp_path):
+def test_under_sync_always_a_quiet_turns_reply_waits_for_its_fsync(tmp_path, monkeypatch):
     """A quiet turn whose write needs an fsync ("always") goes on as finish_batch: the STORED
-    leaves only after the fsync round, which the loop reports."""
+    leaves only after the fsync round, which the loop reports.  The fdatasync is held until the
+    test releases it: a fast disk could return it within the turn, and finish_batch would then
+    rightly send the STORED at once."""
+    made = []
+    monkeypatch.setattr(worker_module, "open_uring",
+                        lambda: made.append(HoldingUring(str(tmp_path / "always" / "q" / "q"))) or made[0])
     rig = make_rig(tmp_path, "always", "always")
     try:
         w = rig.worker
         c = rig.conns[0]
         c.data_received(b"set q 0 0 1\r\nx\r\n")
-        assert not c.transport.written and w.syncer.rounds
+        [uring] = made
+        assert not c.transport.written and w.syncer.rounds and uring.calls == 1
+        rig.turn()
+        assert not c.transport.written                    # still held: the reply waits for it
+        uring.release()
         settle(rig)
         assert c.transport.written == [b"STORED\r\n"]
     finally:
