@@ -209,7 +209,7 @@ class GroupCommit:
             names = ", ".join(sorted({medium_name(m) for m in r.media}))
             log.warning("worker %d: fsync of %s under way for %.1f s, %d replies wait for it (the disk or "
                         "the kernel has not completed it); %s", self.index, names, now - r.started,
-                        len(r.replies), self.syncer.state(medium_name))
+                        len(r.replies), syncer.state(medium_name))
         return took
 
     def waiting_replies(self):
