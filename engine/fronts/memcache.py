@@ -13,7 +13,7 @@ from lanner.protocols.memcache_commands import Set
 from lanner.protocols.memcache_replies import END_TAIL, SPLICE_MIN, STORED, value_heads
 
 from lanner import __version__
-from lanner.fronts.conn import Conn, Slot, expiry_at
+from lanner.fronts.conn import Conn, Slot, _append, expiry_at
 from lanner.fronts.counters import C_GET, C_PEEK, C_SET
 from lanner.fronts.rendered import END3, NOT_STORED3, STORED3, opens
 from lanner.server.status import StatusError
@@ -122,9 +122,9 @@ class MemcacheConn(Conn):
                     if opens(self, replies, STORED3 if ok else NOT_STORED3):
                         return True
                 self.batch = None
-                fast.append((req, STORED, set_fused, None, self.cur_fam, self.t_in, -1))
+                _append(fast, (req, STORED, set_fused, None, self.cur_fam, self.t_in, -1))
                 return True
-            fast.append((req, STORED, set_fused, None, self.cur_fam, self.t_in, -1))
+            _append(fast, (req, STORED, set_fused, None, self.cur_fam, self.t_in, -1))
             wk.inline_set(f.index, self.id, req, q, expiry, s.data)
             return True                 # fused: one reply in flight and nothing else (Conn.process)
         dests = f.config.aliases.get(q)
@@ -224,9 +224,9 @@ class MemcacheConn(Conn):
                         if opens(self, replies, pieces):
                             return True
                     self.batch = None
-                    fast.append((req, value_heads, get1_fused, k.raw, self.cur_fam, self.t_in, -1))
+                    _append(fast, (req, value_heads, get1_fused, k.raw, self.cur_fam, self.t_in, -1))
                     return True
-                fast.append((req, value_heads, get1_fused, k.raw, self.cur_fam, self.t_in, -1))
+                _append(fast, (req, value_heads, get1_fused, k.raw, self.cur_fam, self.t_in, -1))
                 wk.inline_get(f.index, self.id, req, q)
                 return True         # fused: one reply in flight and nothing else (Conn.process)
             if f.config.aliases.get(q) is not None:
