@@ -576,7 +576,17 @@ class PersistentQueue(PersistentQueueBase, OpenReads):
         return f"<PersistentQueue {self.name!r} items={self._length} open={len(self._open)}>"
 
 
+class CollectionBase:
+    """What the fused path (server/inline.py) reads and counts of the collection per request
+    (QueueCollection's first base, collection.py): in the compiled build a C type declared in
+    queue.pxd, so InlineOps reads and writes these as struct fields, not by generic lookups of a
+    Python object's slots (an attribute read and a write per request).  Slots, set by
+    QueueCollection.__init__; here, not in collection.py, because that module is not compiled."""
+    __slots__ = ("autoflush", "total_items", "get_hits", "get_misses")
+
+
 if COMPILED:
     # interpreted readers (the mixin, the collection, tests) read the fields as member
     # descriptors, LOAD_ATTR_SLOT, not Cython's getsets (memcache_commands.pxd)
     _c_slot_fields(PersistentQueue, tuple(n for n in PersistentQueue.__slots__ if n not in C_TYPED))
+    _c_slot_fields(CollectionBase, CollectionBase.__slots__)
