@@ -353,7 +353,7 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
                 self.cur_fam = fam if fam is not None else family_of(cmd)
                 if handlers is None:
                     self.handle(cmd)
-                elif handlers[kind](self, cmd) is True:
+                elif self.dispatch(handlers, kind, cmd) is True:
                     room -= 1
                     continue
                 room = self.room()
@@ -363,6 +363,12 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
             self.flush_out()
         if self.reading_paused or self.stopped or self.paused_writing or buffered > INPUT_LIMIT:
             self.update_reading()      # else reading is on and stays on: the common case, no call
+
+    def dispatch(self, handlers: dict, kind: type, cmd):
+        """`cmd` to its handler in `handlers` (pump); what the handler returns.  A C method
+        (conn.pxd), so that a protocol's connection can call its hot handlers as C calls
+        (MemcacheConn.dispatch), where a handler from the table is a Python call."""
+        return handlers[kind](self, cmd)
 
     def room(self) -> int:
         """How many more commands flow control (class doc) allows, each one more reply in flight."""

@@ -17,3 +17,4 @@ cdef class MemcacheConn(Conn):
     cpdef store(self, cmd)
     @cython.locals(f=Front, lf=LocalFront, my=CounterSlot, k=GetKey, wk=WorkerBase)
     cpdef on_get(self, Get cmd)
+    cpdef dispatch(self, handlers, kind, cmd)
