@@ -27,6 +27,15 @@ _VERSION = mr.version_line(__version__)
 STREAM_OVER = 64 << 10
 
 
+# COMPILED: as in memcache_commands.py (memcache.pxd makes it a C constant in the compiled build,
+# where front.pxd's `status_seq` exists)
+try:
+    import cython
+    COMPILED = cython.compiled
+except ImportError:             # pure Python without Cython installed
+    COMPILED = False
+
+
 class MemcacheConn(Conn):
     """A memcache client's connection: a C type in the compiled build (memcache.pxd), whose
     `store` and `on_get` read the front, its counters and the command typed."""
@@ -91,7 +100,7 @@ class MemcacheConn(Conn):
         fused = dict.get(f.fused, q)    # (compiled: a C lookup; FusedQueues' own [] is a
         if fused is None:               # Python-level call, ~350 instructions)
             fused = f.fused[q]
-        if not fused or st.seq[0] != st.clear or self.refuse_writes:
+        if not fused or status_moved(f, st) or self.refuse_writes:
             # the checks FusedQueues and the status's `clear` stand for (inline.py, status.py)
             if q not in f.valid_names and self.bad_name(q):
                 return
@@ -190,7 +199,7 @@ class MemcacheConn(Conn):
             fused = dict.get(f.fused, q)    # (as in store)
             if fused is None:
                 fused = f.fused[q]
-            if not fused or st.seq[0] != st.clear or self.refuse_reads:
+            if not fused or status_moved(f, st) or self.refuse_reads:
                 # the checks FusedQueues and the status's `clear` stand for (inline.py, status.py)
                 if q not in f.valid_names and self.bad_name(q):
                     return
@@ -547,6 +556,18 @@ def _finish_alias_set(slot: Slot) -> None:
         slot.out = STORED if all(p.status == R_OK for p in slot.parts) else mr.NOT_STORED
     if slot.call and not slot.close:
         slot.out = b""
+
+
+def status_moved(f, st) -> bool:
+    """Whether the status block's seq word is not `st.clear` (server/status.py): the fused path's
+    check per request (store, on_get).  Compiled, a C read of the front's typed view of the word
+    (front.pxd `status_seq`) and a C compare (memcache.pxd), where `st.seq[0] != st.clear` was a
+    generic attribute read, a memoryview index, a new int and a rich compare."""
+    if COMPILED and f.status_seq is not None:
+        word = f.status_seq[0]
+        clear = st.clear
+        return word != clear
+    return st.seq[0] != st.clear
 
 
 def _finish_get1(slot: Slot) -> None:
