@@ -42,6 +42,7 @@ cdef class Conn(ConnBase):
     cpdef data_received(self, data)
     @cython.locals(room=Py_ssize_t, buffered=Py_ssize_t, mp=MemcacheParser)
     cpdef pump(self)
+    cpdef dispatch(self, handlers, kind, cmd)
     @cython.locals(f=FrontBase)
     cpdef room(self)
     cpdef update_reading(self)

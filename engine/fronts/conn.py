@@ -38,6 +38,13 @@ from lanner.ipc.messages import (OP_DISCONNECT, OP_SET_DATA, R_ITEM, R_OK, R_SER
 #: Unparsed bytes a connection holds while it cannot take commands, before it stops reading.
 INPUT_LIMIT = 64 << 10
 
+#: deque's own methods, called with the deque (`fast`, memcache.py's handlers and fast_reply):
+#: compiled, a call of a method descriptor, where `fast.append(x)` looked the method up on every
+#: call (PyObject_VectorcallMethod, ~230 instructions; deque has no C API for Cython to call).
+#: queues/queue.py does the same for its items (a front process does not load the queue).
+_append = deque.append
+_popleft = deque.popleft
+
 if TYPE_CHECKING:                 # the loop imports the connection classes, not the reverse
     from lanner.fronts.front import Front
 
@@ -346,7 +353,7 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
                 self.cur_fam = fam if fam is not None else family_of(cmd)
                 if handlers is None:
                     self.handle(cmd)
-                elif handlers[kind](self, cmd) is True:
+                elif self.dispatch(handlers, kind, cmd) is True:
                     room -= 1
                     continue
                 room = self.room()
@@ -356,6 +363,12 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
             self.flush_out()
         if self.reading_paused or self.stopped or self.paused_writing or buffered > INPUT_LIMIT:
             self.update_reading()      # else reading is on and stays on: the common case, no call
+
+    def dispatch(self, handlers: dict, kind: type, cmd):
+        """`cmd` to its handler in `handlers` (pump); what the handler returns.  A C method
+        (conn.pxd), so that a protocol's connection can call its hot handlers as C calls
+        (MemcacheConn.dispatch), where a handler from the table is a Python call."""
+        return handlers[kind](self, cmd)
 
     def room(self) -> int:
         """How many more commands flow control (class doc) allows, each one more reply in flight."""
@@ -551,7 +564,7 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
         latency = f.latency
         pending = f.write_pending
         while True:
-            _, ok, render, call, fam, t0, w = fast.popleft()
+            _, ok, render, call, fam, t0, w = _popleft(fast)     # (_append)
             if ok is None:
                 n = render(out, status, flags, payload, call)
             elif status == R_OK:                # a set's STORED

@@ -18,6 +18,9 @@ cdef class Front(FrontBase):        # FrontBase: the fields a connection reads (
     cdef public object flush_scheduled, down_workers, ctl_reader, servers, stopping, spills
     cdef public object ring_waiters, asm, live_req, live_resp, valid_names, item_limits, owners
     cdef public object settles, fused, routes
+    # the status block's seq word (server/status.py `seq`), read in C by the memcache handlers
+    # per request (memcache.pxd); compiled only (front.py sets it under COMPILED: not a slot)
+    cdef const unsigned long long[:] status_seq
 
     @cython.locals(conns=dict, c=Conn)
     cpdef drain_responses(self)

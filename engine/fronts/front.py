@@ -93,6 +93,8 @@ class Front(FrontBase):
         self.config = config
         self.epoch = epoch if epoch is not None else ConfigEpoch()    # generation of `config`
         self.status = status
+        if COMPILED and getattr(status, "seq", None) is not None:
+            self.status_seq = status.seq    # (front.pxd: a typed view, for memcache.py's handlers)
         self.counters = counters           # CounterBlock
         self.my = counters.slot(index)
         self.latency = latency.Recorder(self.my, counters.column(latency.COUNTERS[0]))

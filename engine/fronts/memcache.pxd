@@ -12,8 +12,14 @@ from lanner.fronts.conn cimport Conn, WorkerBase
 from lanner.fronts.front cimport Front
 from lanner.server.local cimport LocalFront
 
+cdef bint COMPILED
+
+@cython.locals(word=cython.longlong, clear=cython.longlong)
+cdef bint status_moved(Front f, st) except -1
+
 cdef class MemcacheConn(Conn):
     @cython.locals(f=Front, lf=LocalFront, my=CounterSlot, s=Set, wk=WorkerBase)
     cpdef store(self, cmd)
     @cython.locals(f=Front, lf=LocalFront, my=CounterSlot, k=GetKey, wk=WorkerBase)
     cpdef on_get(self, Get cmd)
+    cpdef dispatch(self, handlers, kind, cmd)

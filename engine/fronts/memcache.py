@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from lanner.protocols import memcache as mc
 from lanner.protocols import memcache_replies as mr
-from lanner.protocols.memcache_commands import Set
+from lanner.protocols.memcache_commands import Get, Set
 from lanner.protocols.memcache_replies import END_TAIL, SPLICE_MIN, STORED, value_heads
 
 from lanner import __version__
-from lanner.fronts.conn import Conn, Slot, expiry_at
+from lanner.fronts.conn import Conn, Slot, _append, expiry_at
 from lanner.fronts.counters import C_GET, C_PEEK, C_SET
 from lanner.fronts.rendered import END3, NOT_STORED3, STORED3, opens
 from lanner.server.status import StatusError
@@ -25,6 +25,15 @@ from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_NOREPLY, F_OPEN, F_PEEK, F_
 _VERSION = mr.version_line(__version__)
 #: Set bodies larger than this go to the worker in pieces as they arrive (never whole here).
 STREAM_OVER = 64 << 10
+
+
+# COMPILED: as in memcache_commands.py (memcache.pxd makes it a C constant in the compiled build,
+# where front.pxd's `status_seq` exists)
+try:
+    import cython
+    COMPILED = cython.compiled
+except ImportError:             # pure Python without Cython installed
+    COMPILED = False
 
 
 class MemcacheConn(Conn):
@@ -39,6 +48,18 @@ class MemcacheConn(Conn):
 
     def handle(self, cmd) -> None:
         self.handlers[type(cmd)](self, cmd)
+
+    def dispatch(self, handlers: dict, kind: type, cmd):
+        """Conn.dispatch: a set and a plain get, nearly every command, straight to `store` and
+        `on_get` (compiled: C calls, where the table's entries are Python calls, ~300
+        instructions a command); the table for the rest, and for all when a connection was given
+        another table (tests wrap a handler so)."""
+        if handlers is HANDLERS:
+            if kind is Set:
+                return self.store(cmd)
+            if kind is Get:
+                return self.on_get(cmd)
+        return handlers[kind](self, cmd)
 
     def unavailable(self, slot: Slot, reason: str) -> None:
         slot.out = mr.server_error(reason)
@@ -79,7 +100,7 @@ class MemcacheConn(Conn):
         fused = dict.get(f.fused, q)    # (compiled: a C lookup; FusedQueues' own [] is a
         if fused is None:               # Python-level call, ~350 instructions)
             fused = f.fused[q]
-        if not fused or st.seq[0] != st.clear or self.refuse_writes:
+        if not fused or status_moved(f, st) or self.refuse_writes:
             # the checks FusedQueues and the status's `clear` stand for (inline.py, status.py)
             if q not in f.valid_names and self.bad_name(q):
                 return
@@ -122,9 +143,9 @@ class MemcacheConn(Conn):
                     if opens(self, replies, STORED3 if ok else NOT_STORED3):
                         return True
                 self.batch = None
-                fast.append((req, STORED, set_fused, None, self.cur_fam, self.t_in, -1))
+                _append(fast, (req, STORED, set_fused, None, self.cur_fam, self.t_in, -1))
                 return True
-            fast.append((req, STORED, set_fused, None, self.cur_fam, self.t_in, -1))
+            _append(fast, (req, STORED, set_fused, None, self.cur_fam, self.t_in, -1))
             wk.inline_set(f.index, self.id, req, q, expiry, s.data)
             return True                 # fused: one reply in flight and nothing else (Conn.process)
         dests = f.config.aliases.get(q)
@@ -178,7 +199,7 @@ class MemcacheConn(Conn):
             fused = dict.get(f.fused, q)    # (as in store)
             if fused is None:
                 fused = f.fused[q]
-            if not fused or st.seq[0] != st.clear or self.refuse_reads:
+            if not fused or status_moved(f, st) or self.refuse_reads:
                 # the checks FusedQueues and the status's `clear` stand for (inline.py, status.py)
                 if q not in f.valid_names and self.bad_name(q):
                     return
@@ -224,9 +245,9 @@ class MemcacheConn(Conn):
                         if opens(self, replies, pieces):
                             return True
                     self.batch = None
-                    fast.append((req, value_heads, get1_fused, k.raw, self.cur_fam, self.t_in, -1))
+                    _append(fast, (req, value_heads, get1_fused, k.raw, self.cur_fam, self.t_in, -1))
                     return True
-                fast.append((req, value_heads, get1_fused, k.raw, self.cur_fam, self.t_in, -1))
+                _append(fast, (req, value_heads, get1_fused, k.raw, self.cur_fam, self.t_in, -1))
                 wk.inline_get(f.index, self.id, req, q)
                 return True         # fused: one reply in flight and nothing else (Conn.process)
             if f.config.aliases.get(q) is not None:
@@ -535,6 +556,18 @@ def _finish_alias_set(slot: Slot) -> None:
         slot.out = STORED if all(p.status == R_OK for p in slot.parts) else mr.NOT_STORED
     if slot.call and not slot.close:
         slot.out = b""
+
+
+def status_moved(f, st) -> bool:
+    """Whether the status block's seq word is not `st.clear` (server/status.py): the fused path's
+    check per request (store, on_get).  Compiled, a C read of the front's typed view of the word
+    (front.pxd `status_seq`) and a C compare (memcache.pxd), where `st.seq[0] != st.clear` was a
+    generic attribute read, a memoryview index, a new int and a rich compare."""
+    if COMPILED and f.status_seq is not None:
+        word = f.status_seq[0]
+        clear = st.clear
+        return word != clear
+    return st.seq[0] != st.clear
 
 
 def _finish_get1(slot: Slot) -> None:

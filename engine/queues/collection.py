@@ -61,7 +61,7 @@ from lanner.clock import SYSTEM_CLOCK
 from lanner.queues.aliases import AliasCounts
 from lanner.queues.item import QItem
 from lanner.queues.names import validate_queue_name
-from lanner.queues.queue import PersistentQueue
+from lanner.queues.queue import CollectionBase, PersistentQueue
 from lanner.queues.sessions import Session
 from lanner.queues.deletes import Deletes
 from lanner.queues.failures import WriteFailures
@@ -75,12 +75,13 @@ from lanner.queues.waiters import TimerHeap, Waiter
 log = logging.getLogger(__name__)
 
 
-class QueueCollection(WriteFailures, Deletes):
-    # Slots, not a dict: the worker looks it up per request (test_hot_layout.py).
-    __slots__ = ("config", "clock", "autoflush", "_factory", "_owns", "_expire_forward", "_queues", "queues",
+class QueueCollection(CollectionBase, WriteFailures, Deletes):
+    # Slots, not a dict: the worker looks it up per request (test_hot_layout.py); "autoflush",
+    # "total_items", "get_hits", "get_misses": CollectionBase's (queue.py).
+    __slots__ = ("config", "clock", "_factory", "_owns", "_expire_forward", "_queues", "queues",
                  "_parked", "_children", "_alias_counts", "sync_schedule", "undo", "stranded", "woken",
-                 "_touched", "timers", "closed", "total_items", "queue_creates", "queue_deletes",
-                 "queue_expires", "get_hits", "get_misses")
+                 "_touched", "timers", "closed", "queue_creates", "queue_deletes",
+                 "queue_expires")
 
     def __init__(self, config, clock=SYSTEM_CLOCK, *,
                  storage_factory: Callable[[str, object], object] | None = None,

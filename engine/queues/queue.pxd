@@ -13,6 +13,11 @@ cdef bint COMPILED
 cdef class PersistentQueueBase:
     pass
 
+# QueueCollection's first base (collection.py, queue.py): what the fused path (server/inline.pxd)
+# reads and counts of the collection per request, struct fields
+cdef class CollectionBase:
+    cdef public object autoflush, total_items, get_hits, get_misses
+
 cdef class PersistentQueue(PersistentQueueBase):
     cdef public object name, config, storage, clock, is_fanout_child, expire_sink, hold_moves
     cdef public object on_wake, touched, medium, closed, created_ms, waiters, children

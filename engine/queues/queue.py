@@ -56,6 +56,11 @@ except ImportError:             # pure Python without Cython installed
 
 
 #: The fields queue.pxd gives a C type: getsets for interpreted code, not member descriptors.
+#: deque's own methods, called with the deque: the items' add and remove, compiled, as a call
+#: of a method descriptor, not a method lookup per call (as fronts/conn.py's for `Conn.fast`)
+_append = deque.append
+_popleft = deque.popleft
+
 C_TYPED = ("undo", "_length", "_bytes", "_mem_bytes", "total_items", "_floor", "_max_memory")
 
 
@@ -227,7 +232,7 @@ class PersistentQueue(PersistentQueueBase, OpenReads):
         self._length += 1
         self._bytes += n
         if not (storage.in_read_behind if journal is None else journal.in_read_behind):
-            self._items.append(item)
+            _append(self._items, item)      # (the unbound method: see _append)
             self._mem_bytes += n
         elif not self._items:
             self._refill(now)              # tiny max_memory_size: keep the head in memory
@@ -291,7 +296,7 @@ class PersistentQueue(PersistentQueueBase, OpenReads):
             self.discard_expired(now)
         if not items:
             return None
-        item = items.popleft()              # _pop_head, inline on the hot path
+        item = _popleft(items)              # _pop_head, inline on the hot path (_append)
         n = len(item.data)
         self._mem_bytes -= n
         self._bytes -= n
@@ -571,7 +576,17 @@ class PersistentQueue(PersistentQueueBase, OpenReads):
         return f"<PersistentQueue {self.name!r} items={self._length} open={len(self._open)}>"
 
 
+class CollectionBase:
+    """What the fused path (server/inline.py) reads and counts of the collection per request
+    (QueueCollection's first base, collection.py): in the compiled build a C type declared in
+    queue.pxd, so InlineOps reads and writes these as struct fields, not by generic lookups of a
+    Python object's slots (an attribute read and a write per request).  Slots, set by
+    QueueCollection.__init__; here, not in collection.py, because that module is not compiled."""
+    __slots__ = ("autoflush", "total_items", "get_hits", "get_misses")
+
+
 if COMPILED:
     # interpreted readers (the mixin, the collection, tests) read the fields as member
     # descriptors, LOAD_ATTR_SLOT, not Cython's getsets (memcache_commands.pxd)
     _c_slot_fields(PersistentQueue, tuple(n for n in PersistentQueue.__slots__ if n not in C_TYPED))
+    _c_slot_fields(CollectionBase, CollectionBase.__slots__)

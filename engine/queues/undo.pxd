@@ -12,3 +12,7 @@ cdef bint COMPILED
 cdef class UndoLog:
     cdef public list entries
     cdef public object ctx, copies
+
+# UndoLog.trim's one-medium check: a C loop over the entries (tuples: their first field a C read)
+@cython.locals(e=tuple)
+cdef bint _of_one(list entries, object medium) except -1

@@ -38,7 +38,6 @@ What an undo means for the client (the worker applies it, server/worker.py):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from operator import countOf, itemgetter
 
 try:                            # COMPILED: as in memcache_commands.py (undo.pxd)
     import cython
@@ -86,7 +85,6 @@ class ForwardedMove(tuple):
 
 KIND_NAMES = ("add", "remove", "open", "abort", "confirm", "move", "move confirm", "held", "held confirm",
               "held abort")
-_MEDIUM = itemgetter(0)
 
 
 @dataclass(slots=True)
@@ -121,11 +119,10 @@ class UndoLog:
         # The common batch: one medium, written through its newest record.  A medium's marks
         # grow along the list (a rollback cuts its newer entries off with its records), so
         # its newest entry committed means all of them are; the one-medium check is a C loop
-        # (countOf compares by identity first: no set built, no medium hashed).
+        # (_of_one: compiled, a loop over the tuples' first fields; no set built, no medium hashed).
         last = entries[-1]
         medium = last[0]
-        if (medium is through or last[1] < medium.committed_mark) and entries[0][0] is medium and \
-                (len(entries) < 3 or countOf(map(_MEDIUM, entries), medium) == len(entries)):
+        if (medium is through or last[1] < medium.committed_mark) and _of_one(entries, medium):
             entries.clear()
             return
         medium = None
@@ -175,6 +172,16 @@ class UndoLog:
     def forget(self, medium) -> None:
         """`medium` is gone (its queue was deleted): nothing of it can be rolled back any more."""
         self.entries = [e for e in self.entries if e[0] is not medium]
+
+
+def _of_one(entries: list, medium) -> bool:
+    """Whether every entry is `medium`'s (UndoLog.trim's common batch).  In the compiled build
+    a C function (undo.pxd), where countOf(map(itemgetter(0), entries), medium) called the
+    itemgetter per entry."""
+    for e in entries:
+        if e[0] is not medium:
+            return False
+    return True
 
 
 def counted_adds(undone: list[Undone]) -> int:

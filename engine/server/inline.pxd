@@ -5,12 +5,18 @@
 # for a compiled caller that types its reference, the bound method the worker hands out for the
 # others.
 cimport cython
+from lanner.fronts.conn cimport WorkerBase
 from lanner.queues.item cimport QItem
-from lanner.queues.queue cimport PersistentQueue
+from lanner.clock cimport _c_now_ms
+from lanner.queues.queue cimport CollectionBase, PersistentQueue
 from lanner.queues.undo cimport UndoLog
 
+cdef bint COMPILED
+
 cdef class InlineOps:
-    cdef public object worker, coll, clock
+    cdef public WorkerBase worker     # `replies`, per request: a struct read (conn.pxd)
+    cdef public CollectionBase coll   # `autoflush` and the counts, per request: struct fields (queue.pxd)
+    cdef public object clock
     cdef public UndoLog undo      # `ctx` set per request: a struct write (undo.pxd)
     cdef public dict queues, sessions
 

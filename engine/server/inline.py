@@ -12,7 +12,16 @@ on_get) are unchanged.
 """
 from __future__ import annotations
 
+from lanner.clock import SystemClock
 from lanner.ipc.messages import R_EMPTY, R_ITEM, R_NOT_STORED, R_OK
+
+# COMPILED: as in memcache_commands.py (inline.pxd makes it a C constant in the compiled build,
+# where clock.pxd's _c_now_ms exists)
+try:
+    import cython
+    COMPILED = cython.compiled
+except ImportError:             # pure Python without Cython installed
+    COMPILED = False
 
 
 class InlineOps:
@@ -42,7 +51,8 @@ class InlineOps:
             if q is None or q.children or coll.autoflush:
                 ok = coll.add(queue, data, expiry or None)
             else:                       # QueueCollection.add, its common case
-                now = self.clock.now_ms()       # (not clock.pxd's C read: tests stop the clock)
+                clock = self.clock      # the system's read in C (clock.pxd); tests' stopped clocks, called
+                now = _c_now_ms() if COMPILED and type(clock) is SystemClock else clock.now_ms()
                 ok = q.add(data, expiry, now, now)      # (0 is never, as None is)
                 if ok:
                     coll.total_items += 1

@@ -19,7 +19,8 @@ from lanner.ipc import handoff
 from lanner.ipc.messages import R_ERROR
 from lanner.perf.hotloop import NullTransport, Rig
 from lanner.queues.item import QItem
-from lanner.queues.queue import C_TYPED, PersistentQueue
+from lanner.queues.collection import QueueCollection
+from lanner.queues.queue import C_TYPED, CollectionBase, PersistentQueue
 from lanner.queues.undo import UndoLog
 from lanner.server.local import LocalFront
 from lanner.server.worker import Worker
@@ -159,7 +160,8 @@ def test_the_worker_its_queues_and_journals_have_no_instance_dict(tmp_path):
 
 @pytest.mark.parametrize("cls, typed", [(PersistentQueue, C_TYPED), (Journal, JOURNAL_C_TYPED),
                                         (Conn, ()), (FrontBase, ()), (Front, ()), (LocalFront, ()),
-                                        (WorkerBase, ()), (QItem, ()), (UndoLog, ("entries",))])
+                                        (WorkerBase, ()), (CollectionBase, ()), (QItem, ()),
+                                        (UndoLog, ("entries",))])
 def test_a_queues_and_a_journals_fields_are_read_as_slots_in_either_build(cls, typed):
     """The mixins, the collection, the syncer and the factory read these fields from interpreted
     code: as `__slots__` in pure Python, and in the compiled build (queue.pxd, journal.pxd) as
@@ -179,7 +181,9 @@ def test_a_queues_and_a_journals_fields_are_read_as_slots_in_either_build(cls, t
 @pytest.mark.parametrize("cls, names", [(MemcacheConn, Conn.__slots__),
                                          (LocalFront, FrontBase.__slots__ + Front.__slots__ +
                                           LocalFront.__slots__),
-                                         (Worker, WorkerBase.__slots__ + Worker.__slots__)])
+                                         (Worker, WorkerBase.__slots__ + Worker.__slots__),
+                                         (QueueCollection, CollectionBase.__slots__ +
+                                          QueueCollection.__slots__)])
 def test_each_of_a_connections_fields_holds_its_own_value(cls, names):
     """In the compiled build each member descriptor's offset into the C struct is found at load
     (_c_slot_fields): every field reads back what was written to it, in either build (a

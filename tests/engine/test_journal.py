@@ -81,6 +81,31 @@ def test_journal_writes_the_example_bytes(tmp_path, clock):
     j.close()
 
 
+def test_records_written_in_place_are_the_codec_bytes_across_growth_and_flushes(tmp_path, clock):
+    """The compiled record_add / record_remove write into the buffer in place (journal.pxd
+    _c_put_addx, _c_grow, growing it by doubling): byte for byte what the codec encodes, over
+    sizes that make the buffer grow many times (past 64 KiB, where growth stops doubling), with
+    flushes between batches, and for items whose fields are not plain ints or bytes (the
+    codec's own path)."""
+    j = open_journal(tmp_path, clock)
+    want = []
+    for batch in range(3):
+        for i in range(200):
+            item = QItem(T + i, (T + 10 * i) if i % 3 else 0, bytes([i & 0xFF]) * (i * 37 % 3000))
+            j.record_add(item)
+            want.append(encode_add(item))
+            if i % 4 == 0:
+                j.record_remove(item)
+                want.append(b"\x01")
+        odd = QItem(True, 2 ** 62, bytearray(b"odd"))      # a bool, a bytearray: the codec's path
+        j.record_add(odd)
+        want.append(encode_add(QItem(1, 2 ** 62, b"odd")))
+        assert j.logsize == sum(map(len, want))
+        j.flush()
+        assert (tmp_path / "q").read_bytes() == b"".join(want)
+    j.close()
+
+
 # ---------------------------------------------------------------- reader
 
 def test_reader_decodes_every_opcode(tmp_path):

@@ -304,11 +304,16 @@ class Journal(JournalBase, JournalCompaction, JournalReadBehind, JournalWriteBeh
         mark = self._origin + len(p)
         if mark + n + 21 >= self.check_at:       # 21: the ADDX head
             self.check_due = True
-        head = pack_addx(2, n + 16, item.add_time, item.expiry)
-        if n >= BIG_RECORD and self._add_behind(item, head):
-            return mark
-        p += head
-        p += data
+        add_time, expiry = item.add_time, item.expiry
+        if COMPILED and n < BIG_RECORD and type(data) is bytes and type(add_time) is int and \
+                type(expiry) is int:
+            _c_put_addx(p, data, add_time, expiry)      # (in place, journal.pxd)
+        else:
+            head = pack_addx(2, n + 16, add_time, expiry)
+            if n >= BIG_RECORD and self._add_behind(item, head):
+                return mark
+            p += head
+            p += data
         if len(p) > AUTOFLUSH:
             self._autoflush()
         return mark
@@ -323,7 +328,10 @@ class Journal(JournalBase, JournalCompaction, JournalReadBehind, JournalWriteBeh
         mark = self._origin + len(p)
         if mark >= self.check_at - 1:
             self.check_due = True
-        p.append(1)
+        if COMPILED:
+            _c_grow(p, 1)[0] = 1                # (REMOVE: one byte; journal.pxd)
+        else:
+            p.append(1)
         return mark
 
     def record_open(self, item: QItem, xid: int) -> int:
