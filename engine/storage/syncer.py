@@ -123,7 +123,8 @@ class Syncer:
         self._held_until = 0
         self._held_timer = 0
         self._gathered = 0
-        self._missed = False            # the last gather timed out with no reply joined
+        self._skip = 0                  # gathers to skip (a backoff after ones that missed)
+        self._backoff = 0               # ... the last such skip: doubled by a miss, 0 by a catch
         self._sync_started = 0.0
         self.last_sync_s = 0.0
 
@@ -141,8 +142,11 @@ class Syncer:
             self._notify()
         for m in media:
             self._ask(m, r)
-        if self._held is not None and self._held in media:
-            self._joined(len(replies))
+        if self._held is not None:
+            if self._held in media:
+                self._joined(len(replies))
+            else:                       # the clients went to other files: nothing to gather
+                self._release(disarm=True, missed=True)
         self._submit()
         return r
 
@@ -271,8 +275,7 @@ class Syncer:
             job = self._inflight.pop(token, None)
             if job is None:                 # the gather's timer (or its removal's completion)
                 if token == self._held_timer and self._held is not None:
-                    self._missed = not self._gathered
-                    self._release()
+                    self._release(missed=not self._gathered)
                 continue
             medium, rounds, mtoken = job
             if not self._inflight:
@@ -428,33 +431,31 @@ class Syncer:
     # -- the gather (io_uring engine) --------------------------------------------------------------
     def _gather(self, medium, rounds: list, waiting: list) -> bool:
         """`medium`'s fsync just returned for `rounds`, and `waiting` rounds (perhaps none) wait
-        for the next one.  If the returned rounds' clients (their replies leave now) are about to
-        send again, hold that next fsync (with no round waiting: the next that comes) until as
-        many replies have joined `waiting` as just left, or for a bounded
-        moment (GATHER_SHARE of the last fdatasync, at most GATHER_MAX_S), whichever comes
-        first: one fdatasync then carries both halves of the clients, where without it they
-        alternate, each half waiting for the other's fdatasync and then its own (issue 8, P5: 10
-        closed-loop clients, 5 items per fdatasync; perf/fsync_ceiling.c with a gather: 10, at
-        the same disk's 1.3-1.7x the rate).  Like MySQL's binlog_group_commit_sync_delay with
-        its no_delay_count, but the count is what just left and the delay follows the disk.
-        Only when this is the one fsync under way (one busy queue: files of their own gain
-        nothing, each round fsyncs each), never when no reply just left (one client: nobody is
-        about to send, so it never waits), and not right after a gather that timed out with
-        nobody joining (clients that do not come back at once).  With no round waiting, the
-        first client back would start an fsync of its own, the others behind it, so the rounds
-        alternate again: then the medium stays busy until they came, if two or more are about
-        to send (one client never waits for itself).  True if held; `_joined` or the timer
-        (`poll`) releases it."""
+        for the next one.  If the clients it answered (their replies leave now) are about to
+        send again, hold that next fsync until as many replies joined as just left, or for a
+        bounded moment (GATHER_SHARE of the last fdatasync, at most GATHER_MAX_S), whichever
+        comes first.  Without it, 10 closed-loop clients on one queue split into two halves that
+        alternate, each waiting for the other's fdatasync and then its own: 5 items per
+        fdatasync; with it one carries all 10, and the per-fdatasync CPU (the kernel's io-wq,
+        the enter, the loop's wake-up) is paid half as often (issue 8, P5).  With no round
+        waiting the medium is held as well (the first client back would otherwise start an
+        fsync alone, and the halves would form again).  Like MySQL's
+        binlog_group_commit_sync_delay with its no_delay_count, but the count is what just left
+        and the delay follows the disk.  Never when no reply just left, nor for a lone client
+        (nobody else to wait for: it never waits); only when this fsync was the only one under
+        way (one busy file); and after gathers that caught nobody, the next ones are skipped
+        (`_release`).  True if held: `_joined`, the timer (`poll`), a round of other files
+        (`start`) or an inline fsync (`wait_idle`) releases it."""
         if self._inflight or self._jobs or self._held is not None or self.uring is None:
-            return False
-        if self._missed:
-            self._missed = False
             return False
         released = 0
         for r in rounds:
             if r is not None and not r.remaining:
                 released += len(r.replies)
         if released < (1 if waiting else 2):
+            return False
+        if self._skip:
+            self._skip -= 1
             return False
         delay = min(GATHER_MAX_S, GATHER_SHARE * self.last_sync_s)
         if delay < GATHER_MIN_S:
@@ -474,9 +475,17 @@ class Syncer:
             self._release(disarm=True)
             self._submit()
 
-    def _release(self, disarm: bool = False) -> None:
+    def _release(self, disarm: bool = False, missed: bool = False) -> None:
         """Issue the held fsync for every round that waits for it (`_submit` sends it);
-        `disarm`: its timer has not fired, and is removed with that submission."""
+        `disarm`: its timer has not fired, and is removed with that submission.  `missed`: the
+        gather caught nobody, so the next ones are skipped, twice as many after each miss in a
+        row (up to 64): clients that do not come back at once, or that write other files (one
+        queue each), pay its timer rarely."""
+        if missed:
+            self._backoff = min(2 * self._backoff or 1, 64)
+            self._skip = self._backoff
+        else:
+            self._backoff = 0
         medium, self._held = self._held, None
         if disarm:
             self.uring.disarm(self._held_timer)

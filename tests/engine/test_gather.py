@@ -216,3 +216,32 @@ def test_the_real_kernels_timer_releases_a_gather(tmp_path, monkeypatch):
         os.close(fd)
         os.close(r)
         os.close(w)
+
+
+def test_clients_that_write_other_files_release_the_gather_and_back_off(gather):
+    """One queue per client (-Q 10): a round of another file sends the held fsync at once, and
+    gathers that catch nobody are skipped more and more (1, 2, 4 ... rounds), so such clients
+    pay the timer rarely."""
+    s, k = gather
+    a, b = KernelMedium(10), KernelMedium(11)
+    skipped = []
+    for n in range(4):
+        first = s.start([a], ["r1", "r2"])
+        a.written += 1
+        s.start([a], ["w"])
+        armed = len(k.armed)
+        assert returned(s, k) == [first]
+        if len(k.armed) == armed:               # skipped: the fsync went at once
+            skipped.append(n)
+        else:
+            b.written += 1
+            other = s.start([b], ["elsewhere"])  # releases the held fsync of a at once
+            assert "held" not in s.state()
+            assert returned(s, k, 11) == [] and other.remaining == 0
+        while s.rounds:
+            k.complete(10)
+            s.poll()
+            s.done_prefix()
+        a.written += 1
+    assert skipped == [1, 3]                    # a miss at 0: one skipped; a miss at 2: two
+    assert s._skip == 1                         # (the second of those two still to come)
