@@ -122,7 +122,7 @@ class Uring:
         error = None
         while done < n:
             batch = min(n - done, self._sq_entries - 1)
-            entries = [(_OP_FSYNC, _IO_DRAIN if after else 0, fd, 0, 0, _FSYNC_DATASYNC if datasync else 0, token)
+            entries = [(_OP_FSYNC, _IO_DRAIN if after else 0, fd, 0, 0, 0, _FSYNC_DATASYNC if datasync else 0, token)
                        for token, fd, datasync, after in jobs[done:done + batch]]
             got, error = self._enter(entries)
             done += got
@@ -137,7 +137,7 @@ class Uring:
         steps, an fdatasync here takes a few hundred microseconds).  The error if refused."""
         ns = int(seconds * 1e9)
         self._timespec[0], self._timespec[1] = ns // 1_000_000_000, ns % 1_000_000_000
-        got, error = self._enter([(_OP_TIMEOUT, 0, -1, 0, ctypes.addressof(self._timespec), 0, token)], size=1)
+        got, error = self._enter([(_OP_TIMEOUT, 0, -1, 0, ctypes.addressof(self._timespec), 1, 0, token)])
         self.inflight += got
         return error
 
@@ -146,20 +146,20 @@ class Uring:
         removal's, and the timer's own, -ECANCELED, or -ETIME and -ENOENT if it had fired)."""
         self._disarm = token
 
-    def _enter(self, entries: list, size: int = 0) -> tuple[int, OSError | None]:
-        """Put `entries` ((opcode, flags, fd, off, addr, op flags, token) each; `size`: the len
-        field) in the submission ring, with the pending `disarm`, and enter them; how many of
-        `entries` the kernel took (all or none), and the error if none."""
+    def _enter(self, entries: list) -> tuple[int, OSError | None]:
+        """Put `entries` ((opcode, flags, fd, off, addr, len, op flags, token) each) in the
+        submission ring, with the pending `disarm`, and enter them; how many of `entries` the
+        kernel took (all or none), and the error if none."""
         sq, sqes, mask = self._sq, self._sqes, self._sq_mask
         extra = self._disarm
         if extra is not None:
-            entries = entries + [(_OP_TIMEOUT_REMOVE, 0, -1, 0, extra, 0, 0)]
+            entries = entries + [(_OP_TIMEOUT_REMOVE, 0, -1, 0, extra, 0, 0, 0)]
         count = len(entries)
         while True:
             tail = _U32.unpack_from(sq, self._sq_tail)[0]
-            for k, (op, flags, fd, off, addr, opflags, token) in enumerate(entries):
+            for k, (op, flags, fd, off, addr, length, opflags, token) in enumerate(entries):
                 i = (tail + k) & mask
-                _SQE.pack_into(sqes, i * _SQE.size, op, flags, 0, fd, off, addr, size, opflags, token)
+                _SQE.pack_into(sqes, i * _SQE.size, op, flags, 0, fd, off, addr, length, opflags, token)
                 _U32.pack_into(sq, self._sq_array + i * 4, i)
             _U32.pack_into(sq, self._sq_tail, (tail + count) & 0xFFFFFFFF)
             got = self._syscall(_ENTER, self._ring_fd, ctypes.c_uint(count), 0, 0, None, 0)

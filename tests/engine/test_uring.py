@@ -127,3 +127,15 @@ def test_a_timer_completes_through_the_eventfd_and_a_disarm_goes_with_the_next_s
         assert sorted(got) == [(0, 0), (8, errno.ECANCELED), (9, 0)]
     finally:
         os.close(fd)
+
+
+def test_a_disarm_can_go_with_the_next_timer(ring):
+    """A disarm with no fsync after it rides the next `arm`'s enter, and is removed properly."""
+    assert ring.arm(5, 30.0) is None
+    ring.disarm(5)
+    assert ring.arm(6, 0.0005) is None
+    got = []
+    while ring.inflight:
+        assert select.select([ring.fd], [], [], 10)[0] or ring.ready()
+        got += ring.reap()
+    assert sorted(got) == [(0, 0), (5, errno.ECANCELED), (6, errno.ETIME)]
