@@ -11,7 +11,7 @@ import pytest
 
 from lanner.storage import syncer as S
 from lanner.storage.syncer import Syncer
-from tests.engine.test_syncer import FakeUring, KernelMedium
+from tests.engine.test_syncer import FakeUring, KernelMedium, ring_syncer
 
 
 class TimerUring(FakeUring):
@@ -50,14 +50,8 @@ class TimerUring(FakeUring):
 @pytest.fixture
 def gather(monkeypatch):
     monkeypatch.setattr(S, "GATHER_MIN_S", 0.0)     # the fake's fsyncs take microseconds
-    r, w = os.pipe()
-    fake = TimerUring()
-    s = Syncer(w, uring=fake)
-    s.notify_r = r
-    yield s, fake
-    s.close()
-    os.close(r)
-    os.close(w)
+    with ring_syncer(TimerUring()) as both:
+        yield both
 
 
 def returned(s, k, fd=10):
@@ -65,6 +59,17 @@ def returned(s, k, fd=10):
     k.complete(fd)
     s.poll()
     return s.done_prefix()
+
+
+def held(s, k):
+    """Two replies answered by the first fsync of a medium (fd 10), a round waiting behind it,
+    whose fsync is now held for them: (medium, that round)."""
+    a = KernelMedium(10)
+    first = s.start([a], ["r1", "r2"])
+    a.written = 2
+    second = s.start([a], ["w"])
+    assert returned(s, k) == [first] and len(k.fsyncs(10)) == 1 and "held" in s.state()
+    return a, second
 
 
 def test_the_next_fsync_waits_until_as_many_replies_joined_as_the_last_one_answered(gather):
@@ -95,11 +100,7 @@ def test_the_timer_sends_the_held_fsync_when_the_clients_do_not_come(gather):
     the round that waited; the next time the gather is skipped once (clients that do not come
     back at once must not pay the wait every round)."""
     s, k = gather
-    a = KernelMedium(10)
-    first = s.start([a], ["r1", "r2"])
-    a.written = 2
-    second = s.start([a], ["w"])
-    assert returned(s, k) == [first] and len(k.fsyncs(10)) == 1
+    a, second = held(s, k)
     k.fire()
     assert select.select([s.fd], [], [], 0)[0] and s.ready()
     s.poll()
@@ -155,11 +156,7 @@ def test_a_gather_nobody_joined_leaves_the_medium_idle(gather):
 
 def test_a_failed_fsync_after_a_gather_fails_every_round_it_carried(gather):
     s, k = gather
-    a = KernelMedium(10)
-    first = s.start([a], ["r1", "r2"])
-    a.written = 2
-    second = s.start([a], ["w"])
-    assert returned(s, k) == [first] and len(k.armed) == 1
+    a, second = held(s, k)
     a.written = 3
     third = s.start([a], ["r1 again"])          # a round of its own, behind the held fsync
     a.written = 4
@@ -177,11 +174,7 @@ def test_an_inline_fsync_of_the_held_medium_sends_the_held_fsync_first(gather):
     """`exclusive` (a rotation's fsync) waits for the medium's fsyncs: a held one is sent and
     waited for, never skipped, and the owner's fsync runs after it."""
     s, k = gather
-    a = KernelMedium(10)
-    first = s.start([a], ["r1", "r2"])
-    a.written = 2
-    second = s.start([a], ["w"])
-    assert returned(s, k) == [first] and len(k.fsyncs(10)) == 1
+    a, second = held(s, k)
     order = []
     s.exclusive(a, lambda: order.append(len(k.fsyncs(10))))
     assert order == [2]                         # after the held fsync was sent (and reaped)
