@@ -443,7 +443,7 @@ class Syncer:
         binlog_group_commit_sync_delay with its no_delay_count, but the count is what just left
         and the delay follows the disk.  Never when no reply just left, nor for a lone client
         (nobody else to wait for: it never waits); only when this fsync was the only one under
-        way (one busy file); and after gathers that caught nobody, the next ones are skipped
+        way and its rounds wrote this file alone (one busy file); and after gathers that caught nobody, the next ones are skipped
         (`_release`).  True if held: `_joined`, the timer (`poll`), a round of other files
         (`start`) or an inline fsync (`wait_idle`) releases it."""
         if self._inflight or self._jobs or self._held is not None or self.uring is None:
@@ -451,6 +451,8 @@ class Syncer:
         released = 0
         for r in rounds:
             if r is not None and not r.remaining:
+                if len(r.media) > 1:    # its clients wrote other files too (a queue each)
+                    return False
                 released += len(r.replies)
         if released < (1 if waiting else 2):
             return False

@@ -238,3 +238,15 @@ def test_clients_that_write_other_files_release_the_gather_and_back_off(gather):
         a.written += 1
     assert skipped == [1, 3]                    # a miss at 0: one skipped; a miss at 2: two
     assert s._skip == 1                         # (the second of those two still to come)
+
+
+def test_rounds_that_wrote_other_files_too_are_not_gathered_for(gather):
+    s, k = gather
+    a, b = KernelMedium(10), KernelMedium(11)
+    first = s.start([a, b], ["r1", "r2"])
+    a.written = 2
+    second = s.start([a], ["w"])
+    k.complete(11)
+    assert returned(s, k) == [first]
+    assert k.armed == [] and len(k.fsyncs(10)) == 2      # the next fsync went at once
+    assert returned(s, k) == [second]
