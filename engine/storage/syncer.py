@@ -241,10 +241,11 @@ class Syncer:
         """Block until no fsync of `medium` is under way (the owner's thread)."""
         if medium not in self._busy:    # only the owner makes a medium busy
             return
-        if self._held is medium:        # its fsync goes now
-            self._release(disarm=True)
-            self._submit()
         while medium in self._busy:
+            if self._held is medium:    # its fsync goes now (each time a reap here gathers again)
+                self._release(disarm=True)
+                self._submit()
+                continue
             if self.uring is None:      # thread engine: the fsync threads finish the medium
                 with self._idle:
                     while medium in self._busy:
@@ -326,6 +327,7 @@ class Syncer:
         for t in self._threads:
             t.join()
         self._threads = []
+        self.gather = False             # (a reap below must not hold an fsync again)
         if self.uring is not None:
             if self._held is not None:
                 self._release(disarm=True)

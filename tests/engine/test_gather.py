@@ -250,3 +250,25 @@ def test_rounds_that_wrote_other_files_too_are_not_gathered_for(gather):
     assert returned(s, k) == [first]
     assert k.armed == [] and len(k.fsyncs(10)) == 2      # the next fsync went at once
     assert returned(s, k) == [second]
+
+
+def test_an_inline_fsync_never_leaves_a_gather_held_behind_it(gather):
+    """The held fsync that `exclusive` sends returns with two replies again: the gather must
+    not hold the medium once more (the inline fsync would run over it and drop the rounds that
+    wait, whose replies would then never leave)."""
+    s, k = gather
+    a, second = held(s, k)
+    a.written = 3
+    third = s.start([a], ["r1 again"])          # behind the held fsync, and not enough to end it
+    assert len(k.fsyncs(10)) == 1
+    real = k.submit
+
+    def complete_at_once(jobs):                 # the kernel returns every fsync at once
+        n, e = real(jobs)
+        for token, fd, *_ in jobs[:n]:
+            k.complete(fd)
+        return n, e
+    k.submit = complete_at_once
+    s.exclusive(a, lambda: None)
+    assert "held" not in s.state() and a.synced == 3
+    assert s.done_prefix() == [second, third]
