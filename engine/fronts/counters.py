@@ -33,7 +33,8 @@ def forget_dead(slot) -> None:
 GLOBAL_STAT_ORDER = ("uptime", "time", "version", "curr_items", "total_items", "bytes",
                      "reserved_memory_ratio", "curr_connections", "total_connections", "cmd_get",
                      "cmd_set", "cmd_peek", "get_hits", "get_misses", "bytes_read", "bytes_written",
-                     "queue_creates", "queue_deletes", "queue_expires", "routed_requests", "handoffs")
+                     "queue_creates", "queue_deletes", "queue_expires", "routed_requests", "handoffs",
+                     "fsyncs")
 
 
 def global_stats(counters, started_at: float, now: float,
@@ -65,5 +66,6 @@ def global_stats(counters, started_at: float, now: float,
         "queue_expires": wsum("queue_expires"),
         "routed_requests": counters.total(C_ROUTED),
         "handoffs": counters.total(C_HANDOFFS),
+        "fsyncs": wsum("fsyncs"),          # the workers' group-commit fsyncs (server/peers.py)
     }
     return [(k, str(vals[k])) for k in GLOBAL_STAT_ORDER]

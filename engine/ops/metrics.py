@@ -44,7 +44,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 GLOBAL_COUNTERS = frozenset(("total_items", "total_connections", "cmd_get", "cmd_set", "cmd_peek",
                              "get_hits", "get_misses", "bytes_read", "bytes_written",
-                             "queue_creates", "queue_deletes", "queue_expires"))
+                             "queue_creates", "queue_deletes", "queue_expires", "fsyncs"))
 QUEUE_COUNTERS = frozenset(("total_items", "expired_items", "discarded", "transactions",
                             "canceled_transactions", "total_flushes", "journal_rewrites",
                             "journal_rotations"))

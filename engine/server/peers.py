@@ -40,7 +40,14 @@ class PeerOps:
     def stats_payload(self, names) -> bytes:
         """The whole answer at once (statsjob.py slices the large ones)."""
         out_queues = [(name, self.stats_of(name)) for name in self.stats_names(names)]
-        return msgpack.packb({"global": self.coll.stats(), "queues": out_queues})
+        return msgpack.packb({"global": self.global_figures(), "queues": out_queues})
+
+    def global_figures(self) -> dict:
+        """This worker's part of the global stats: its queues', and the fsyncs its group commit
+        issued (items per fsync under sync "always" = cmd_set / fsyncs, issue 8)."""
+        figures = self.coll.stats()
+        figures["fsyncs"] = self.syncer.fsyncs
+        return figures
 
     def config_payload(self) -> bytes:
         entries = [(name, config_items(self.coll.queue(name, create=False).config))

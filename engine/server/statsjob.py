@@ -68,7 +68,7 @@ def _step(worker, job: StatsJob) -> None:
         return
     worker.stats_jobs.discard(job)
     p = msgpack.Packer()
-    head = (p.pack_map_header(2) + p.pack("global") + p.pack(worker.coll.stats())
+    head = (p.pack_map_header(2) + p.pack("global") + p.pack(worker.global_figures())
             + p.pack("queues") + p.pack_array_header(len(job.packed)))
     worker.reply(job.src, job.conn, job.req, R_DATA, 0, 0, head + b"".join(job.packed))
     worker.schedule_turn()          # the reply leaves with this turn's batch

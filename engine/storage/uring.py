@@ -41,6 +41,7 @@ _SQ_CQ_OVERFLOW = 2                             # IORING_SQ_CQ_OVERFLOW, in the 
 _FEAT_SINGLE_MMAP = 1
 _OFF_SQ_RING, _OFF_CQ_RING, _OFF_SQES = 0, 0x8000000, 0x10000000
 _OP_FSYNC, _FSYNC_DATASYNC = 3, 1
+_OP_TIMEOUT, _OP_TIMEOUT_REMOVE = 11, 12
 _IO_DRAIN = 2                                   # IOSQE_IO_DRAIN
 _SQE = struct.Struct("=BBHiQQIIQ24x")           # opcode flags ioprio fd off addr len fsync_flags user_data
 _CQE = struct.Struct("=QiI")                    # user_data res flags
@@ -64,6 +65,8 @@ class Uring:
         self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._ring_fd = -1
         self.inflight = 0
+        self._timespec = (ctypes.c_int64 * 2)()     # `arm`'s delay, read by the kernel in enter
+        self._disarm: int | None = None             # a timer to remove with the next submission
 
     def open(self) -> bool:
         """Make the ring (once); False, logged, if the kernel refuses: the caller uses threads."""
@@ -112,42 +115,76 @@ class Uring:
         """fsync each (token, fd, datasync, after) of `jobs`: fdatasync if `datasync`; if `after`,
         only once every fsync submitted before it has completed (IOSQE_IO_DRAIN: the kernel starts
         it the moment the one under way returns).  Returns how many, from the first, the kernel
-        took, and the error that stopped the rest."""
+        took, and the error that stopped the rest.  A timer `disarm` asked for goes in the same
+        enter (no syscall of its own)."""
         n = min(len(jobs), EVENTS - self.inflight)     # the rest wait for a free slot
-        sq, sqes, mask = self._sq, self._sqes, self._sq_mask
         done = 0
         error = None
         while done < n:
-            batch = min(n - done, self._sq_entries)
-            tail = _U32.unpack_from(sq, self._sq_tail)[0]
-            for k in range(batch):
-                token, fd, datasync, after = jobs[done + k]
-                i = (tail + k) & mask
-                _SQE.pack_into(sqes, i * _SQE.size, _OP_FSYNC, _IO_DRAIN if after else 0, 0, fd, 0, 0, 0,
-                               _FSYNC_DATASYNC if datasync else 0, token)
-                _U32.pack_into(sq, self._sq_array + i * 4, i)
-            _U32.pack_into(sq, self._sq_tail, (tail + batch) & 0xFFFFFFFF)
-            got = self._syscall(_ENTER, self._ring_fd, ctypes.c_uint(batch), 0, 0, None, 0)
-            if got < 0:
-                e = ctypes.get_errno()
-                # the kernel took none of them: take them back (it reads the tail only in enter)
-                _U32.pack_into(sq, self._sq_tail, tail)
-                if e == errno.EINTR:
-                    continue
-                if e == errno.EBUSY and self._overflowed():
-                    # (kernels before 5.19 refuse submissions while completions wait on the
-                    # overflow list: move them into the ring, which has room for every fsync
-                    # under way, and submit again; `reap` takes them)
-                    self._enter_getevents(0)
-                    if not self._overflowed():
-                        continue
-                error = OSError(e, f"io_uring_enter: {os.strerror(e)}")
-                break
+            batch = min(n - done, self._sq_entries - 1)
+            entries = [(_OP_FSYNC, _IO_DRAIN if after else 0, fd, 0, 0, 0, _FSYNC_DATASYNC if datasync else 0, token)
+                       for token, fd, datasync, after in jobs[done:done + batch]]
+            got, error = self._enter(entries)
             done += got
-            if got < batch:             # (cannot happen without SQPOLL: enter takes all it is given)
-                _U32.pack_into(sq, self._sq_tail, (tail + got) & 0xFFFFFFFF)
+            if error is not None:
+                break
         self.inflight += done
         return done, error
+
+    def arm(self, token: int, seconds: float) -> OSError | None:
+        """A timer: a completion of `token` (its result -ETIME) `seconds` from now, through the
+        eventfd like an fsync's (the gather of syncer.py; the loop's own timers have millisecond
+        steps, an fdatasync here takes a few hundred microseconds).  The error if refused."""
+        ns = int(seconds * 1e9)
+        self._timespec[0], self._timespec[1] = ns // 1_000_000_000, ns % 1_000_000_000
+        got, error = self._enter([(_OP_TIMEOUT, 0, -1, 0, ctypes.addressof(self._timespec), 1, 0, token)])
+        self.inflight += got
+        return error
+
+    def disarm(self, token: int) -> None:
+        """Remove the timer `token` with the next submission: two completions come of it (the
+        removal's, and the timer's own, -ECANCELED, or -ETIME and -ENOENT if it had fired)."""
+        self._disarm = token
+
+    def _enter(self, entries: list) -> tuple[int, OSError | None]:
+        """Put `entries` ((opcode, flags, fd, off, addr, len, op flags, token) each) in the
+        submission ring, with the pending `disarm`, and enter them; how many of `entries` the
+        kernel took (all or none), and the error if none."""
+        sq, sqes, mask = self._sq, self._sqes, self._sq_mask
+        extra = self._disarm
+        if extra is not None:
+            entries = entries + [(_OP_TIMEOUT_REMOVE, 0, -1, 0, extra, 0, 0, 0)]
+        count = len(entries)
+        while True:
+            tail = _U32.unpack_from(sq, self._sq_tail)[0]
+            for k, (op, flags, fd, off, addr, length, opflags, token) in enumerate(entries):
+                i = (tail + k) & mask
+                _SQE.pack_into(sqes, i * _SQE.size, op, flags, 0, fd, off, addr, length, opflags, token)
+                _U32.pack_into(sq, self._sq_array + i * 4, i)
+            _U32.pack_into(sq, self._sq_tail, (tail + count) & 0xFFFFFFFF)
+            got = self._syscall(_ENTER, self._ring_fd, ctypes.c_uint(count), 0, 0, None, 0)
+            if got >= 0:
+                break
+            e = ctypes.get_errno()
+            # the kernel took none of them: take them back (it reads the tail only in enter)
+            _U32.pack_into(sq, self._sq_tail, tail)
+            if e == errno.EINTR:
+                continue
+            if e == errno.EBUSY and self._overflowed():
+                # (kernels before 5.19 refuse submissions while completions wait on the
+                # overflow list: move them into the ring, which has room for every fsync
+                # under way, and submit again; `reap` takes them)
+                self._enter_getevents(0)
+                if not self._overflowed():
+                    continue
+            return 0, OSError(e, f"io_uring_enter: {os.strerror(e)}")
+        if got < count:             # (cannot happen without SQPOLL: enter takes all it is given)
+            _U32.pack_into(sq, self._sq_tail, (tail + got) & 0xFFFFFFFF)
+        if extra is not None and got == count:
+            self._disarm = None
+            self.inflight += 1      # (the removal's completion; the timer's own was counted by `arm`)
+            got -= 1
+        return min(got, len(entries) - (extra is not None)), None
 
     def ready(self) -> bool:
         """A completion waits to be reaped (no syscall), in the ring or held back by the kernel."""

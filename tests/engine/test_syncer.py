@@ -4,6 +4,7 @@ import os
 import select
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -231,29 +232,31 @@ class KernelMedium:
         return None
 
 
+@contextmanager
+def ring_syncer(fake, **kw):
+    """A Syncer on the io_uring engine with `fake` for its ring: (syncer, fake)."""
+    r, w = os.pipe()
+    s = Syncer(w, uring=fake, **kw)
+    s.notify_r = r
+    try:
+        yield s, fake
+    finally:
+        s.close()
+        os.close(r)
+        os.close(w)
+
+
 @pytest.fixture
 def uring_syncer():
-    r, w = os.pipe()
-    fake = FakeUring()
-    s = Syncer(w, uring=fake)
-    s.notify_r = r
-    yield s, fake
-    s.close()
-    os.close(r)
-    os.close(w)
+    with ring_syncer(FakeUring()) as both:
+        yield both
 
 
 @pytest.fixture
 def follow_on_syncer():
     """A uring syncer with the drained follow-on on (syncer.py: off by default)."""
-    r, w = os.pipe()
-    fake = FakeUring()
-    s = Syncer(w, uring=fake, follow_on=True)
-    s.notify_r = r
-    yield s, fake
-    s.close()
-    os.close(r)
-    os.close(w)
+    with ring_syncer(FakeUring(), follow_on=True) as both:
+        yield both
 
 
 def test_uring_rounds_finish_in_the_order_they_started(uring_syncer):

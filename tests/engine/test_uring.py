@@ -3,6 +3,7 @@ in the completion ring wait on its overflow list, and `reap` must still take eve
 import ctypes
 import errno
 import os
+import select
 
 import pytest
 
@@ -105,3 +106,36 @@ def overflowed(u) -> bool:
     """The kernel's own flag (IORING_SQ_CQ_OVERFLOW), read here so the test does not trust the
     code it checks."""
     return bool(U._U32.unpack_from(u._sq, u._sq_flags)[0] & 2)
+
+
+def test_a_timer_completes_through_the_eventfd_and_a_disarm_goes_with_the_next_submission(ring, tmp_path):
+    """The gather's timer (syncer.py): its completion (-ETIME) comes like an fsync's, eventfd
+    and all; one disarmed before it fires is removed in the enter of the next fsync, no syscall
+    of its own, and both of its completions come (the timer's -ECANCELED, the removal's)."""
+    assert ring.arm(7, 0.0005) is None
+    assert select.select([ring.fd], [], [], 10)[0]
+    assert ring.reap() == [(7, errno.ETIME)] and ring.inflight == 0
+    assert ring.arm(8, 30.0) is None
+    ring.disarm(8)
+    fd = os.open(tmp_path / "f", os.O_CREAT | os.O_WRONLY)
+    try:
+        assert ring.submit([(9, fd, True, False)]) == (1, None)
+        got = []
+        while ring.inflight:
+            assert wait_for(ring.ready, timeout=30)
+            got += ring.reap()
+        assert sorted(got) == [(0, 0), (8, errno.ECANCELED), (9, 0)]
+    finally:
+        os.close(fd)
+
+
+def test_a_disarm_can_go_with_the_next_timer(ring):
+    """A disarm with no fsync after it rides the next `arm`'s enter, and is removed properly."""
+    assert ring.arm(5, 30.0) is None
+    ring.disarm(5)
+    assert ring.arm(6, 0.0005) is None
+    got = []
+    while ring.inflight:
+        assert select.select([ring.fd], [], [], 10)[0] or ring.ready()
+        got += ring.reap()
+    assert sorted(got) == [(0, 0), (5, errno.ECANCELED), (6, errno.ETIME)]

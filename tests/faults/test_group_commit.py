@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from tests.faults.load import Load, verify
+from tests.faults.load import Conn, Load, verify
 from tests.faults.test_front_restart import pid_named, wait_for
 from tests.faults.test_kill_roles import progress
 from tests.helpers import start_server
@@ -41,3 +41,24 @@ def test_kill_9_right_after_acks_loses_nothing_acknowledged(tmp_path, storage, n
     finally:
         load.stopping.set()
         h.stop()
+
+
+def test_stats_count_the_fsyncs_of_the_group_commit(tmp_path):
+    """`stats` fsyncs: the fdatasyncs the workers' group commits issued, what a user divides
+    cmd_set by for the items one carried under sync "always" (0 under "never")."""
+    for policy, config in (("always", CONFIGS["journal"]), ("never", '[default]\nsync_journal = "never"\n')):
+        (tmp_path / policy).mkdir()
+        h = start_server(tmp_path / policy, workers=1, config=config)
+        load = Load(h.memcache_port, [b"gc0"], writers=10, tag=policy).start()
+        try:
+            progress(load, 300)
+            load.stop()
+            c = Conn(h.memcache_port)
+            lines = c.ask(b"stats\r\n", b"END\r\n").decode().splitlines()
+            stats = dict(ln.split(" ")[1:3] for ln in lines if ln.startswith("STAT "))
+            sets, fsyncs = int(stats["cmd_set"]), int(stats["fsyncs"])
+            assert sets >= 300
+            assert (0 < fsyncs <= sets) if policy == "always" else fsyncs == 0
+        finally:
+            load.stopping.set()
+            h.stop()
