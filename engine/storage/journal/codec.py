@@ -166,11 +166,12 @@ class Cursor:
 
     `limit` (a file offset) keeps it from reading bytes the writer has not
     finished: a cursor never buffers past it, so a torn write that was later
-    truncated can never be decoded."""
+    truncated can never be decoded.  `chunk` is the pread size (CHUNK; the packer's child
+    reads smaller ones, packer.PACK_CHUNK)."""
 
-    __slots__ = ("path", "name", "fd", "pos", "buf", "base", "items")
+    __slots__ = ("path", "name", "fd", "pos", "buf", "base", "items", "chunk")
 
-    def __init__(self, path: str, name: str, pos: int = 0, items: bool = True) -> None:
+    def __init__(self, path: str, name: str, pos: int = 0, items: bool = True, chunk: int = CHUNK) -> None:
         self.path = path
         self.name = name
         self.fd = os.open(path, os.O_RDONLY)
@@ -178,6 +179,7 @@ class Cursor:
         self.base = pos
         self.buf = b""
         self.items = items
+        self.chunk = chunk
 
     def read(self, now_ms: int, limit: int = -1):
         """The next record as (opcode, item, xid, end-in-buffer), or None at a
@@ -199,7 +201,7 @@ class Cursor:
                     if r is not None:
                         return r
             at = self.base + n
-            want = max(CHUNK, 2 * (n - i))
+            want = max(self.chunk, 2 * (n - i))
             if limit >= 0:
                 want = min(want, limit - at)
             more = os.pread(self.fd, want, at) if want > 0 else b""
