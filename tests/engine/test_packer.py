@@ -136,7 +136,7 @@ def test_empty_input_packs_to_an_empty_file(tmp_path):
 
 
 def test_progress_is_monotonic_and_complete(tmp_path, monkeypatch):
-    monkeypatch.setattr(P, "PACK_CHUNK", 1000)
+    monkeypatch.setattr(P, "CHUNK", 1000)
     write(tmp_path / "a", *[addx(b"x" * 100)] * 200)
     seen = []
     pack_files([str(tmp_path / "a")], str(tmp_path / "out"), progress=lambda d, t: seen.append((d, t)), now_ms=T)
@@ -286,8 +286,8 @@ def test_packing_200_mb_stays_under_64_mib_rss(tmp_path):
 def test_a_packs_buffers_stay_under_one_mib(tmp_path):
     """A pack runs in a child the cleaner forks while the worker holds `max_memory_size` of
     items: whatever the pack allocates adds to the server's peak (issue 8, `perf memory`), so
-    its read and write buffers are PACK_CHUNK, not the 1 MiB chunks (and the 3 MiB while one is
-    joined to the next) a replay reads.  8 MiB of 1 KiB items in, half of them read."""
+    its read and write buffers are codec.CHUNK, 256 KiB (with 1 MiB chunks it allocated 3.2 MiB
+    at once: one chunk joined to the next).  8 MiB of 1 KiB items in, half of them read."""
     import tracemalloc
     records = []
     for i in range(8192):

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from lanner.clock import SYSTEM_CLOCK
-from lanner.storage.journal.codec import Cursor, JournalCorrupt, decode, encode_add, encode_open, pack_addx
+from lanner.storage.journal.codec import CHUNK, Cursor, JournalCorrupt, decode, encode_add, encode_open, pack_addx
 from lanner.storage.journal.files import unlink_quietly, write_all
 
 log = logging.getLogger(__name__)
@@ -46,12 +46,6 @@ log = logging.getLogger(__name__)
 _OFF_BITS = 48
 _OFF_MASK = (1 << _OFF_BITS) - 1
 _FIFO_BLOCK = 8192            # locations per spill write / read
-# Read and write size of a pack.  A pack runs in a child the cleaner forks, while the worker holds
-# `max_memory_size` of items: its buffers (a Cursor's chunk and the one it is joined to, the item
-# reader's chunk, the output) are the peak's last megabytes (issue 8, `perf memory`: the child's
-# private memory 7.7 -> 3.9 MB at 1 MiB -> 256 KiB).  A pread or write of 256 KiB still costs
-# far less than copying it.
-PACK_CHUNK = 256 << 10
 
 
 @dataclass(slots=True)
@@ -140,7 +134,7 @@ class _ItemReader:
             r = decode(buf, off - self._base, len(buf), self._now)
             if r is not None:
                 return r[1]
-        want = PACK_CHUNK
+        want = CHUNK
         while True:
             buf = os.pread(self._fds[fi], want, off)
             r = decode(buf, 0, len(buf), self._now) if buf else None
@@ -195,7 +189,7 @@ def pack_files(files: list[str], out_path: str, open_xids_at_checkpoint=None,
         # pass 1: where is every surviving item?
         for fi, path in enumerate(files):
             base = fi << _OFF_BITS
-            cur = Cursor(path, os.path.basename(path), items=False, chunk=PACK_CHUNK)
+            cur = Cursor(path, os.path.basename(path), items=False)
             try:
                 while True:
                     off = cur.pos
@@ -273,7 +267,7 @@ def pack_files(files: list[str], out_path: str, open_xids_at_checkpoint=None,
                 out += item.data
                 result.items += 1
                 result.bytes += n
-                if len(out) >= PACK_CHUNK:
+                if len(out) >= CHUNK:
                     written += write_all(fd, out, tmp)
                     out.clear()
                     if progress is not None:
