@@ -54,3 +54,14 @@ def test_the_glibc_calls_are_found_on_glibc():
         del junk[:-1]                                 # ... freed below a live one
         assert heap.free_bytes() >= 8 << 20
         heap.trim()
+
+
+def test_trim_before_fork_trims_a_heap_that_can_and_leaves_one_that_cannot():
+    from lanner.server.heaptrim import trim_before_fork
+    heap = FakeHeap(free=1 << 20)
+    trim_before_fork(heap)
+    assert heap.trims == 1
+    other = FakeHeap(free=1 << 20, available=False)
+    trim_before_fork(other)
+    assert other.trims == 0
+    trim_before_fork()                     # the real one (glibc, or nothing where there is none)
