@@ -29,11 +29,11 @@ def child_gc() -> None:
     gc.set_threshold(50_000, 20, 20)
 
 
-def trim_before_fork(heap=None) -> None:
-    """The supervisor's heap, trimmed before each fork (supervisor.spawn): a page that lies free
-    in it but resident is inherited by every child and counted once more in the tree's memory
-    for nothing.  After `import lanner.server.supervisor` about 1 MB lies free (mallinfo2);
-    malloc_trim hands it back in about half a millisecond, and forks are rare."""
+def release_free_heap(heap=None) -> None:
+    """malloc_trim now, whatever lies free: the supervisor before each fork (supervisor.spawn: a
+    free but resident page of its heap is inherited by every child and counted once more in the
+    tree's memory for nothing; about 1 MB after its imports, mallinfo2), the cleaner after a pack
+    (cleaner.run_pack: what the pack allocated).  About half a millisecond; both are rare."""
     heap = heap if heap is not None else GlibcHeap()
     if heap.available:
         heap.trim()

@@ -56,12 +56,12 @@ def test_the_glibc_calls_are_found_on_glibc():
         heap.trim()
 
 
-def test_trim_before_fork_trims_a_heap_that_can_and_leaves_one_that_cannot():
-    from lanner.server.heaptrim import trim_before_fork
+def test_release_free_heap_trims_a_heap_that_can_and_leaves_one_that_cannot():
+    from lanner.server.heaptrim import release_free_heap
     heap = FakeHeap(free=1 << 20)
-    trim_before_fork(heap)
+    release_free_heap(heap)
     assert heap.trims == 1
     other = FakeHeap(free=1 << 20, available=False)
-    trim_before_fork(other)
+    release_free_heap(other)
     assert other.trims == 0
-    trim_before_fork()                     # the real one (glibc, or nothing where there is none)
+    release_free_heap()                     # the real one (glibc, or nothing where there is none)

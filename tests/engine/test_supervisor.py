@@ -413,9 +413,9 @@ def test_what_lives_at_a_fork_is_frozen_out_of_the_collector(sup):
 def test_the_supervisor_hands_its_free_heap_back_before_a_fork(sup, monkeypatch):
     """A free but resident page of the supervisor's heap is inherited by every child and counted
     in the tree's memory for nothing (about 1 MB after its imports: issue 8, perf memory), so
-    each fork comes after a malloc_trim (heaptrim.trim_before_fork)."""
+    each fork comes after a malloc_trim (heaptrim.release_free_heap)."""
     events = []
-    monkeypatch.setattr(supervisor_mod, "trim_before_fork", lambda: events.append("trim"))
+    monkeypatch.setattr(supervisor_mod, "release_free_heap", lambda: events.append("trim"))
     forked = sup.fork_child
 
     def fork_child(*args):
