@@ -68,7 +68,7 @@ from lanner.server.children import (ADMIN, RESTART_WINDOW, ZK, Child, backoff, n
                                     pdeathsig, relay_reload)
 from lanner.server.cleaner import cleaner_main
 from lanner.server.exits import EXIT_BOOT_ERROR, EXIT_CHILD_CRASHED, EXIT_OK, EXIT_START_REFUSED
-from lanner.server.heaptrim import child_gc
+from lanner.server.heaptrim import child_gc, release_free_heap
 from lanner.server.heartbeat import Heartbeats
 from lanner.server.status import ServerStatus
 from lanner.server.worker import worker_main
@@ -199,6 +199,7 @@ class Supervisor:
         # Keep what lives now out of the collector's reach (CPython's gc docs, Instagram): a full
         # collection here would write every object's header and unshare the children's pages.
         gc.freeze()
+        release_free_heap()
         pid = self.fork_child(kind, index, child_sock, parent_sock)
         child_sock.close()
         if child.sock is not None:

@@ -26,6 +26,7 @@ from lanner.perf.loadgen import Load
 from lanner.perf.report import Plot, Report
 from lanner.perf.scenarios import add_options, int_list
 from lanner.perf.servers import ProcTree, role_of
+from lanner.perf.smaps import ProcMaps, read_all
 
 NAME = "memory"
 HELP = "RSS/PSS of all server processes as a backlog grows to N items and drains"
@@ -96,6 +97,10 @@ def run(args, ctx) -> Report:
         report.notes.append(f"peak PSS {poller.peak.pss / MB:,.1f} MB polled every {args.poll:g} s "
                             f"({poller.polls} polls); at that moment: {poller.peak.describe()}")
         report.settings["polled_peak"] = poller.peak.to_json()
+        for p in sorted(poller.peak.procs, key=lambda p: (p.role, p.name)):
+            m = poller.peak.maps.get(p.pid)
+            if m is not None:
+                report.notes.append(f"at the peak, {p.name} ({p.role}) PSS/USS MB by mapping: {m.describe()}")
     report.plots.append(Plot("memory-grow.png", "items", ["rss_mb", "pss_mb", "uss_mb"], "items queued", "MB",
                              f"memory while growing ({size} B items)", logx=True, rows="grow"))
     report.plots.append(Plot("memory-drain.png", "items", ["rss_mb", "pss_mb", "uss_mb"], "items queued", "MB",
@@ -147,8 +152,10 @@ class ProcMem:
 
 @dataclass(slots=True)
 class Snapshot:
-    """The whole tree's memory at one moment, per process."""
+    """The whole tree's memory at one moment, per process; `maps` (smaps.py, per pid) only
+    for the poller's peak: where that memory lives."""
     procs: list[ProcMem] = field(default_factory=list)
+    maps: dict[int, ProcMaps] = field(default_factory=dict)
 
     @classmethod
     def take(cls, tree: ProcTree) -> "Snapshot":
@@ -190,7 +197,8 @@ class Snapshot:
 
     def to_json(self) -> dict:
         return {"pss": self.pss, "rss": self.rss, "uss": self.uss,
-                "procs": [{"pid": p.pid, "role": p.role, "name": p.name, "rss": p.rss, "pss": p.pss, "uss": p.uss}
+                "procs": [{"pid": p.pid, "role": p.role, "name": p.name, "rss": p.rss, "pss": p.pss, "uss": p.uss,
+                           "maps": self.maps[p.pid].to_json() if p.pid in self.maps else None}
                           for p in self.procs]}
 
 
@@ -222,6 +230,7 @@ class PeakPoller:
             snap = Snapshot.take(self.tree)
             self.polls += 1
             if snap.procs and (self.peak is None or snap.pss > self.peak.pss):
+                snap.maps = read_all(p.pid for p in snap.procs)     # a few ms: only at a new peak
                 self.peak = snap
             self._stop.wait(self.interval)
 

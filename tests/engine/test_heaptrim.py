@@ -54,3 +54,14 @@ def test_the_glibc_calls_are_found_on_glibc():
         del junk[:-1]                                 # ... freed below a live one
         assert heap.free_bytes() >= 8 << 20
         heap.trim()
+
+
+def test_release_free_heap_trims_a_heap_that_can_and_leaves_one_that_cannot():
+    from lanner.server.heaptrim import release_free_heap
+    heap = FakeHeap(free=1 << 20)
+    release_free_heap(heap)
+    assert heap.trims == 1
+    other = FakeHeap(free=1 << 20, available=False)
+    release_free_heap(other)
+    assert other.trims == 0
+    release_free_heap()                     # the real one (glibc, or nothing where there is none)

@@ -136,6 +136,24 @@ def test_reader_handles_items_bigger_than_a_chunk(tmp_path, monkeypatch):
     assert [r.item.data for r in recs if r.item] == [b"a", big, b"z" * 63]
 
 
+def test_a_readers_buffers_stay_under_one_mib(tmp_path):
+    """Read-behind reads with this reader in the worker that holds `max_memory_size` of items:
+    its buffers add to the server's peak (issue 8), so it reads codec.CHUNK (256 KiB) at a time.
+    With 1 MiB chunks it held 3 MiB at once (a chunk, the next, and the two joined).  8 MiB
+    of 1 KiB items, each dropped once read."""
+    import tracemalloc
+    write(tmp_path / "f", *[addx(b"%08d" % i + b"y" * 1016) for i in range(8192)])
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        n = sum(1 for _ in read_records(str(tmp_path / "f")))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert n == 8192
+    assert peak < 1 << 20, f"reading allocated up to {peak / 2**20:.1f} MiB at once"
+
+
 @pytest.mark.parametrize("tail, offset_in_tail, reason", [
     (b"\x0a", 0, "invalid opcode 10"),
     (b"\x63\x00", 0, "invalid opcode 99"),

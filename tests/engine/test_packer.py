@@ -281,3 +281,26 @@ def test_packing_200_mb_stays_under_64_mib_rss(tmp_path):
     # 2.4M items of 64 bytes go in, one in three survives
     assert int(items) > 700_000 and int(out_bytes) > 60 << 20
     assert int(maxrss_kb) < 64 * 1024, f"packing {size >> 20} MiB peaked at {int(maxrss_kb) >> 10} MiB RSS"
+
+
+def test_a_packs_buffers_stay_under_one_mib(tmp_path):
+    """A pack runs in a child the cleaner forks while the worker holds `max_memory_size` of
+    items: whatever the pack allocates adds to the server's peak (issue 8, `perf memory`), so
+    its read and write buffers are codec.CHUNK, 256 KiB (with 1 MiB chunks it allocated 3.2 MiB
+    at once: one chunk joined to the next).  8 MiB of 1 KiB items in, half of them read."""
+    import tracemalloc
+    records = []
+    for i in range(8192):
+        records.append(addx(b"%08d" % i + b"x" * 1016))
+        if i % 2:
+            records.append(encode_remove())
+    write(tmp_path / "a", *records)
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        r = pack_files([str(tmp_path / "a")], str(tmp_path / "out"), now_ms=T)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert r.items == 4096 and r.out_bytes == (tmp_path / "out").stat().st_size
+    assert peak < 1 << 20, f"the pack allocated up to {peak / 2**20:.1f} MiB at once"
