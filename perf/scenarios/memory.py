@@ -165,7 +165,7 @@ class Snapshot:
                 m = p.memory_full_info()
                 role = role_of(p, tree.root_pid)
                 if role == "cleaner" and p.ppid() != tree.root_pid:
-                    role = "pack"          # the cleaner's forked pack child carries its name
+                    role = "pack"          # a child the cleaner forks (a command-log rewrite) carries its name
                 out.procs.append(ProcMem(p.pid, role, p.name(), m.rss, getattr(m, "pss", m.rss),
                                          getattr(m, "uss", m.rss)))
             except (psutil.NoSuchProcess, psutil.AccessDenied):
