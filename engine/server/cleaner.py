@@ -39,7 +39,6 @@ def run_pack(msg: dict, heart=None) -> dict:
     raised; the worker asks again later."""
     t0 = time.monotonic()
     failed: list[str] = []
-    done_r, done_w = os.pipe()
 
     def pack() -> None:
         try:
@@ -48,17 +47,13 @@ def run_pack(msg: dict, heart=None) -> dict:
         except BaseException as e:
             log.exception("cleaner: pack into %s failed", msg.get("out"))
             failed.append(repr(e))
-        finally:
-            os.write(done_w, b"x")
 
-    try:
-        thread = threading.Thread(target=pack, name="lanner-pack", daemon=True)
-        thread.start()
-        _beat_until_readable(done_r, heart)
-        thread.join()
-    finally:
-        os.close(done_r)
-        os.close(done_w)
+    thread = threading.Thread(target=pack, name="lanner-pack", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        if heart is not None:
+            heart.beat(time.monotonic())
+        thread.join(heart.interval if heart is not None else None)
     release_free_heap()
     if failed:
         return {"cmd": "packed", "id": msg["id"], "ok": False, "error": f"pack failed: {failed[0]}"}
@@ -67,26 +62,16 @@ def run_pack(msg: dict, heart=None) -> dict:
     return {"cmd": "packed", "id": msg["id"], "ok": True, "out_path": msg["out"]}
 
 
-def _beat_until_readable(fd: int, heart) -> None:
-    """Wait until `fd` turns readable (a pidfd whose process exited, a pipe written once), stamping
-    `heart` meanwhile."""
-    if heart is None:
-        wait_readable((fd,), None)
-        return
-    while True:
-        heart.beat(time.monotonic())
-        if wait_readable((fd,), heart.interval):
-            return
-
-
 def _wait_beating(pid: int, heart) -> int:
     """waitpid(pid), stamping `heart` meanwhile (a pidfd turns readable when the child exits)."""
     if heart is None:
         return os.waitpid(pid, 0)[1]
     pidfd = os.pidfd_open(pid)
     try:
-        _beat_until_readable(pidfd, heart)
-        return os.waitpid(pid, 0)[1]
+        while True:
+            heart.beat(time.monotonic())
+            if wait_readable((pidfd,), heart.interval):
+                return os.waitpid(pid, 0)[1]
     finally:
         os.close(pidfd)
 

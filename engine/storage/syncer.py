@@ -445,8 +445,8 @@ class Syncer:
         binlog_group_commit_sync_delay with its no_delay_count, but the count is what just left
         and the delay follows the disk.  Never when no reply just left, nor for a lone client
         (nobody else to wait for: it never waits); only when this fsync was the only one under
-        way and its rounds wrote this file alone (one busy file); and after gathers that caught nobody, the next ones are skipped
-        (`_release`).  True if held: `_joined`, the timer (`poll`), a round of other files
+        way and its rounds wrote this file alone (one busy file); after gathers that caught
+        nobody, the next ones are skipped (`_release`).  True if held: `_joined`, the timer (`poll`), a round of other files
         (`start`) or an inline fsync (`wait_idle`) releases it."""
         if self._inflight or self._jobs or self._held is not None or self.uring is None:
             return False

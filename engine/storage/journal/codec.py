@@ -43,11 +43,11 @@ OP_REMOVE_TENTATIVE_XID = 9
 ADD_OPS = frozenset((OP_ADD, OP_ADDX, OP_ADD_XID, OP_CONTINUE))
 
 # Read size of every journal reader.  Not 1 MiB: a reader holds its chunk and, while a record
-# straddles two, the chunk joined to the next (three chunks for a moment), and the readers that run
-# under load are read-behind in the worker that holds `max_memory_size` of items and the pack in
-# the cleaner's child (issue 8, `perf memory` at a 1 GiB backlog: 2 MB of the worker's peak and
-# 3.7 MB of the pack child's went with 1 MiB -> 256 KiB).  A pread per 256 KiB costs about 1 %
-# more instructions per 1 KiB record than per 1 MiB (callgrind: 7,671 against 7,627).
+# straddles two, the chunk joined to the next (three chunks for a moment), and the readers that
+# run under load are read-behind in the worker that holds `max_memory_size` of items and the pack
+# in the cleaner (issue 8, `perf memory` at a 1 GiB backlog: 2 MB of the worker's peak and 3.7 MB
+# of the pack's, then a forked child, went with 1 MiB -> 256 KiB).  A pread per 256 KiB costs
+# about 1 % more instructions per 1 KiB record than per 1 MiB (callgrind: 7,671 against 7,627).
 CHUNK = 256 << 10
 BIG_READ = 256 << 10            # item bytes from which a record's data is read in place (Cursor._read_big)
 
