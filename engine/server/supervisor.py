@@ -405,8 +405,11 @@ class Supervisor:
         if cmd == "ready":
             peernews.came_up(self, child)      # its peers hear peer_up first
         elif cmd == "boot_failed":
-            sys.stderr.write(f"lanner: worker {child.index} cannot start: {msg.get('reason')}\n")
-            sys.stderr.flush()
+            # contract.md: one line says why start-up failed.  Every worker replays the same
+            # queue_path, so a stray file fails them all: the first one's reason is that line.
+            if self.exit_code != EXIT_BOOT_ERROR:
+                sys.stderr.write(f"lanner: worker {child.index} cannot start: {msg.get('reason')}\n")
+                sys.stderr.flush()
             self.exit_code = EXIT_BOOT_ERROR
             self.stopping = True
         elif cmd == "ack_down":
@@ -568,8 +571,8 @@ class Supervisor:
             return
         code = os.WEXITSTATUS(status)
         if code:
-            log.error("worker %d stopped with status %d: not everything could be written (see above)",
-                      child.index, code)
+            log.error("worker %d stopped with status %d: %s (see above)", child.index, code,
+                      "it could not start" if code == EXIT_BOOT_ERROR else "not everything could be written")
             self.exit_code = self.exit_code or code
 
 

@@ -247,6 +247,27 @@ def test_stray_file_in_queue_path_refuses_start(tmp_path):
     assert "foo.txt" in r.stderr.decode()
 
 
+def test_a_start_up_failure_every_worker_hits_is_reported_once(tmp_path):
+    """contract.md: a one-line reason on stderr.  Both workers replay the queue path and both
+    refuse the stray file; the user reads one `lanner:` line, and no log line claims that
+    something could not be written."""
+    import subprocess
+    import sys
+    qp = tmp_path / "q"
+    qp.mkdir()
+    (qp / "foo.txt").write_bytes(b"not a journal")
+    r = subprocess.run([sys.executable, "-m", "lanner.cli", "serve", "--queue-path", str(qp),
+                        "--status-file", str(tmp_path / "st"), "--memcache-port", str(free_port()),
+                        "--text-port", "off", "--thrift-port", "off", "--admin-port", "off",
+                        "--workers", "2", "--log-level", "warning"],
+                       capture_output=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 3
+    err = r.stderr.decode()
+    reasons = [line for line in err.splitlines() if line.startswith("lanner:")]
+    assert len(reasons) == 1 and "foo.txt" in reasons[0], err
+    assert "could be written" not in err
+
+
 def test_kill_cleaner_is_restarted(tmp_path):
     h = start_server(tmp_path, workers=2)
     try:
