@@ -52,6 +52,7 @@ def test_a_connection_opened_before_reload_follows_the_new_max_item_size(server)
     (b"[queues.r]\nmax_itemsize = 100\n", b"queues.r.max_itemsize: unknown key"),
     (b"this is not toml {{{\n", b"invalid TOML"),
     (bytes(range(256)) * 8, b"invalid TOML: not UTF-8"),
+    (b'[default]\nmax_item_size = 100\nexpire_to_queue = "dead.letters"\n', b"default.expire_to_queue: Queue"),
 ])
 def test_a_bad_file_is_an_error_naming_the_key_and_changes_nothing(server, content, reason):
     c = client(server)
