@@ -232,6 +232,22 @@ def test_bad_config_is_an_error(tmp_path):
     assert "max_items" in r.stderr.decode()
 
 
+def test_an_unusable_queue_path_is_a_one_line_error(tmp_path):
+    """contract.md: an unwritable data directory stops start-up with a non-zero status and a
+    one-line reason naming it (here the queue path lies under a regular file)."""
+    import subprocess
+    import sys
+    (tmp_path / "afile").write_bytes(b"")
+    qp = tmp_path / "afile" / "queues"
+    r = subprocess.run([sys.executable, "-m", "lanner.cli", "serve", "--queue-path", str(qp),
+                        "--status-file", str(tmp_path / "st"), "--memcache-port", str(free_port()),
+                        "--text-port", "off", "--thrift-port", "off", "--admin-port", "off"],
+                       capture_output=True, timeout=60, cwd=tmp_path)
+    assert r.returncode != 0 and r.stdout == b""
+    err = r.stderr.decode()
+    assert len(err.strip().splitlines()) == 1 and str(qp) in err, err
+
+
 def serve_beside_a_stray_file(tmp_path, *layout: str):
     """`lanner serve` over a queue path holding a file that is not a journal: it must refuse
     to start.  Returns (exit status, stderr)."""
