@@ -102,6 +102,7 @@ class Supervisor:
         self.lock_fds: list[int] = []
         self.sel = selectors.DefaultSelector()
         self.exit_code = EXIT_OK
+        self.told_why = False            # the one stderr line saying why start-up failed is out
         self.heartbeats: Heartbeats | None = None
         self.mesh: Mesh | None = None
 
@@ -407,9 +408,10 @@ class Supervisor:
         elif cmd == "boot_failed":
             # contract.md: one line says why start-up failed.  Every worker replays the same
             # queue_path, so a stray file fails them all: the first one's reason is that line.
-            if self.exit_code != EXIT_BOOT_ERROR:
+            if not self.told_why:
                 sys.stderr.write(f"lanner: worker {child.index} cannot start: {msg.get('reason')}\n")
                 sys.stderr.flush()
+                self.told_why = True
             self.exit_code = EXIT_BOOT_ERROR
             self.stopping = True
         elif cmd == "ack_down":
