@@ -356,6 +356,16 @@ def _build(doc: Mapping[str, Any], path: str | None) -> Config:
             validate_queue_name(name, allow_dots=config.queue_config(name).storage == "cmdlog")
         except ValueError as e:
             raise ConfigError(f"queues.{key_part(raw)}", str(e)) from None
+    # An expire_to_queue target is created when its first item expires: a name only a
+    # command-log queue may carry would fail then, on a client's request, not here.
+    targets = [("default", default.expire_to_queue)]
+    targets += [(f"queues.{key_part(raw)}", queues[name].get("expire_to_queue")) for name, raw in raw_names.items()]
+    for prefix, target in targets:
+        if target is not None:
+            try:
+                validate_queue_name(target, allow_dots=config.queue_config(target).storage == "cmdlog")
+            except ValueError as e:
+                raise ConfigError(f"{prefix}.expire_to_queue", f"{e} ({target!r})") from None
     for name, raw in raw_alias.items():
         prefix = f"aliases.{key_part(raw)}"
         try:

@@ -155,7 +155,8 @@ class QueueCollection(CollectionBase, WriteFailures, Deletes):
                     # setting cannot name: nothing is stored, nothing to serve
                     log.warning("queue %r: not loaded: %s", name, e)
                     continue
-                raise ValueError(f"queue {name!r}: {e}") from None
+                prefix = f"queue {name!r}: "         # a replay error names its queue already
+                raise ValueError(str(e) if str(e).startswith(prefix) else prefix + str(e)) from None
 
     def _journal_names(self) -> list[str]:
         """Queues with journal files in queue_path (made if missing); a stray file stops

@@ -102,6 +102,7 @@ class Supervisor:
         self.lock_fds: list[int] = []
         self.sel = selectors.DefaultSelector()
         self.exit_code = EXIT_OK
+        self.told_why = False            # the one stderr line saying why start-up failed is out
         self.heartbeats: Heartbeats | None = None
         self.mesh: Mesh | None = None
 
@@ -405,8 +406,12 @@ class Supervisor:
         if cmd == "ready":
             peernews.came_up(self, child)      # its peers hear peer_up first
         elif cmd == "boot_failed":
-            sys.stderr.write(f"lanner: worker {child.index} cannot start: {msg.get('reason')}\n")
-            sys.stderr.flush()
+            # contract.md: one line says why start-up failed.  Every worker replays the same
+            # queue_path, so a stray file fails them all: the first one's reason is that line.
+            if not self.told_why:
+                sys.stderr.write(f"lanner: worker {child.index} cannot start: {msg.get('reason')}\n")
+                sys.stderr.flush()
+                self.told_why = True
             self.exit_code = EXIT_BOOT_ERROR
             self.stopping = True
         elif cmd == "ack_down":
@@ -568,8 +573,8 @@ class Supervisor:
             return
         code = os.WEXITSTATUS(status)
         if code:
-            log.error("worker %d stopped with status %d: not everything could be written (see above)",
-                      child.index, code)
+            log.error("worker %d stopped with status %d: %s (see above)", child.index, code,
+                      "it could not start" if code == EXIT_BOOT_ERROR else "not everything could be written")
             self.exit_code = self.exit_code or code
 
 

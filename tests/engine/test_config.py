@@ -234,6 +234,9 @@ BAD = [
     ('[default]\nexpire_to_queue = "a/b"', "default.expire_to_queue", "illegal characters"),
     ("[default]\nexpire_to_queue = 3", "default.expire_to_queue", "expected a queue name"),
     ('[default]\nexpire_to_queue = ""', "default.expire_to_queue", "empty"),
+    # a target with a dot is only legal when that target is kept in a command log
+    ('[default]\nexpire_to_queue = "a.b"', "default.expire_to_queue", "illegal characters"),
+    ('[queues."q"]\nexpire_to_queue = "dead.letters"', "queues.q.expire_to_queue", "illegal characters"),
     ('[server]\nstatus_change_grace_period = "off"', "server.status_change_grace_period", "not allowed"),
     ('[server]\nexpiration_timer_frequency = "0s"', "server.expiration_timer_frequency", "at least 1ms"),
     ("[server]\nclient_timeout = true", "server.client_timeout", "expected a duration"),
@@ -337,6 +340,12 @@ destinations = ["email.send", "plain"]
 def test_default_cmdlog_storage_allows_dots_everywhere(write):
     c = load_config(write('[default]\nstorage = "cmdlog"\n[queues."a.b"]\nmax_items = 1\n'))
     assert c.queue_config("a.b").max_items == 1
+
+
+def test_expire_to_queue_may_name_a_dotted_cmdlog_queue(write):
+    c = load_config(write('[default]\nexpire_to_queue = "dead.letters"\n'
+                          '[queues."dead.letters"]\nstorage = "cmdlog"\n'))
+    assert c.queue_config("jobs").expire_to_queue == "dead.letters"
 
 
 def test_a_child_cannot_undo_the_dot_rule_of_a_journal_master(write):

@@ -232,7 +232,25 @@ def test_bad_config_is_an_error(tmp_path):
     assert "max_items" in r.stderr.decode()
 
 
-def test_stray_file_in_queue_path_refuses_start(tmp_path):
+def test_an_unusable_queue_path_is_a_one_line_error(tmp_path):
+    """contract.md: an unwritable data directory stops start-up with a non-zero status and a
+    one-line reason naming it (here the queue path lies under a regular file)."""
+    import subprocess
+    import sys
+    (tmp_path / "afile").write_bytes(b"")
+    qp = tmp_path / "afile" / "queues"
+    r = subprocess.run([sys.executable, "-m", "lanner.cli", "serve", "--queue-path", str(qp),
+                        "--status-file", str(tmp_path / "st"), "--memcache-port", str(free_port()),
+                        "--text-port", "off", "--thrift-port", "off", "--admin-port", "off"],
+                       capture_output=True, timeout=60, cwd=tmp_path)
+    assert r.returncode != 0 and r.stdout == b""
+    err = r.stderr.decode()
+    assert len(err.strip().splitlines()) == 1 and str(qp) in err, err
+
+
+def serve_beside_a_stray_file(tmp_path, *layout: str):
+    """`lanner serve` over a queue path holding a file that is not a journal: it must refuse
+    to start.  Returns (exit status, stderr)."""
     import subprocess
     import sys
     qp = tmp_path / "q"
@@ -240,11 +258,26 @@ def test_stray_file_in_queue_path_refuses_start(tmp_path):
     (qp / "foo.txt").write_bytes(b"not a journal")
     r = subprocess.run([sys.executable, "-m", "lanner.cli", "serve", "--queue-path", str(qp),
                         "--status-file", str(tmp_path / "st"), "--memcache-port", str(free_port()),
-                        "--text-port", "off", "--thrift-port", "off", "--admin-port", "off",
-                        "--workers", "1", "--fronts", "1"],
+                        "--text-port", "off", "--thrift-port", "off", "--admin-port", "off", *layout],
                        capture_output=True, timeout=60, cwd=tmp_path)
-    assert r.returncode == 3
-    assert "foo.txt" in r.stderr.decode()
+    return r.returncode, r.stderr.decode()
+
+
+def test_stray_file_in_queue_path_refuses_start(tmp_path):
+    code, err = serve_beside_a_stray_file(tmp_path, "--workers", "1", "--fronts", "1")
+    assert code == 3
+    assert "foo.txt" in err
+
+
+def test_a_start_up_failure_every_worker_hits_is_reported_once(tmp_path):
+    """contract.md: a one-line reason on stderr.  Both workers replay the queue path and both
+    refuse the stray file; the user reads one `lanner:` line, and no log line claims that
+    something could not be written."""
+    code, err = serve_beside_a_stray_file(tmp_path, "--workers", "2", "--log-level", "warning")
+    assert code == 3
+    reasons = [line for line in err.splitlines() if line.startswith("lanner:")]
+    assert len(reasons) == 1 and "foo.txt" in reasons[0], err
+    assert "could be written" not in err
 
 
 def test_kill_cleaner_is_restarted(tmp_path):

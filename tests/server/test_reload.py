@@ -52,6 +52,7 @@ def test_a_connection_opened_before_reload_follows_the_new_max_item_size(server)
     (b"[queues.r]\nmax_itemsize = 100\n", b"queues.r.max_itemsize: unknown key"),
     (b"this is not toml {{{\n", b"invalid TOML"),
     (bytes(range(256)) * 8, b"invalid TOML: not UTF-8"),
+    (b'[default]\nmax_item_size = 100\nexpire_to_queue = "dead.letters"\n', b"default.expire_to_queue: Queue"),
 ])
 def test_a_bad_file_is_an_error_naming_the_key_and_changes_nothing(server, content, reason):
     c = client(server)
@@ -107,3 +108,34 @@ def test_reloaded_means_every_front_applies_the_new_config_to_the_next_request(s
         assert [set20(c) for c in olds] == [b"STORED\r\n"] * len(olds)
     finally:
         os.kill(server.proc.pid, signal.SIGCONT)
+
+
+def test_reload_replaces_aliases_reclamps_max_age_and_keeps_expire_targets(tmp_path):
+    """Reference §5.7 (reload replaces the alias set), §5.2 and §7.2 (the current max_age is
+    re-applied at every check, so a shorter one expires old items, a fanout child inheriting
+    it; an expire_to_queue target already bound does not move)."""
+    h = start_server(tmp_path, workers=2, config='[aliases."al"]\ndestinations = ["d1"]\n'
+                                                 '[queues."src"]\nexpire_to_queue = "dst1"\n')
+    try:
+        c = client(h)
+        for q in (b"al", b"old", b"par", b"par+ch"):
+            assert c.ask(b"set %s 0 0 1\r\nx\r\n" % q) == b"STORED\r\n"
+        assert c.ask(b"get src\r\n") == b"END\r\n"               # src exists: its target is bound
+        with open(config_path(h), "w") as f:
+            f.write('[aliases."al2"]\ndestinations = ["d2"]\n[queues."src"]\nexpire_to_queue = "dst2"\n'
+                    '[queues."old"]\nmax_age = "1ms"\n[queues."par"]\nmax_age = "1ms"\n')
+        assert c.ask(b"reload\r\n") == b"Reloaded config.\r\n"
+        assert c.ask(b"set al 0 0 1\r\ny\r\n") == b"STORED\r\n"  # al is a queue now
+        assert c.ask(b"set al2 0 0 1\r\nz\r\n") == b"STORED\r\n"
+        assert c.ask(b"get al\r\n", b"END\r\n") == b"VALUE al 0 1\r\ny\r\nEND\r\n"
+        assert c.ask(b"get d2\r\n", b"END\r\n") == b"VALUE d2 0 1\r\nz\r\nEND\r\n"
+        assert c.ask(b"get d1\r\n", b"END\r\n") == b"VALUE d1 0 1\r\nx\r\nEND\r\n"
+        assert c.ask(b"get d1\r\n", b"END\r\n") == b"END\r\n"
+        for q in (b"old", b"par", b"par+ch"):                    # stored before, expired by the reload
+            assert c.ask(b"get %s\r\n" % q, b"END\r\n") == b"END\r\n", q
+        assert c.ask(b"set src 0 -1 1\r\ne\r\n") == b"STORED\r\n"
+        assert c.ask(b"get src\r\n", b"END\r\n") == b"END\r\n"
+        assert c.ask(b"get dst2\r\n", b"END\r\n") == b"END\r\n"
+        assert c.ask(b"get dst1\r\n", b"END\r\n") == b"VALUE dst1 0 1\r\ne\r\nEND\r\n"
+    finally:
+        assert h.stop() == 0

@@ -161,6 +161,8 @@ def test_corrupt_record_mid_journal_stops_start_up_and_deletes_nothing(tmp_path)
     offset = 500 * len(recs[0])
     assert code == 3, err
     assert f"{qp / 'jobs'} is corrupt at offset {offset}" in err and "invalid opcode 255" in err
+    reasons = [line for line in err.splitlines() if line.startswith("lanner:")]
+    assert len(reasons) == 1 and reasons[0].count("queue 'jobs'") == 1, err
     assert (qp / "jobs").read_bytes() == before
     # the operator accepts the loss as the message says; the 500 records before the break serve
     os.truncate(qp / "jobs", offset)
