@@ -152,12 +152,13 @@ class ThriftConn(Conn):
         if self.read_refusal() is not None:
             self.fail(call, _AVAIL % "monitorUntil")
             return
-        if not self.queue_ok(call, q):
-            return
         max_items = a["max_items"]
-        if max_items != 0 and self.not_listed(call, q, "remove"):
+        if max_items == 0:          # [] at once: no name lookup, no whitelist (reference §3.3)
+            self.reply(call, [])
             return
-        if max_items == 0 or f.config.aliases.get(q) is not None:
+        if not self.queue_ok(call, q) or self.not_listed(call, q, "remove"):
+            return
+        if f.config.aliases.get(q) is not None:
             self.reply(call, [])
             return
         budget = max_items if max_items > 0 else _UNLIMITED

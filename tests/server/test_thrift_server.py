@@ -36,6 +36,15 @@ def test_put_get_plain(client):
     assert client.get(q, 0) == []
 
 
+def test_get_of_no_items_answers_empty_without_looking_at_the_name(client):
+    """Reference §3.3: `max_items = 0` returns [] immediately, even for a name no queue may
+    have; asking for items of that name is still the illegal-name exception."""
+    assert client.get("a~b", 0) == []
+    with pytest.raises(ThriftAppError):
+        client.get("a~b", 1)
+    assert client.get("tq%d" % time.monotonic_ns(), 1) == []     # the connection is still good
+
+
 def test_reliable_reads_outlive_the_connection(tserver, client):
     q = "tr%d" % time.monotonic_ns()
     client.put(q, [b"x", b"y"])
