@@ -101,6 +101,9 @@ class GroupCommit:
                 # a journal: its next bytes go behind a write under way, and big buffers behind
                 # the writer's thread; anything else (a cmdlog partition) is written at once
                 if st.__class__ is Journal:
+                    if st.sync_policy == "always" and self.syncer.defer(st):
+                        self.sync_queue.append(st)      # written just before its next fsync
+                        continue
                     if st.flush(self.writer, WRITE_BEHIND_BYTES):
                         self.writing.add(st)
                         continue
