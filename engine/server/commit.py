@@ -66,7 +66,9 @@ class GroupCommit:
         if self.settled:            # write-behinds done: the records that came in behind them
             dirty = self.take_settled(dirty)
         through = self.write_out(dirty) if dirty else None
-        if undo.entries:
+        # (a batch that joins a round commits nothing now: the round's end trims, take_synced;
+        # under "always" this turn's trim would walk every entry still waiting for the fsync)
+        if undo.entries and not self.sync_queue:
             undo.trim(through)
         if self.writing or self.write_held:
             self.hold_unwritten()
