@@ -4,7 +4,8 @@ Replies leave only after the records they acknowledge reached the OS (one write 
 dirty journal or segment per turn); replies that depend on an fsync (sync "always")
 wait in a round while every file the round's batch wrote is fsynced at once (io_uring,
 or threads: storage/syncer.py); rounds overlap, so the disk commits one round while the
-loop serves the next batch.
+loop serves the next batch.  A journal under "always" whose fsync is under way or held is
+written once per round instead, just before its next fsync (Syncer.defer).
 
 A journal with a megabyte or more to write (a flood of big items, sync not "always") is
 written behind, by the worker's writer thread (storage/writer.py): only the replies of the

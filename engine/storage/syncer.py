@@ -45,6 +45,10 @@ Once an fsync of a medium failed, a later fsync may succeed although the bytes a
 round that needs that medium fails with the same error, without an fsync, until the owner has
 rolled the medium back (`clear`).
 
+While a medium's fsync is under way or held (io_uring engine), its owner may leave the records
+of the turns that come buffered (`defer`): `_issue` writes them just before the medium's next
+fsync, one write per round, and a write that fails there fails the rounds like a failed fsync.
+
 Periodic fsyncs (`later`) go the same way; their failures are logged (storage/sync.py).
 
 The owner's own inline fsyncs of a medium's file (a journal's rotation and rewrite, a command-log
