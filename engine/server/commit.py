@@ -4,7 +4,8 @@ Replies leave only after the records they acknowledge reached the OS (one write 
 dirty journal or segment per turn); replies that depend on an fsync (sync "always")
 wait in a round while every file the round's batch wrote is fsynced at once (io_uring,
 or threads: storage/syncer.py); rounds overlap, so the disk commits one round while the
-loop serves the next batch.
+loop serves the next batch.  A journal under "always" whose fsync is under way or held is
+written once per round instead, just before its next fsync (Syncer.defer).
 
 A journal with a megabyte or more to write (a flood of big items, sync not "always") is
 written behind, by the worker's writer thread (storage/writer.py): only the replies of the
@@ -66,7 +67,9 @@ class GroupCommit:
         if self.settled:            # write-behinds done: the records that came in behind them
             dirty = self.take_settled(dirty)
         through = self.write_out(dirty) if dirty else None
-        if undo.entries:
+        # (a batch that joins a round commits nothing now: the round's end trims, take_synced;
+        # under "always" this turn's trim would walk every entry still waiting for the fsync)
+        if undo.entries and not self.sync_queue:
             undo.trim(through)
         if self.writing or self.write_held:
             self.hold_unwritten()
@@ -101,6 +104,9 @@ class GroupCommit:
                 # a journal: its next bytes go behind a write under way, and big buffers behind
                 # the writer's thread; anything else (a cmdlog partition) is written at once
                 if st.__class__ is Journal:
+                    if st.sync_policy == "always" and self.syncer.defer(st):
+                        self.sync_queue.append(st)      # written just before its next fsync
+                        continue
                     if st.flush(self.writer, WRITE_BEHIND_BYTES):
                         self.writing.add(st)
                         continue

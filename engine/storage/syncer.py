@@ -45,6 +45,10 @@ Once an fsync of a medium failed, a later fsync may succeed although the bytes a
 round that needs that medium fails with the same error, without an fsync, until the owner has
 rolled the medium back (`clear`).
 
+While a medium's fsync is under way or held (io_uring engine), its owner may leave the records
+of the turns that come buffered (`defer`): `_issue` writes them just before the medium's next
+fsync, one write per round, and a write that fails there fails the rounds like a failed fsync.
+
 Periodic fsyncs (`later`) go the same way; their failures are logged (storage/sync.py).
 
 The owner's own inline fsyncs of a medium's file (a journal's rotation and rewrite, a command-log
@@ -116,6 +120,7 @@ class Syncer:
         self._token = 0
         self._jobs: list = []           # uring fsyncs to submit together
         self._after: dict = {}          # medium -> token of its fsync drained behind the one under way
+        self._deferred: set = set()     # media whose owner left records for their next fsync to write (`defer`)
         # the gather (`_gather`): the medium whose next fsync waits for the clients just answered,
         # the replies it waits for (a count of replies joined), its timer's token; the start of
         # the fsync under way and the duration of the last one (the one-medium case only)
@@ -170,6 +175,19 @@ class Syncer:
         last.replies.extend(replies)
         if self._held is not None:
             self._joined(len(replies))
+        return True
+
+    def defer(self, medium) -> bool:
+        """May the owner leave `medium`'s buffered records (sync "always") for the write that
+        `_issue` makes just before the medium's next fsync?  Yes while an fsync of it is under
+        way or held for a gather (io_uring engine): the records could not be covered by that
+        fsync anyway, so one write per round carries every turn's records that came meanwhile,
+        not one write per turn (issue 8, P5).  Their replies wait in the rounds that fsync
+        finishes, as before; a failed write fails those rounds like a failed fsync (`_issue`).
+        True: the owner must not write them itself, and puts the medium in its round."""
+        if self.uring is None or self.follow_on or medium not in self._busy or medium in self._failed:
+            return False
+        self._deferred.add(medium)
         return True
 
     def stalled(self, now: float, after: float) -> Round | None:
@@ -360,6 +378,14 @@ class Syncer:
     def _issue(self, medium, rounds: list, notify: bool = True, after: bool = False) -> bool:
         """fsync `medium` for `rounds`; `after`: drained behind its fsync under way (io_uring).
         False if `after` and there is nothing to fsync beyond what that one covers."""
+        if self._deferred and medium in self._deferred:
+            self._deferred.discard(medium)
+            try:
+                medium.flush()          # the records its owner left for this fsync (`defer`)
+            except OSError as e:
+                log.error("write before fsync failed: %s", e)
+                self._finish(medium, rounds, e, notify)     # fails them all, as a failed fsync
+                return True
         if self.uring is not None and not self.uring.open():
             self.uring = None                         # (logged) no io_uring after all: threads from now on
         if self.uring is None:
