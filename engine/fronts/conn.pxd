@@ -9,6 +9,7 @@ from lanner.protocols.memcache_commands cimport _c_slot_fields
 from lanner.ops.latency cimport Recorder, _c_monotonic
 from lanner.ipc.shm cimport ConfigEpoch, CounterSlot
 from lanner.protocols.memcache cimport MemcacheParser
+from lanner.fronts.flow cimport room_for
 
 cdef bint COMPILED
 # compared with C ints per reply (fast_reply, flush_out): C constants, not module lookups
@@ -47,7 +48,8 @@ cdef class Conn(ConnBase):
     cpdef room(self)
     cpdef update_reading(self)
     cpdef send_disconnects(self)
-    cpdef note_reply(self, n)
+    @cython.locals(size=Py_ssize_t)
+    cpdef note_reply(self, Py_ssize_t n)
     cpdef drain_slots(self)
     @cython.locals(out=list, n=Py_ssize_t, f=FrontBase, my=CounterSlot)
     cpdef flush_out(self)

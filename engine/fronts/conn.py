@@ -613,7 +613,9 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
         """A reply of `n` bytes moves the running estimate flow control uses (class doc).  Fused
         replies (inline.py) count too: without them a connection that only sets and gets kept
         the first, pessimistic estimate and took 16 pipelined commands a turn, not 32."""
-        size = self.reply_size = self.reply_size + ((n - self.reply_size) >> 3)
+        size = self.reply_size
+        size += (n - size) >> 3
+        self.reply_size = size
         if size > SMALL_REPLY or self.idle_room != MAX_INFLIGHT:
             self.idle_room = room_for(0, REPLY_BUDGET, size)
 
