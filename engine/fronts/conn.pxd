@@ -10,6 +10,9 @@ from lanner.ops.latency cimport Recorder, _c_monotonic
 from lanner.ipc.shm cimport ConfigEpoch, CounterSlot
 from lanner.protocols.memcache cimport MemcacheParser
 from lanner.fronts.flow cimport room_for
+from lanner.protocols.stream cimport _c_buffered
+from cpython.dict cimport PyDict_GetItem
+from cpython.ref cimport PyObject
 
 cdef bint COMPILED
 # compared with C ints per reply (fast_reply, flush_out): C constants, not module lookups
@@ -27,6 +30,15 @@ cdef class FrontBase:
 # base (server/worker.py, a Python class), declared here for the same reason.
 cdef class WorkerBase:
     cdef public object turn_scheduled, reads_left, closed_conns, replies, inline_set, inline_get
+
+# table[key] of a dict subclass that fills its misses (__missing__): FusedQueues (store, on_get)
+# and the VALUE lines (fast_reply).  A hit is a C lookup, where the subclass's [] goes through
+# the generic mapping call; a miss takes the [] (and so __missing__) as before.
+cdef inline object _c_entry(object table, object key):
+    cdef PyObject* hit = PyDict_GetItem(table, key)
+    if hit is NULL:
+        return table[key]
+    return <object>hit
 
 cdef class ConnBase:
     pass
