@@ -15,6 +15,7 @@ HOT_MODULES = (
     "lanner.protocols.memcache_commands",    # with its .pxd: GetKey, Get, Set C types
     "lanner.ops.latency",            # with latency.pxd: Recorder.observe on a typed memoryview
     "lanner.ipc.shm",                # with shm.pxd: CounterSlot.incr/decr on a typed memoryview
+    "lanner.fronts.flow",            # with flow.pxd: room_for a C function, Conn's C call
     "lanner.fronts.conn",            # with conn.pxd: Conn a C type, its own fields C struct reads
     "lanner.fronts.front",           # with front.pxd: Front a C type, read as one by memcache.pxd
     "lanner.server.local",           # with local.pxd: LocalFront a C type (the fused path's front)

@@ -68,6 +68,13 @@ def add_parser(sub) -> None:
     p.add_argument("--lanner-arg", action="append", default=[], metavar="ARG", help="extra serve argument")
     p.add_argument("--python", metavar="EXE", help="interpreter whose lanner serves (default this one)")
     p.add_argument("--dumps", metavar="DIR", help="keep callgrind's dump files here (default: removed)")
+    p.add_argument("--cache-sim", action="store_true",
+                   help="also simulate the caches (callgrind --cache-sim=yes): the queue worker's L1 data "
+                        "and last-level misses per request, user space only (this VM has no hardware "
+                        "counters); about twice as slow")
+    p.add_argument("--ll-size", type=int, metavar="BYTES",
+                   help="with --cache-sim: the simulated last level's size (16-way, 64-byte lines; "
+                        "default the host's): e.g. 1048576 for a core's L2, which callgrind does not model")
     p.add_argument("--out", metavar="DIR", help="results folder (default perf/out/)")
     p.add_argument("--plot", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--verbose", action="store_true", help="log what the suite does")
@@ -85,6 +92,10 @@ def run(args) -> Report:
     os.makedirs(dumps, exist_ok=True)
     config = relaxed_config(args.lanner_config, scratch)
     wrap = ["valgrind", "--tool=callgrind", "--trace-children=yes", f"--callgrind-out-file={dumps}/cg.%p"]
+    if args.cache_sim:
+        wrap.insert(2, "--cache-sim=yes")
+        if args.ll_size:
+            wrap.insert(3, f"--LL={args.ll_size},16,64")
     target = start_lanner(args.workers, args.fronts, config, extra=args.lanner_arg, wrap=wrap, python=args.python,
                           env={"PYTHONHASHSEED": "0"}, ready_timeout=READY_TIMEOUT_S)
     try:
@@ -104,6 +115,9 @@ def run(args) -> Report:
             else:
                 counts = {pid: dumped(dumps, pid) for pid in roles if callgrind_control("-d", pid)}
                 report.rows.append({"label": f"run {pauses}", **per_request(counts, roles, args.requests)})
+                if args.cache_sim:
+                    report.notes.append(f"run {pauses}, queue worker, per request: " + misses(
+                        newest_dump(dumps, [p for p, r in roles.items() if r == "queue worker"][0]), args.requests))
             pauses += 1
             if pauses <= args.rounds:
                 for pid in roles:
@@ -191,13 +205,33 @@ def callgrind_control(command: str, pid: int) -> bool:
     return done.returncode == 0 and "OK" in done.stdout
 
 
-def dumped(folder: str, pid: int) -> int:
-    """The instruction count of `pid`'s newest dump (`cg.PID.N`: counted since the last zero)."""
+def newest_dump(folder: str, pid: int) -> str:
+    """`pid`'s newest dump file (`cg.PID.N`: counted since the last zero)."""
     parts = glob.glob(os.path.join(folder, f"cg.{pid}.*"))
     if not parts:
         raise ServerError(f"callgrind wrote no dump for pid {pid} in {folder}")
-    newest = max(parts, key=lambda p: int(p.rsplit(".", 1)[1]))
-    return summary(newest)
+    return max(parts, key=lambda p: int(p.rsplit(".", 1)[1]))
+
+
+def dumped(folder: str, pid: int) -> int:
+    """The instruction count of `pid`'s newest dump."""
+    return summary(newest_dump(folder, pid))
+
+
+def misses(path: str, requests: int) -> str:
+    """A --cache-sim dump's data-cache misses per request: L1 reads and writes (D1mr, D1mw) and
+    last-level (DLmr, DLmw), as callgrind's simulated caches (the host's sizes) count them."""
+    names = values = None
+    with open(path) as f:
+        for line in f:
+            if line.startswith("events:"):
+                names = line.split()[1:]
+            elif line.startswith("summary:"):
+                values = [int(v) for v in line.split()[1:]]
+    if not names or not values:
+        raise ServerError(f"{path} has no events or summary line")
+    ev = dict(zip(names, values))
+    return ", ".join(f"{k} {ev.get(k, 0) / requests:.1f}" for k in ("D1mr", "D1mw", "DLmr", "DLmw"))
 
 
 def summary(path: str) -> int:

@@ -54,6 +54,11 @@ cdef inline bytes _c_slice(object buf, Py_ssize_t start, Py_ssize_t n):
     """bytes(buf[start:start + n]), within the buffer"""
     return PyBytes_FromStringAndSize(_c_ptr(buf) + start, n)
 
+cdef inline Py_ssize_t _c_buffered(StreamParser p) noexcept:
+    """p.buffered (bytes held, not yet parsed): two field reads, where len() of the object field
+    is a generic call (Conn.pump asks twice per read)"""
+    return Py_SIZE(p._buf) - p._pos
+
 cdef inline bytearray _c_tail(object buf, Py_ssize_t start):
     """bytearray(buf[start:]), 0 <= start <= len(buf)"""
     return PyByteArray_FromStringAndSize(_c_ptr(buf) + start, Py_SIZE(buf) - start)

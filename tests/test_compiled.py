@@ -60,7 +60,14 @@ def test_classes_a_pxd_declares_are_c_types(name):
     text = pxd.read_text()
     declared = re.findall(r"^cdef class (\w+)", text, re.M)
     constant = re.search(r"^cdef bint COMPILED$", text, re.M) is not None
-    assert declared or constant, f"{pxd.name} declares no class and no COMPILED constant"
+    functions = re.findall(r"^cpdef [\w ]*?\b(\w+)\(", text, re.M)
+    assert declared or constant or functions, \
+        f"{pxd.name} declares no class, no COMPILED constant and no function"
+    for fn_name in functions:
+        # applied, a module-level cpdef is a Cython function (cimported by other modules as a
+        # C call); missed, a plain Python function whose callers pay a Python call
+        assert type(getattr(mod, fn_name)).__name__ == "cython_function_or_method", \
+            f"{name}.{fn_name} compiled as a Python function: the build did not apply {pxd.name}"
     if constant:
         # applied, the .pxd makes COMPILED a C constant (its C helpers exist only then);
         # missed, it stays a module attribute and the helpers' names fail at run time

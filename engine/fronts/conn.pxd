@@ -9,6 +9,10 @@ from lanner.protocols.memcache_commands cimport _c_slot_fields
 from lanner.ops.latency cimport Recorder, _c_monotonic
 from lanner.ipc.shm cimport ConfigEpoch, CounterSlot
 from lanner.protocols.memcache cimport MemcacheParser
+from lanner.fronts.flow cimport room_for
+from lanner.protocols.stream cimport _c_buffered
+from cpython.dict cimport PyDict_GetItem
+from cpython.ref cimport PyObject
 
 cdef bint COMPILED
 # compared with C ints per reply (fast_reply, flush_out): C constants, not module lookups
@@ -26,6 +30,15 @@ cdef class FrontBase:
 # base (server/worker.py, a Python class), declared here for the same reason.
 cdef class WorkerBase:
     cdef public object turn_scheduled, reads_left, closed_conns, replies, inline_set, inline_get
+
+# table[key] of a dict subclass that fills its misses (__missing__): FusedQueues (store, on_get)
+# and the VALUE lines (fast_reply).  A hit is a C lookup, where the subclass's [] goes through
+# the generic mapping call; a miss takes the [] (and so __missing__) as before.
+cdef inline object _c_entry(object table, object key):
+    cdef PyObject* hit = PyDict_GetItem(table, key)
+    if hit is NULL:
+        return table[key]
+    return <object>hit
 
 cdef class ConnBase:
     pass
@@ -47,7 +60,8 @@ cdef class Conn(ConnBase):
     cpdef room(self)
     cpdef update_reading(self)
     cpdef send_disconnects(self)
-    cpdef note_reply(self, n)
+    @cython.locals(size=Py_ssize_t)
+    cpdef note_reply(self, Py_ssize_t n)
     cpdef drain_slots(self)
     @cython.locals(out=list, n=Py_ssize_t, f=FrontBase, my=CounterSlot)
     cpdef flush_out(self)

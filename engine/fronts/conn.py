@@ -330,10 +330,10 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
             self.flush_out()
         parser = self.parser
         # memcache's parser (nearly every connection's) read as its C type, compiled: `next` a
-        # C call, `buffered` its two fields (StreamParser.buffered), where the others' are a
-        # method lookup and a descriptor call
+        # C call, `buffered` two C reads of its fields (stream.pxd's _c_buffered), where the
+        # others' are a method lookup and a descriptor call
         mp = parser if type(parser) is MemcacheParser else None
-        buffered = parser.buffered if mp is None else len(mp._buf) - mp._pos
+        buffered = parser.buffered if mp is None or not COMPILED else _c_buffered(mp)
         if buffered or self.body is not None:    # no bytes held: no command to take
             # Take commands while `room` allows; a handler that took the fused path returns
             # True: that used exactly the one reply in flight `room` counted, anything else
@@ -358,7 +358,7 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
                     continue
                 room = self.room()
             else:
-                buffered = parser.buffered if mp is None else len(mp._buf) - mp._pos
+                buffered = parser.buffered if mp is None or not COMPILED else _c_buffered(mp)
         if self.out or self.closing:
             self.flush_out()
         if self.reading_paused or self.stopped or self.paused_writing or buffered > INPUT_LIMIT:
@@ -381,10 +381,12 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
         f = self.front
         if f.congested and not f.room_for_commands(self):
             return 0
+        if not (self.slots or self.fast or self.held or self.spilled or self.wbusy):
+            # nothing in flight or unsent, the common case: `wbusy` (pause_writing, spill.py)
+            # stands for a transport holding bytes, its high-water mark being 0
+            # (connection_made), where asking it was a method call (~210 instructions)
+            return self.idle_room
         t = self.transport
-        if not (self.slots or self.fast or self.held or self.spilled) and \
-                (t is None or not t.get_write_buffer_size()):
-            return self.idle_room          # nothing in flight or unsent: the common case
         return room_for(len(self.slots) + len(self.fast) + self.batched,
                         REPLY_BUDGET - self.held - self.spilled - (t.get_write_buffer_size() if t is not None else 0),
                         self.reply_size)
@@ -574,9 +576,7 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
                 # a get's value: its VALUE line (`ok`: value_heads; `call`: the key as sent),
                 # its own bytes and END, joined only with the turn's other output (flush_out)
                 n = len(payload)
-                head = dict.get(ok, (call, n))      # (compiled: a C lookup, where a dict
-                if head is None:                    # subclass's [] is a Python-level call)
-                    head = ok[call, n]
+                head = _c_entry(ok, (call, n)) if COMPILED else ok[call, n]     # (conn.pxd)
                 out += (head, payload, END_TAIL)
                 n += len(head) + 7
             else:
@@ -613,7 +613,9 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
         """A reply of `n` bytes moves the running estimate flow control uses (class doc).  Fused
         replies (inline.py) count too: without them a connection that only sets and gets kept
         the first, pessimistic estimate and took 16 pipelined commands a turn, not 32."""
-        size = self.reply_size = self.reply_size + ((n - self.reply_size) >> 3)
+        size = self.reply_size
+        size += (n - size) >> 3
+        self.reply_size = size
         if size > SMALL_REPLY or self.idle_room != MAX_INFLIGHT:
             self.idle_room = room_for(0, REPLY_BUDGET, size)
 

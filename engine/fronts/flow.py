@@ -1,6 +1,7 @@
 """Flow control's arithmetic: how many commands a connection may take with replies in flight
-(the rule itself is in Conn's class doc, fronts/conn.py).  Apart from conn.py so that the
-fused path (inline.py), which conn.py builds on, reads the same constants."""
+(the rule itself is in Conn's class doc, fronts/conn.py).  A module of its own so that the
+compiled build makes `room_for` a C function (flow.pxd) that Conn calls as one, and every other
+reader (tests, tools) gets the same one rule."""
 from __future__ import annotations
 
 from lanner.fronts.spill import REPLY_BUDGET

@@ -8,7 +8,7 @@
 cimport cython
 from lanner.protocols.memcache_commands cimport Get, GetKey, Set
 from lanner.ipc.shm cimport CounterSlot
-from lanner.fronts.conn cimport Conn, WorkerBase
+from lanner.fronts.conn cimport Conn, WorkerBase, _c_entry
 from lanner.fronts.front cimport Front
 from lanner.server.local cimport LocalFront
 

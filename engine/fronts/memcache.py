@@ -97,9 +97,7 @@ class MemcacheConn(Conn):
             s = cmd                     # (compiled: a Set, its fields read as C struct members)
             q, exptime, noreply = s.queue, s.exptime, s.noreply
         st = f.status
-        fused = dict.get(f.fused, q)    # (compiled: a C lookup; FusedQueues' own [] is a
-        if fused is None:               # Python-level call, ~350 instructions)
-            fused = f.fused[q]
+        fused = _c_entry(f.fused, q) if COMPILED else f.fused[q]    # (a C lookup: conn.pxd)
         if not fused or status_moved(f, st) or self.refuse_writes:
             # the checks FusedQueues and the status's `clear` stand for (inline.py, status.py)
             if q not in f.valid_names and self.bad_name(q):
@@ -196,9 +194,7 @@ class MemcacheConn(Conn):
             # the hot path: a plain `get q` (one key, no option)
             q = k.queue
             st = f.status
-            fused = dict.get(f.fused, q)    # (as in store)
-            if fused is None:
-                fused = f.fused[q]
+            fused = _c_entry(f.fused, q) if COMPILED else f.fused[q]    # (as in store)
             if not fused or status_moved(f, st) or self.refuse_reads:
                 # the checks FusedQueues and the status's `clear` stand for (inline.py, status.py)
                 if q not in f.valid_names and self.bad_name(q):

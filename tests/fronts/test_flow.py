@@ -82,6 +82,22 @@ def test_large_replies_are_bounded_by_their_size_not_only_their_count(rig):
     assert c.transport.max_unread <= REPLY_BUDGET + 2 * len(item)
 
 
+def test_a_first_write_of_big_gets_is_bounded_by_the_first_estimate(rig):
+    """Nothing is known of a new connection's replies, so flow control takes its first commands
+    against a pessimistic estimate (REPLY_BUDGET // 16 a reply: Conn.__init__), not the small
+    replies most connections get: a first write of gets of an 8 MiB item takes 16 of them, not
+    MAX_INFLIGHT (8 GiB of replies), and once their sizes are known one at a time."""
+    item = b"z" * (8 << 20)
+    rig.worker().queues["huge"].append(item)
+    c = rig.connect()
+    c.send(b"get huge/peek\r\n" * 40)
+    assert len(c.conn.slots) == 16 == REPLY_BUDGET // c.conn.reply_size
+    got = read_replies(rig, c, 40)
+    assert got.count(item) == 40
+    assert c.transport.max_unread <= REPLY_BUDGET + 16 * len(item)     # the first 16, no more
+    assert c.conn.room() == 1                                           # the estimate knows now
+
+
 def test_a_blocked_pipeline_stops_reading_at_the_input_limit(rig):
     w = rig.worker()
     w.hold = True                                   # the blocking get waits at its worker
