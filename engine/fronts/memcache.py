@@ -258,7 +258,10 @@ class MemcacheConn(Conn):
             return
         keys = cmd.keys
         for k in keys:
-            if self.bad_name(k.queue):
+            # a close or abort alone creates no queue, so no name is refused there (reference
+            # §5.1: the name is checked when the queue is created); it only pops this
+            # connection's open reads, which such a name cannot have: END
+            if (k.open or k.peek or not (k.close or k.abort)) and self.bad_name(k.queue):
                 return
         blocking = False
         plan = []

@@ -3,6 +3,7 @@ bad request, the reply's keyword and whether the connection then closes are Kest
 lets Lanner add a reason after the keyword, and write `CLIENT_ERROR <reason>` where Kestrel closed
 without a word).  The other server tests check most of these replies' first bytes; this file pins
 the connection's state after each one, which is what a client's pool acts on."""
+import os
 import time
 
 import pytest
@@ -170,15 +171,15 @@ def test_refused_and_non_creating_requests_create_no_queue(mc, request_):
     assert watcher.ask(b"dump_stats %s\r\n" % q, b"END\r\n") == b"queue '%s' {\r\n  \r\n}\r\nEND\r\n" % q
 
 
-@pytest.mark.xfail(strict=True, reason="a close-only or abort-only get of an illegal name closes with "
-                   "CLIENT_ERROR; Kestrel never looks the name up there (it pops this connection's "
-                   "open reads, none can exist for such a name) and answers END, as Lanner already "
-                   "does for confirm/delete/flush of such a name; fix in engine/fronts/memcache.py")
 @pytest.mark.parametrize("request_", [b"get a.b/close\r\n", b"get a~b/abort\r\n"])
-def test_close_or_abort_only_get_of_an_illegal_name_answers_end(mc, request_):
+def test_close_or_abort_only_get_of_an_illegal_name_answers_end(server, mc, request_):
     """Reference §1.4 (`q/close` and `q/abort` answer END whether or not anything was open, with no
     fetch) and §5.1 (the name is refused when a queue would be created; close and abort create
-    none)."""
+    none): END, the connection kept, and no file of that name."""
     c = mc()
     assert c.ask(request_) == b"END\r\n"
     assert c.ask(b"version\r\n").startswith(b"VERSION ")
+    name = request_[4:].split(b"/")[0].decode()
+    assert not [f for f in os.listdir(server.queue_path) if f.startswith(name)]
+    fetch = mc()                # a fetch of the same name is still refused
+    assert fetch.ask(b"get %s/open\r\n" % name.encode()).startswith(b"CLIENT_ERROR")
