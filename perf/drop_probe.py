@@ -1,196 +1,166 @@
 """drop_probe: what the c=100 -> c=1000 drop of `mixed` (1 KiB, closed loop) is made of.
 
 `python -m lanner.perf.drop_probe ROUNDS DURATION TAG` starts one `lanner serve` (default layout,
-this interpreter's lanner; memcache port $PORT, default 24101, admin $PORT+1) and runs
-c=100 then c=1000 ROUNDS times, as `compare mixed -i 1024 -c 100,1000` does on its Lanner side
-(a flush, 512 items put first, then DURATION seconds at gets:sets 1:1).  Per level it prints one
-JSON line: the rate, the loadgen's 250-ms progress (`rates_250ms`: is the start slower?), the
-handoffs and routed requests in the level (`stats`), and per server process its CPU (user and
-system), CPU per request, voluntary and involuntary context switches, sockets held at mid-run
-and the cores its threads were seen running on; also how often the queue's worker and the load
-generator were seen running on the same core (`w0_lg_running`).  perf/README.md, stop 22.
+this interpreter's lanner, free ports: servers.start_lanner) and runs c=100 then c=1000 ROUNDS
+times, as `compare mixed -i 1024 -c 100,1000` does on its Lanner side (a flush, 512 items put
+first, then DURATION seconds at gets:sets 1:1).  Per level it prints one JSON line: the rate, the
+loadgen's 250-ms progress (`rates_250ms`: is the start slower?), the handoffs and routed requests
+in the level (`stats`), and per server process its CPU (user and system), CPU per request,
+voluntary and involuntary context switches, TCP sockets held at mid-run and the cores its threads
+were seen running on; also how often the queue's worker and the load generator were seen
+running on the same core (`w0_lg_running`).  perf/README.md, stop 22.
 """
-import json, os, socket, subprocess, sys, threading, time, tempfile
+from __future__ import annotations
 
-from lanner.perf.loadgen import ensure_built
+import json
+import os
+import sys
+import threading
+import time
 
-BIN = None          # the load generator, built by main()
-PORT = int(os.environ.get('PORT', 24101)); ADMIN = PORT + 1
-HZ = os.sysconf('SC_CLK_TCK')
+import psutil
 
-def children(pid):
-    out = [pid]
+from lanner.perf import loadgen
+from lanner.perf.client import MemcacheClient
+from lanner.perf.loadgen import Load
+from lanner.perf.servers import start_lanner
+
+QUEUE = "db_bench"
+PREFILL = 512
+SAMPLE_S = 0.02
+
+
+def _threads(p: psutil.Process) -> list[psutil.Process]:
+    """A process's threads as psutil processes (Linux: a thread id is a /proc entry); none once
+    it has exited (the load generator ends before the sampler stops)."""
+    out = []
     try:
-        for t in os.listdir(f'/proc/{pid}/task'):
-            with open(f'/proc/{pid}/task/{t}/children') as f:
-                for c in f.read().split():
-                    out += children(int(c))
-    except OSError:
-        pass
-    return out
-
-def stat(pid):
-    with open(f'/proc/{pid}/stat') as f:
-        s = f.read()
-    r = s.rsplit(')', 1)[1].split()
-    # r[0] = state (field 3); utime field 14 -> r[11]; stime r[12]; processor field 39 -> r[36]
-    return r[0], int(r[11]) + int(r[12]), int(r[36])
-
-def ustime(pid):
-    with open(f'/proc/{pid}/stat') as f:
-        r = f.read().rsplit(')', 1)[1].split()
-    return int(r[11]), int(r[12])
-
-def threads_stat(pid):
-    """per-thread (state, cpu) of a process"""
-    out = {}
-    for t in os.listdir(f'/proc/{pid}/task'):
+        threads = p.threads()
+    except psutil.Error:
+        return out
+    for t in threads:
         try:
-            with open(f'/proc/{pid}/task/{t}/stat') as f:
-                s = f.read()
-            r = s.rsplit(')', 1)[1].split()
-            out[int(t)] = (r[0], int(r[11]) + int(r[12]), int(r[36]))
-        except OSError:
+            out.append(psutil.Process(t.id))
+        except psutil.Error:
             pass
     return out
 
-def ctxt(pid):
-    v = n = 0
-    for t in os.listdir(f'/proc/{pid}/task'):
+
+def _counters(p: psutil.Process) -> tuple[float, float, int, int]:
+    """user and system CPU seconds, voluntary and involuntary context switches of every thread."""
+    t = p.cpu_times()       # (the server's processes outlive the level)
+    vol = invol = 0
+    for th in _threads(p):
         try:
-            for line in open(f'/proc/{pid}/task/{t}/status'):
-                if line.startswith('voluntary_ctxt_switches'): v += int(line.split()[1])
-                elif line.startswith('nonvoluntary_ctxt_switches'): n += int(line.split()[1])
-        except OSError:
-            pass
-    return v, n
+            cs = th.num_ctx_switches()
+        except psutil.Error:
+            continue
+        vol, invol = vol + cs.voluntary, invol + cs.involuntary
+    return t.user, t.system, vol, invol
 
-def comm(pid):
-    try:
-        return open(f'/proc/{pid}/comm').read().strip() + ('' if pid != ROOT[0] else '-sup')
-    except OSError:
-        return '?'
-ROOT = [0]
 
-def nsocks(pid):
-    n = 0
-    for fd in os.listdir(f'/proc/{pid}/fd'):
+def _running_cores(p: psutil.Process) -> list[int]:
+    """The cores `p`'s threads are running on right now (runnable ones only)."""
+    cores = []
+    for th in _threads(p):
         try:
-            if os.readlink(f'/proc/{pid}/fd/{fd}').startswith('socket:'): n += 1
-        except OSError:
+            if th.status() == psutil.STATUS_RUNNING:
+                cores.append(th.cpu_num())
+        except psutil.Error:
             pass
-    return n
+    return cores
 
-def mc(cmd):
-    s = socket.create_connection(('127.0.0.1', PORT)); s.sendall(cmd)
-    buf = b''
-    while not (buf.endswith(b'END\r\n') or buf.endswith(b'\r\n') and cmd.startswith(b'flush')):
-        d = s.recv(65536)
-        if not d: break
-        buf += d
-    s.close(); return buf
 
-def stats():
-    out = {}
-    for line in mc(b'stats\r\n').decode().splitlines():
-        p = line.split()
-        if len(p) == 3 and p[0] == 'STAT': out[p[1]] = p[2]
-    return out
+class Sampler(threading.Thread):
+    """Every SAMPLE_S while a level runs: where each process's threads run, and whether the queue's
+    worker and the load generator run at once on the same core; the TCP sockets each server
+    process holds, once, at mid-run."""
 
-def run_level(root, conns, dur):
-    mc(b'flush db_bench\r\n')
-    subprocess.run([BIN, '--host', '127.0.0.1', '--port', str(PORT), '--depth', '32', '--value-size', '1024',
-                    '--queue', 'db_bench', '--queues', '1', '--producers', '1', '--sets', '512'], capture_output=True, check=True)
-    st0 = stats()
-    pids = [p for p in children(root)]
-    names = {p: comm(p) for p in pids}
-    cpu0 = {p: stat(p)[1] for p in pids}; us0 = {p: ustime(p) for p in pids}; cs0 = {p: ctxt(p) for p in pids}
-    lg = subprocess.Popen([BIN, '--host', '127.0.0.1', '--port', str(PORT), '--depth', '1', '--value-size', '1024',
-                           '--queue', 'db_bench', '--queues', '1', '--conns', str(conns), '--get-ratio', '0.5',
-                           '--duration', str(dur), '--progress'], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    place = {p: {} for p in pids + [lg.pid]}
-    socks = {}
-    stop = threading.Event()
-    def sampler():
-        t0 = time.monotonic(); got_socks = False
-        while not stop.is_set():
-            for p in pids + [lg.pid]:
-                try:
-                    for tid, (s, _, cpu) in threads_stat(p).items():
-                        if s == 'R':
-                            place[p][cpu] = place[p].get(cpu, 0) + 1
-                except OSError:
-                    pass
-            if not got_socks and time.monotonic() - t0 > dur / 2:
-                for p in pids:
-                    try: socks[p] = nsocks(p)
-                    except OSError: pass
-                got_socks = True
-            time.sleep(0.02)
-    w0 = [p for p in pids if names[p] == 'lanner-w0'][0]
-    both = {'same': 0, 'diff': 0}
-    def cosampler():
-        while not stop.is_set():
-            try:
-                a = stat(w0); b = stat(lg.pid)
-                if a[0] == 'R' and b[0] == 'R':
-                    both['same' if a[2] == b[2] else 'diff'] += 1
-            except OSError:
-                pass
-            time.sleep(0.01)
-    th2 = threading.Thread(target=cosampler); th2.start()
-    th = threading.Thread(target=sampler); th.start()
-    out, err = lg.communicate()
-    stop.set(); th.join(); th2.join()
-    cpu1 = {p: stat(p)[1] for p in pids}; us1 = {p: ustime(p) for p in pids}; cs1 = {p: ctxt(p) for p in pids}
-    res = json.loads(out)
-    st1 = stats()
-    prog = [int(l.split()[1]) for l in err.splitlines() if l.startswith('progress')]
-    rates = [(b - a) * 4 for a, b in zip([0] + prog, prog)]
-    ops = res['ops']
-    rep = {'conns': conns, 'ops_s': res['ops_per_s'], 'errors': res.get('errors'),
-           'handoffs': int(st1['handoffs']) - int(st0['handoffs']),
-           'routed': int(st1['routed_requests']) - int(st0['routed_requests']),
-           'rates_250ms': rates, 'w0_lg_running': both, 'load': os.getloadavg()[0],
-           'procs': {}}
-    for p in pids:
-        d = (cpu1[p] - cpu0[p]) / HZ
-        rep['procs'][names[p]] = {'cpu_s': round(d, 2), 'us_op': round(d * 1e6 / ops, 2) if ops else None,
-                                   'vcs': cs1[p][0] - cs0[p][0], 'nvcs': cs1[p][1] - cs0[p][1],
-                                   'socks': socks.get(p), 'run_on': place[p],
-                                   'user_s': (us1[p][0] - us0[p][0]) / HZ, 'sys_s': (us1[p][1] - us0[p][1]) / HZ}
-    rep['loadgen_run_on'] = place[lg.pid]
-    rep['loadgen_rusage'] = {k: res[k] for k in res if 'cpu' in k or 'rusage' in k}
+    def __init__(self, procs: list[psutil.Process], worker: psutil.Process, lg: psutil.Process, half: float):
+        super().__init__(daemon=True)
+        self.procs, self.worker, self.lg, self.half = procs, worker, lg, half
+        self.place = {p.pid: {} for p in procs + [lg]}
+        self.socks: dict[int, int] = {}
+        self.both = {"same": 0, "diff": 0}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        t0 = time.monotonic()
+        while not self.stop.wait(SAMPLE_S):
+            seen = {}
+            for p in self.procs + [self.lg]:
+                seen[p.pid] = _running_cores(p)
+                for core in seen[p.pid]:
+                    self.place[p.pid][core] = self.place[p.pid].get(core, 0) + 1
+            w, g = seen[self.worker.pid], seen[self.lg.pid]
+            if w and g:
+                self.both["same" if set(w) & set(g) else "diff"] += 1
+            if not self.socks and time.monotonic() - t0 > self.half:
+                for p in self.procs:
+                    try:
+                        self.socks[p.pid] = len(p.net_connections(kind="tcp"))
+                    except psutil.Error:
+                        pass
+
+
+def run_level(target, conns: int, duration: float) -> dict:
+    with MemcacheClient(target.host, target.port) as c:
+        c.flush(QUEUE)
+        loadgen.run(Load(port=target.port, producers=1, sets=PREFILL, value_size=1024, queue=QUEUE, depth=32))
+        st0 = c.stats()
+    procs = target.tree.processes()
+    names = {p.pid: p.name() + ("-sup" if p.pid == target.tree.root_pid else "") for p in procs}
+    worker = next(p for p in procs if names[p.pid] == "lanner-w0")
+    before = {p.pid: _counters(p) for p in procs}
+    totals: list[int] = []
+    running = loadgen.start(Load(port=target.port, conns=conns, duration=duration, get_ratio=0.5,
+                                 value_size=1024, queue=QUEUE), progress=totals.append)
+    sampler = Sampler(procs, worker, psutil.Process(running.procs[0].pid), duration / 2)
+    sampler.start()
+    res = running.wait()
+    sampler.stop.set()
+    sampler.join()
+    after = {p.pid: _counters(p) for p in procs}
+    with MemcacheClient(target.host, target.port) as c:
+        st1 = c.stats()
+    ops = res["ops"]
+    rep = {"conns": conns, "ops_s": res["ops_per_s"], "errors": res.get("errors"),
+           "handoffs": int(st1["handoffs"]) - int(st0["handoffs"]),
+           "routed": int(st1["routed_requests"]) - int(st0["routed_requests"]),
+           "rates_250ms": [(b - a) * 4 for a, b in zip([0] + totals, totals)],
+           "w0_lg_running": sampler.both, "load": os.getloadavg()[0], "procs": {}}
+    for p in procs:
+        (u0, s0, v0, n0), (u1, s1, v1, n1) = before[p.pid], after[p.pid]
+        cpu = (u1 - u0) + (s1 - s0)
+        rep["procs"][names[p.pid]] = {"cpu_s": round(cpu, 2), "us_op": round(cpu * 1e6 / ops, 2) if ops else None,
+                                      "vcs": v1 - v0, "nvcs": n1 - n0, "socks": sampler.socks.get(p.pid),
+                                      "run_on": sampler.place[p.pid], "user_s": u1 - u0, "sys_s": s1 - s0}
+    rep["loadgen_run_on"] = sampler.place[sampler.lg.pid]
+    rep["loadgen_rusage"] = {k: res[k] for k in res.raw if "cpu" in k or "rusage" in k}
     return rep
 
-def main():
-    global BIN
-    BIN = ensure_built()
-    rounds = int(sys.argv[1]); dur = float(sys.argv[2]); tag = sys.argv[3]
-    work = tempfile.mkdtemp(prefix='conns-modes-')
-    env = dict(os.environ)
-    srv = subprocess.Popen([sys.executable, '-m', 'lanner.cli', 'serve', '--queue-path', work + '/q', '--status-file', work + '/status',
-                            '--listen', '127.0.0.1', '--memcache-port', str(PORT), '--text-port', 'off',
-                            '--admin-port', str(ADMIN), '--thrift-port', 'off'], stdout=subprocess.PIPE,
-                           stderr=open(work + '/log', 'wb'), env=env)
-    while b'ready' not in srv.stdout.readline():
-        pass
-    threading.Thread(target=lambda: srv.stdout.read(), daemon=True).start()
-    ROOT[0] = srv.pid
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print("usage: python -m lanner.perf.drop_probe ROUNDS DURATION TAG", file=sys.stderr)
+        return 2
+    rounds, duration, tag = int(argv[0]), float(argv[1]), argv[2]
+    target = start_lanner()
     try:
-        # names of processes
-        for p in children(srv.pid):
-            print(p, comm(p), open(f'/proc/{p}/comm').read().strip(), file=sys.stderr)
-        results = []
         for r in range(rounds):
-            for c in (100, 1000):
-                rep = run_level(srv.pid, c, dur)
-                rep['round'] = r; results.append(rep)
+            reps = []
+            for conns in (100, 1000):
+                rep = run_level(target, conns, duration)
+                rep["round"] = r
+                reps.append(rep)
                 print(json.dumps(rep), flush=True)
-            a, b = results[-2]['ops_s'], results[-1]['ops_s']
-            print(f'# {tag} round {r}: c=100 {a:.0f} c=1000 {b:.0f} drop {100*(1-b/a):.1f} % load {os.getloadavg()[0]:.2f}', flush=True)
+            a, b = reps[0]["ops_s"], reps[1]["ops_s"]
+            print(f"# {tag} round {r}: c=100 {a:.0f} c=1000 {b:.0f} drop {100 * (1 - b / a):.1f} % "
+                  f"load {os.getloadavg()[0]:.2f}", flush=True)
     finally:
-        srv.terminate(); srv.wait(30)
+        target.stop()
+    return 0
+
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(sys.argv[1:]))
