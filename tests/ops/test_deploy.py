@@ -13,7 +13,7 @@ import time
 import pytest
 
 from lanner import __version__
-from lanner.config import load_config
+from lanner.config import default_layout, load_config
 from tests.helpers import recv_until, start_server
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -119,3 +119,5 @@ def test_production_config_loads():
     c = load_config(os.path.join(REPO, "etc", "production.toml"))
     assert c.server.listen_address == "0.0.0.0" and c.server.max_open_transactions == 100
     assert c.default.sync_journal == 100 and c.server.log_file == "/var/log/lanner/lanner.log"
+    # the shipped production config keeps the measured-fastest layout, not an older one
+    assert (c.server.workers, c.server.fronts) == default_layout() and c.server.worker_fronts
