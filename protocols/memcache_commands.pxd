@@ -37,6 +37,8 @@ cdef extern from "structmember.h":
         int flags
         const char* doc
     enum: T_OBJECT_EX
+    enum: T_PYSSIZET
+    enum: T_DOUBLE
 
 cdef extern from "Python.h":
     ctypedef struct PyTypeObject:
@@ -77,6 +79,51 @@ cdef inline int _c_slot_fields(type cls, tuple names) except -1:
         strcpy(cname, bname)
         defs[j].name = cname
         defs[j].type = T_OBJECT_EX
+        defs[j].offset = i * sizeof(PyObject*)
+        defs[j].flags = 0
+        defs[j].doc = NULL
+        PyDict_SetItem((<PyTypeObject*>cls).tp_dict, names[j],
+                       PyDescr_NewMember(<PyTypeObject*>cls, &defs[j]))
+    PyType_Modified(<PyTypeObject*>cls)
+    return 0
+
+# The same for C-typed fields (`cdef public Py_ssize_t` or `double`, conn.pxd): Cython gives them
+# getsets too; a member descriptor of T_PYSSIZET or T_DOUBLE reads and writes the C value where
+# it lies, as an int or float, by LOAD_ATTR_SLOT's generic sibling (no getter call, no frame).
+# The offset is found as above, with a marker value written through Cython's own setter.
+@cython.locals(i=Py_ssize_t, j=Py_ssize_t, nwords=Py_ssize_t)
+cdef inline int _c_typed_fields(type cls, tuple names, int kind) except -1:
+    """Each of `names`, all of C type `kind` (T_PYSSIZET: Py_ssize_t, T_DOUBLE: double), read
+    and written through a member descriptor of that type (the PyMemberDefs live as long as
+    the type, as _c_slot_fields')."""
+    cdef object obj = cls.__new__(cls)
+    cdef Py_ssize_t* words = <Py_ssize_t*><PyObject*>obj
+    cdef double* reals = <double*><PyObject*>obj
+    cdef PyMemberDef* defs = <PyMemberDef*>PyMem_RawMalloc(len(names) * sizeof(PyMemberDef))
+    cdef Py_ssize_t imark = 0x5EED0C0FFEE
+    cdef double dmark = -1.0e-301
+    cdef bytes bname
+    cdef char* cname
+    if defs == NULL:
+        raise MemoryError()
+    if kind != T_PYSSIZET and kind != T_DOUBLE:
+        raise ValueError("%s: member type %d is not Py_ssize_t or double" % (cls.__name__, kind))
+    nwords = cls.__basicsize__ // sizeof(PyObject*)
+    for j in range(len(names)):
+        setattr(obj, names[j], imark if kind == T_PYSSIZET else dmark)
+        for i in range(2, nwords):              # past the refcount and the type
+            if (words[i] == imark) if kind == T_PYSSIZET else (reals[i] == dmark):
+                break
+        else:
+            raise RuntimeError("%s.%s: field not found" % (cls.__name__, names[j]))
+        setattr(obj, names[j], 0)
+        bname = names[j].encode()
+        cname = <char*>PyMem_RawMalloc(len(bname) + 1)
+        if cname == NULL:
+            raise MemoryError()
+        strcpy(cname, bname)
+        defs[j].name = cname
+        defs[j].type = kind
         defs[j].offset = i * sizeof(PyObject*)
         defs[j].flags = 0
         defs[j].doc = NULL
