@@ -66,7 +66,7 @@ cdef class Conn(ConnBase):
     cpdef pump(self)
     cpdef dispatch(self, handlers, kind, cmd)
     @cython.locals(f=FrontBase)
-    cpdef room(self)
+    cpdef Py_ssize_t room(self) except -1
     cpdef update_reading(self)
     cpdef send_disconnects(self)
     @cython.locals(size=Py_ssize_t)

@@ -115,8 +115,10 @@ class MemcacheConn(Conn):
             # the hot path: one queue of this worker, one reply, the body whole
             # the fused request's number and reply entry (inline.py), here and in on_get
             lf = f                      # (fused: a worker's own front; compiled, a LocalFront)
-            req = self.next_req         # (compiled: C ints, conn.pxd and memcache.pxd)
-            self.next_req = (req + 1) & 0xFFFFFFFF or 1
+            n = self.next_req           # (compiled: C ints, conn.pxd and memcache.pxd)
+            # (n + 1) & 0xFFFFFFFF or 1, in C ints below 2**30 (Cython makes 0xFFFFFFFF an object)
+            self.next_req = n + 1 if n < 0x3FFFFFFF else (n + 1) & 0xFFFFFFFF or 1
+            req = n                     # (compiled: the request's one int object, entry and call)
             if self.touched != self.local_bit:     # (an int compare; `|=` is a generic call)
                 self.touched |= self.local_bit
             if lf.streak:
@@ -208,8 +210,9 @@ class MemcacheConn(Conn):
             if fused and not self.nslots and not wk.closed_conns:
                 # the fused request's number and reply entry (inline.py), as in store
                 lf = f                  # (fused: a worker's own front; compiled, a LocalFront)
-                req = self.next_req     # (as in store)
-                self.next_req = (req + 1) & 0xFFFFFFFF or 1
+                n = self.next_req       # (as in store)
+                self.next_req = n + 1 if n < 0x3FFFFFFF else (n + 1) & 0xFFFFFFFF or 1
+                req = n
                 if self.touched != self.local_bit:     # (an int compare; `|=` is a generic call)
                     self.touched |= self.local_bit
                 if lf.streak:
