@@ -2,9 +2,9 @@
 # this file only declares.  `Conn` is a C type so that its own methods read its fields as C
 # struct members (perf/README.md, stop 17: "Compiling the whole request chain with C types");
 # interpreted readers (the mixins, subclasses, fronts, tests) read the same fields as member
-# descriptors (conn.py calls _c_slot_fields and _c_typed_fields under COMPILED).
+# descriptors (conn.py calls _c_slot_fields and _c_member_fields under COMPILED).
 cimport cython
-from lanner.protocols.memcache_commands cimport _c_slot_fields, _c_typed_fields, T_PYSSIZET, T_DOUBLE
+from lanner.protocols.memcache_commands cimport _c_slot_fields, _c_member_fields, T_PYSSIZET, T_DOUBLE
 from lanner.ops.latency cimport Recorder, _c_monotonic
 from lanner.ipc.shm cimport ConfigEpoch, CounterSlot
 from lanner.protocols.memcache cimport MemcacheParser

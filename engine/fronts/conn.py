@@ -773,7 +773,7 @@ if COMPILED:
     # interpreted readers (the mixins, subclasses, fronts, tests) read Conn's fields as member
     # descriptors (LOAD_ATTR_SLOT), not Cython's getsets (memcache_commands.pxd)
     _c_slot_fields(Conn, tuple(n for n in Conn.__slots__ if n not in TYPED))
-    _c_typed_fields(Conn, ("t_in",), T_DOUBLE)
-    _c_typed_fields(Conn, tuple(n for n in TYPED if n != "t_in"), T_PYSSIZET)
+    _c_member_fields(Conn, ("t_in",), T_DOUBLE)
+    _c_member_fields(Conn, tuple(n for n in TYPED if n != "t_in"), T_PYSSIZET)
     _c_slot_fields(FrontBase, FrontBase.__slots__)
     _c_slot_fields(WorkerBase, WorkerBase.__slots__)

@@ -188,7 +188,7 @@ def test_each_of_a_connections_fields_holds_its_own_value(cls, names):
     """In the compiled build each member descriptor's offset into the C struct is found at load
     (_c_slot_fields): every field reads back what was written to it, in either build (a
     connection's, and a worker's own front's, its base's fields and its own).  A connection's
-    C-typed fields (conn.TYPED: _c_typed_fields) hold numbers: each its own."""
+    C-typed fields (conn.TYPED: _c_member_fields) hold numbers: each its own."""
     c = cls.__new__(cls)
     marks = {n: i + 0.5 if n == "t_in" else i + 1 if n in CONN_TYPED else object()
              for i, n in enumerate(names)}

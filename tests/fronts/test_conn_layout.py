@@ -58,12 +58,12 @@ def test_the_fields_a_fused_request_touches_come_first_within_four_lines():
 
 def test_a_requests_numbers_read_and_write_as_int_and_float():
     """In the compiled build they are C fields (conn.pxd) behind member descriptors
-    (_c_typed_fields): interpreted readers (routed.py, rendered.py, tests) see what they saw."""
+    (_c_member_fields): interpreted readers (routed.py, rendered.py, tests) see what they saw."""
     c = MemcacheConn.__new__(MemcacheConn)
-    for name in TYPED:
+    for i, name in enumerate(TYPED):
         assert type(Conn.__dict__[name]).__name__ == "member_descriptor", name
-        setattr(c, name, 7)
-        assert getattr(c, name) == 7
+        setattr(c, name, 7 + i)
+    assert [getattr(c, name) for name in TYPED] == [7 + i for i in range(len(TYPED))]   # each its own
     c.t_in = 1.25
     c.next_req = 0xFFFFFFFF
     assert (c.t_in, c.next_req) == (1.25, 0xFFFFFFFF)
