@@ -14,6 +14,15 @@ cdef bint COMPILED
 cdef int _LINE, _DATA, _SKIP, _STOPPED, _BODY, BINARY_MAGIC
 cdef Py_ssize_t SPARE_MAX
 
+# The process's spares, shared by every connection's parser (_c_name, _c_plain_get, _c_new_set
+# below; memcache.py sets them to None): the last name parsed, and the last plain Get and Set,
+# reused once nothing else holds them.  A parser's own spares went cold between two requests of
+# its connection (issue 8: with 1,000 connections ~4 of a request's misses in a simulated 1 MiB
+# last level, perf/README.md stop 23); the process's are the ones the request before used.
+cdef str _last_name
+cdef _CGet _spare_get
+cdef _CSet _spare_set
+
 ctypedef struct _SetLine:       # what _c_hot_line read besides the name
     bint get                    # a plain get (else a set, with the fields below)
     long flags
@@ -44,10 +53,8 @@ cdef class MemcacheParser(StreamParser):
     cdef public Py_ssize_t _need
     cdef public object _set
     cdef public object _after
-    # the compiled hot line's reuse (_c_name, _c_plain_get, _c_new_set below): no Python field
+    # the compiled hot line's reuse (_c_name below): no Python field
     cdef str _name
-    cdef _CGet _get
-    cdef _CSet _spare
 
     @cython.locals(buf=object, state=int, pos=Py_ssize_t, need=Py_ssize_t, n=Py_ssize_t,
                    have=Py_ssize_t, cmd=object, set_=_CSet, piece=object, first=int,
@@ -98,26 +105,31 @@ cdef inline object _c_hot_line(MemcacheParser p, object buf, Py_ssize_t pos, Py_
     return _c_set_line(p, s, n, out)
 
 cdef inline str _c_name(MemcacheParser p, const char* s, Py_ssize_t n):
-    """The name s[:n], latin-1: the connection's last one when it is the same (a client
-    mostly names one queue again and again), else a new str, kept as the last.  The same
-    object again is no decode, and no hash computed again by every dict it is looked up in
-    (the front's fused and valid names, the worker's queues, the item limits)."""
-    cdef str name = p._name
+    """The name s[:n], latin-1: the process's last one when it is the same (clients mostly
+    name a few queues again and again), else the connection's last one, else a new str, kept
+    as both.  The same object again is no decode, and no hash computed again by every dict it
+    is looked up in (the front's fused and valid names, the worker's queues, the item limits)."""
+    global _last_name
+    cdef str name = _last_name
     if name is not None and PyUnicode_GET_LENGTH(name) == n and \
             memcmp(PyUnicode_DATA(name), s, n) == 0:     # latin-1: one byte a character
         return name
-    name = PyUnicode_DecodeLatin1(s, n, NULL)
-    p._name = name
+    name = p._name
+    if name is None or PyUnicode_GET_LENGTH(name) != n or memcmp(PyUnicode_DATA(name), s, n) != 0:
+        name = PyUnicode_DecodeLatin1(s, n, NULL)
+        p._name = name
+    _last_name = name
     return name
 
 cdef inline object _c_plain_get(MemcacheParser p, str name):
-    """plain_get(name), in the parser's last plain Get when nothing else holds that Get, its
+    """plain_get(name), in the process's last plain Get when nothing else holds that Get, its
     list of keys or its key (reference counts 1, 1 and 2: the list and `plain`): no caller can
     tell it from a new one, and its three allocations and frees are saved (issue 8)."""
-    cdef _CGet g = p._get
+    global _spare_get
+    cdef _CGet g = _spare_get
     cdef _CGetKey k
     cdef PyObject* keys
-    if g is not None and _Py_REFCNT(<PyObject*>g) == 2:      # p._get and the local g
+    if g is not None and _Py_REFCNT(<PyObject*>g) == 2:      # _spare_get and the local g
         keys = <PyObject*>g.keys
         if type(g.keys) is list and _Py_REFCNT(keys) == 1 and len(g.keys) == 1 and \
                 type(g.plain) is _CGetKey and (<list>g.keys)[0] is g.plain and \
@@ -128,16 +140,17 @@ cdef inline object _c_plain_get(MemcacheParser p, str name):
             k.open = k.close = k.abort = k.peek = False
             return g
     g = plain_get(name)
-    p._get = g
+    _spare_get = g
     return g
 
 cdef inline object _c_new_set(MemcacheParser p, str queue, object flags, object exptime,
                               bint noreply):
-    """new_set(...), in the parser's last Set when nothing else holds it (as _c_plain_get).
-    `next` lets go of a Set whose body is bigger than SPARE_MAX, so a connection holds no big
-    body after its item is gone."""
-    cdef _CSet s = p._spare
-    if s is not None and _Py_REFCNT(<PyObject*>s) == 2:      # p._spare and the local s
+    """new_set(...), in the process's last Set when nothing else holds it (as _c_plain_get).
+    `next` lets go of a Set whose body is bigger than SPARE_MAX (_c_drop_spare), so no big
+    body stays alive after its item is gone."""
+    global _spare_set
+    cdef _CSet s = _spare_set
+    if s is not None and _Py_REFCNT(<PyObject*>s) == 2:      # _spare_set and the local s
         s.queue = queue
         s.flags = flags
         s.exptime = exptime
@@ -145,8 +158,14 @@ cdef inline object _c_new_set(MemcacheParser p, str queue, object flags, object 
         s.noreply = noreply
         return s
     s = new_set(queue, flags, exptime, noreply)
-    p._spare = s
+    _spare_set = s
     return s
+
+cdef inline void _c_drop_spare(object s) noexcept:
+    """`s` (a Set with a big body) is not kept as the spare Set."""
+    global _spare_set
+    if <object>_spare_set is s:
+        _spare_set = None
 
 cdef inline object _c_set_line(MemcacheParser p, const char* s, Py_ssize_t n, _SetLine* out):
     cdef Py_ssize_t starts[5]

@@ -44,9 +44,9 @@ The buffer invariant (stream.py): `_buf[_pos:]` holds the bytes not yet consumed
 state `_scan` is how far it is already known to contain no LF, so feeding a long line one byte
 at a time stays linear.  The compiled parser reads `set` and plain `get` lines where they lie
 in the buffer (memcache.pxd `_c_hot_line`); every other line is cut out and parsed by `_line`.
-It also reuses, as no caller can tell: the last name when the next is the same, and its last
-plain Get and Set once nothing else holds them (memcache.pxd `_c_name`, `_c_plain_get`,
-`_c_new_set`).
+It also reuses, as no caller can tell: the last name when the next is the same, and the last
+plain Get and Set once nothing else holds them, the process's, shared by every connection's
+parser (memcache.pxd `_c_name`, `_c_plain_get`, `_c_new_set`).
 """
 from __future__ import annotations
 
@@ -80,8 +80,10 @@ INT_MIN = -(1 << 31)
 INT_MAX = (1 << 31) - 1
 
 #: The biggest set body (+ 2) whose Set the compiled parser keeps to make the next one in
-#: (memcache.pxd _c_new_set): a connection never holds more than this of a body it is done with.
+#: (memcache.pxd _c_new_set): the process never holds more than this of a body it is done with.
 SPARE_MAX = 4096 + 2
+#: the process's spare name, plain Get and Set (memcache.pxd; the compiled build only)
+_last_name = _spare_get = _spare_set = None
 
 #: Status names `status <name>` accepts (case-insensitive); `down` exists but may not be set.
 STATUS_NAMES = ("up", "readonly", "quiescent", "writeavoid")
@@ -377,7 +379,7 @@ class MemcacheParser(StreamParser):
                 set_ = self._set
                 set_.data = _c_slice(buf, pos, need - 2) if COMPILED else bytes(buf[pos:pos + need - 2])
                 if COMPILED and need > SPARE_MAX:
-                    self._spare = None      # (memcache.pxd _c_new_set)
+                    _c_drop_spare(set_)     # (memcache.pxd _c_new_set)
                 self._consumed(pos + need)
                 self._set = None
                 self._state = _LINE

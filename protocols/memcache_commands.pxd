@@ -37,6 +37,8 @@ cdef extern from "structmember.h":
         int flags
         const char* doc
     enum: T_OBJECT_EX
+    enum: T_PYSSIZET
+    enum: T_DOUBLE
 
 cdef extern from "Python.h":
     ctypedef struct PyTypeObject:
@@ -48,35 +50,53 @@ cdef extern from "Python.h":
 cdef bint COMPILED
 
 @cython.locals(i=Py_ssize_t, j=Py_ssize_t, nwords=Py_ssize_t)
-cdef inline int _c_slot_fields(type cls, tuple names) except -1:
-    """Each field of `names` read and written through a member descriptor (above).  Its offset
-    in the C struct is found by storing a marker in it (Cython cannot take a field's address);
-    the PyMemberDef and its name live as long as the type (allocated once, never freed).  A
-    field is never NULL (Cython stores None first) unless deleted, which nothing does."""
+cdef inline int _c_member_fields(type cls, tuple names, int kind) except -1:
+    """Each field of `names` read and written through a member descriptor (above) of type
+    `kind`: T_OBJECT_EX for object fields, T_PYSSIZET or T_DOUBLE for C fields (`cdef public
+    Py_ssize_t` or `double`, conn.pxd), which Cython gives getsets too, and which a member
+    descriptor reads and writes where the value lies, as an int or float.  Its offset in the C
+    struct is found by storing a marker in it (Cython cannot take a field's address): an
+    object, or a number through Cython's own setter; the PyMemberDef and its name live as long
+    as the type (allocated once, never freed).  An object field is never NULL (Cython stores
+    None first) unless deleted, which nothing does."""
     cdef object obj = cls.__new__(cls)
-    cdef PyObject** words = <PyObject**><PyObject*>obj
-    cdef PyMemberDef* defs = <PyMemberDef*>PyMem_RawMalloc(len(names) * sizeof(PyMemberDef))
+    cdef Py_ssize_t* words = <Py_ssize_t*><PyObject*>obj
+    cdef double* reals = <double*><PyObject*>obj
+    cdef PyMemberDef* defs
     cdef object marker
+    cdef Py_ssize_t imark = 0x5EED0C0FFEE
+    cdef double dmark = -1.0e-301
     cdef bytes bname
     cdef char* cname
+    if kind != T_OBJECT_EX and kind != T_PYSSIZET and kind != T_DOUBLE:
+        raise ValueError("%s: member type %d is not an object, Py_ssize_t or double" % (cls.__name__, kind))
+    defs = <PyMemberDef*>PyMem_RawMalloc(len(names) * sizeof(PyMemberDef))
     if defs == NULL:
         raise MemoryError()
     nwords = cls.__basicsize__ // sizeof(PyObject*)
     for j in range(len(names)):
-        marker = object()
+        if kind == T_OBJECT_EX:
+            marker = object()
+            imark = <Py_ssize_t><PyObject*>marker
+        elif kind == T_PYSSIZET:
+            marker = imark
+        else:
+            marker = dmark
         setattr(obj, names[j], marker)
         for i in range(2, nwords):              # past the refcount and the type
-            if words[i] == <PyObject*>marker:
+            if (reals[i] == dmark) if kind == T_DOUBLE else (words[i] == imark):
                 break
         else:
             raise RuntimeError("%s.%s: field not found" % (cls.__name__, names[j]))
+        if kind != T_OBJECT_EX:
+            setattr(obj, names[j], 0)           # the next field's marker is the same number
         bname = names[j].encode()
         cname = <char*>PyMem_RawMalloc(len(bname) + 1)
         if cname == NULL:
             raise MemoryError()
         strcpy(cname, bname)
         defs[j].name = cname
-        defs[j].type = T_OBJECT_EX
+        defs[j].type = kind
         defs[j].offset = i * sizeof(PyObject*)
         defs[j].flags = 0
         defs[j].doc = NULL
@@ -84,3 +104,7 @@ cdef inline int _c_slot_fields(type cls, tuple names) except -1:
                        PyDescr_NewMember(<PyTypeObject*>cls, &defs[j]))
     PyType_Modified(<PyTypeObject*>cls)
     return 0
+
+cdef inline int _c_slot_fields(type cls, tuple names) except -1:
+    """Each object field of `names` read and written through a member descriptor."""
+    return _c_member_fields(cls, names, T_OBJECT_EX)

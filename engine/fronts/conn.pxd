@@ -2,10 +2,9 @@
 # this file only declares.  `Conn` is a C type so that its own methods read its fields as C
 # struct members (perf/README.md, stop 17: "Compiling the whole request chain with C types");
 # interpreted readers (the mixins, subclasses, fronts, tests) read the same fields as member
-# descriptors (conn.py calls _c_slot_fields under COMPILED).  Fields are objects: a typed one
-# could not be a member descriptor, and interpreted code reads most of them per request.
+# descriptors (conn.py calls _c_slot_fields and _c_member_fields under COMPILED).
 cimport cython
-from lanner.protocols.memcache_commands cimport _c_slot_fields
+from lanner.protocols.memcache_commands cimport _c_slot_fields, _c_member_fields, T_PYSSIZET, T_DOUBLE
 from lanner.ops.latency cimport Recorder, _c_monotonic
 from lanner.ipc.shm cimport ConfigEpoch, CounterSlot
 from lanner.protocols.memcache cimport MemcacheParser
@@ -44,12 +43,22 @@ cdef class ConnBase:
     pass
 
 cdef class Conn(ConnBase):
-    cdef public object front, parser, id, transport, slots, parts, next_req, blocked
-    cdef public object stopped, closing, out, held, reply_size, idle_room, body, touched
-    cdef public object paused_writing, spill, spilled, wbusy, spill_queued, reading_paused
-    cdef public object cur_fam, t_in, fast, early, worker, local, local_bit
-    cdef public object refuse_reads, refuse_writes, last_activity, adopted, moving, moved
-    cdef public object held_slots, unwritten, handlers, count_bytes, batch, batch_of, batched
+    # Field order is memory layout (issue 8, c=1000: perf/README.md stop 23).  With a thousand
+    # connections a connection's lines go cold between two of its requests, and each line a
+    # request touches is a miss: the fields every request of the fused path reads or writes
+    # come first, together (about 4 lines where they were spread over all 7), the rest after.
+    # The numbers a request rewrites are C fields (TYPED in conn.py): a new int or float object
+    # per request left the previous one, cold, to be read and freed.  `nslots` counts `slots`,
+    # so the per-request "no slot queued" tests read this block, not the deque.
+    cdef public object front, parser, out, fast, body, stopped, closing, paused_writing
+    cdef public object blocked, held, spilled, wbusy, worker, batch, cur_fam, count_bytes
+    cdef public double t_in
+    cdef public Py_ssize_t next_req, id, idle_room, reply_size, nslots
+    cdef public object handlers, transport, reading_paused, refuse_reads, refuse_writes
+    cdef public object early, unwritten, touched, local_bit, batched
+    # the rest: not read by a fused set or get
+    cdef public object slots, parts, batch_of, spill, spill_queued, local, last_activity
+    cdef public object adopted, moving, moved, held_slots
 
     @cython.locals(f=FrontBase, epoch=ConfigEpoch, my=CounterSlot, w=WorkerBase, mp=MemcacheParser)
     cpdef data_received(self, data)
@@ -57,7 +66,7 @@ cdef class Conn(ConnBase):
     cpdef pump(self)
     cpdef dispatch(self, handlers, kind, cmd)
     @cython.locals(f=FrontBase)
-    cpdef room(self)
+    cpdef Py_ssize_t room(self) except -1
     cpdef update_reading(self)
     cpdef send_disconnects(self)
     @cython.locals(size=Py_ssize_t)

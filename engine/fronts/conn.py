@@ -45,6 +45,10 @@ INPUT_LIMIT = 64 << 10
 _append = deque.append
 _popleft = deque.popleft
 
+#: Conn's C-typed fields (conn.pxd): t_in a double, the others Py_ssize_t; every other field
+#: is an object.  Interpreted code reads and writes them as before, as int and float.
+TYPED = ("t_in", "next_req", "id", "idle_room", "reply_size", "nslots")
+
 if TYPE_CHECKING:                 # the loop imports the connection classes, not the reverse
     from lanner.fronts.front import Front
 
@@ -156,13 +160,15 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
     # lookup whatever names other instances set (a dict's shared key table holds 30 names per
     # class, process-wide: a handoff's `adopted` or `moved` used to push connections past it),
     # and a misspelt attribute fails loudly (tests/engine/test_hot_layout.py).  The mixins
-    # (InlineReplies ...) have empty slots; a subclass that keeps state adds its own.
-    __slots__ = ("front", "parser", "id", "transport", "slots", "parts", "next_req", "blocked",
-                 "stopped", "closing", "out", "held", "reply_size", "idle_room", "body", "touched",
-                 "paused_writing", "spill", "spilled", "wbusy", "spill_queued", "reading_paused",
-                 "cur_fam", "t_in", "fast", "early", "worker", "local", "local_bit",
-                 "refuse_reads", "refuse_writes", "last_activity", "adopted", "moving", "moved",
-                 "held_slots", "unwritten", "handlers", "count_bytes", "batch", "batch_of", "batched")
+    # (InlineReplies ...) have empty slots; a subclass that keeps state adds its own.  In the
+    # order of conn.pxd, where the order is the C struct's: what every request touches first.
+    __slots__ = ("front", "parser", "out", "fast", "body", "stopped", "closing", "paused_writing",
+                 "blocked", "held", "spilled", "wbusy", "worker", "batch", "cur_fam", "count_bytes",
+                 "t_in", "next_req", "id", "idle_room", "reply_size", "nslots",
+                 "handlers", "transport", "reading_paused", "refuse_reads", "refuse_writes",
+                 "early", "unwritten", "touched", "local_bit", "batched",
+                 "slots", "parts", "batch_of", "spill", "spill_queued", "local", "last_activity",
+                 "adopted", "moving", "moved", "held_slots")
 
     def __init__(self, front: Front, parser, handlers: dict | None = None, count_bytes: bool = True):
         self.front = front
@@ -173,6 +179,7 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
         front.next_conn = (front.next_conn + 1) & 0xFFFFFFFF or 1
         self.transport = None
         self.slots: deque[Slot] = deque()
+        self.nslots = 0                # len(slots): what the fused path's "no slot" tests read
         self.parts: dict[int, Part] = {}
         self.next_req = 1
         self.blocked: Slot | None = None
@@ -197,7 +204,8 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
         # without a Slot, oldest first, as (req, ok, render, call, latency family, t0); replies
         # that came back ahead of an older one (a write-behind held it) wait in `early`.
         self.fast: deque[tuple] = deque()
-        self.early: dict[int, tuple] = {}
+        self.early: dict[int, tuple] | None = None     # None while empty: a test of the
+                                       # field, not of a dict's cold line, per reply (fast_reply)
         # Fused replies rendered as their requests ran (rendered.py): the entry still open for
         # this read and batch, the worker's reply list of that batch, and how many replies the
         # entries in `fast` hold beyond one each (flow control counts every reply in flight).
@@ -268,7 +276,10 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
         if idle is not None:                     # client_timeout is on
             self.last_activity = f.loop.time()
             idle.move_to_end(self.id)            # least recently read first (front.close_idle)
-        self.t_in = _c_monotonic() if COMPILED else time.monotonic()     # (latency.pxd)
+        if COMPILED:
+            self.t_in = _c_monotonic()      # (latency.pxd; a C double field, conn.pxd)
+        else:
+            self.t_in = time.monotonic()
         parser = self.parser
         if type(parser) is MemcacheParser:
             mp = parser                 # (compiled: `feed` a C call, as `next` in pump)
@@ -316,6 +327,7 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
         if self.held_slots or self.unwritten:
             self.drop_held()           # replies it never wrote: their items go back (held.py)
         self.slots.clear()
+        self.nslots = 0
         self.parts.clear()
         self.held = 0
         self.spill.clear()
@@ -381,13 +393,13 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
         f = self.front
         if f.congested and not f.room_for_commands(self):
             return 0
-        if not (self.slots or self.fast or self.held or self.spilled or self.wbusy):
+        if not (self.nslots or self.fast or self.held or self.spilled or self.wbusy):
             # nothing in flight or unsent, the common case: `wbusy` (pause_writing, spill.py)
             # stands for a transport holding bytes, its high-water mark being 0
             # (connection_made), where asking it was a method call (~210 instructions)
             return self.idle_room
         t = self.transport
-        return room_for(len(self.slots) + len(self.fast) + self.batched,
+        return room_for(self.nslots + len(self.fast) + self.batched,
                         REPLY_BUDGET - self.held - self.spilled - (t.get_write_buffer_size() if t is not None else 0),
                         self.reply_size)
 
@@ -457,6 +469,7 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
     def new_slot(self, finish=None, stream=None, blocking=False, call=None) -> Slot:
         s = Slot(finish, stream, blocking, call, self.cur_fam, self.t_in)
         self.slots.append(s)
+        self.nslots += 1
         return s
 
     def reply_now(self, data: bytes, close: bool = False) -> None:
@@ -469,6 +482,7 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
             self.stopped = True
         self.held += len(data)
         self.slots.append(s)
+        self.nslots += 1
         self.front.latency.observe(self.cur_fam, time.monotonic() - self.t_in)
         self.drain_slots()
 
@@ -527,6 +541,8 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
             if part is None and fast and not self.closing and any(e[0] == req for e in fast):
                 # a fast request's reply ahead of an older one's: keep it until that comes (a
                 # batch's rendered replies, a list, as they are: rendered.py)
+                if self.early is None:
+                    self.early = {}
                 self.early[req] = (status, flags, payload if payload.__class__ is list else
                                    bytes(payload) if payload else b"", value)
                 return True
@@ -590,6 +606,7 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
                 self.batch = None
                 self.batched = 0
                 self.slots.clear()      # what was sent after the closing command goes unanswered
+                self.nslots = 0
                 self.held = 0
                 pending.add(self)
                 return
@@ -601,11 +618,13 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
             if not (self.early and fast and fast[0][0] in self.early):
                 break
             status, flags, payload, value = self.early.pop(fast[0][0])
+            if not self.early:
+                self.early = None
         # the last one's size is estimate enough; below SMALL_REPLY with full room it would
         # change nothing (Conn.note_reply), and skipping only keeps the estimate higher
         if n > SMALL_REPLY or self.idle_room != MAX_INFLIGHT:
             self.note_reply(n)
-        if not fast and self.slots:
+        if not fast and self.nslots:
             self.drain_slots()
         pending.add(self)
 
@@ -655,6 +674,7 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
         slots = self.slots
         while slots and slots[0].done:
             s = slots.popleft()
+            self.nslots -= 1
             if s.holds is not None:
                 self.held_out(s)
             if s.out:
@@ -663,6 +683,7 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
             if s.close:
                 self.closing = self.stopped = True
                 slots.clear()           # what was sent after the closing command goes unanswered
+                self.nslots = 0
                 self.held = 0
                 break
 
@@ -751,6 +772,8 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
 if COMPILED:
     # interpreted readers (the mixins, subclasses, fronts, tests) read Conn's fields as member
     # descriptors (LOAD_ATTR_SLOT), not Cython's getsets (memcache_commands.pxd)
-    _c_slot_fields(Conn, Conn.__slots__)
+    _c_slot_fields(Conn, tuple(n for n in Conn.__slots__ if n not in TYPED))
+    _c_member_fields(Conn, ("t_in",), T_DOUBLE)
+    _c_member_fields(Conn, tuple(n for n in TYPED if n != "t_in"), T_PYSSIZET)
     _c_slot_fields(FrontBase, FrontBase.__slots__)
     _c_slot_fields(WorkerBase, WorkerBase.__slots__)

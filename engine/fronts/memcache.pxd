@@ -18,8 +18,8 @@ cdef bint COMPILED
 cdef bint status_moved(Front f, st) except -1
 
 cdef class MemcacheConn(Conn):
-    @cython.locals(f=Front, lf=LocalFront, my=CounterSlot, s=Set, wk=WorkerBase)
+    @cython.locals(f=Front, lf=LocalFront, my=CounterSlot, s=Set, wk=WorkerBase, n=Py_ssize_t)
     cpdef store(self, cmd)
-    @cython.locals(f=Front, lf=LocalFront, my=CounterSlot, k=GetKey, wk=WorkerBase)
+    @cython.locals(f=Front, lf=LocalFront, my=CounterSlot, k=GetKey, wk=WorkerBase, n=Py_ssize_t)
     cpdef on_get(self, Get cmd)
     cpdef dispatch(self, handlers, kind, cmd)

@@ -111,14 +111,14 @@ class MemcacheConn(Conn):
         my.incr(C_SET)
         expiry = exptime and expiry_of(exptime, f.clock)
         wk = self.worker                # (compiled: a WorkerBase, conn.pxd: struct reads)
-        if fused and not stream and not noreply and not self.slots and not wk.closed_conns:
+        if fused and not stream and not noreply and not self.nslots and not wk.closed_conns:
             # the hot path: one queue of this worker, one reply, the body whole
             # the fused request's number and reply entry (inline.py), here and in on_get
             lf = f                      # (fused: a worker's own front; compiled, a LocalFront)
-            req = self.next_req
-            # (req + 1) & 0xFFFFFFFF or 1, by a compare of one-digit ints (specialised, where `&`
-            # and an int's truth test are calls) until 2**30
-            self.next_req = req + 1 if req < 0x3FFFFFFF else (req + 1) & 0xFFFFFFFF or 1
+            n = self.next_req           # (compiled: C ints, conn.pxd and memcache.pxd)
+            # (n + 1) & 0xFFFFFFFF or 1, in C ints below 2**30 (Cython makes 0xFFFFFFFF an object)
+            self.next_req = n + 1 if n < 0x3FFFFFFF else (n + 1) & 0xFFFFFFFF or 1
+            req = n                     # (compiled: the request's one int object, entry and call)
             if self.touched != self.local_bit:     # (an int compare; `|=` is a generic call)
                 self.touched |= self.local_bit
             if lf.streak:
@@ -207,11 +207,12 @@ class MemcacheConn(Conn):
             my = f.my                   # (compiled: `incr` a C call, memcache.pxd)
             my.incr(C_GET)
             wk = self.worker            # (as in store)
-            if fused and not self.slots and not wk.closed_conns:
+            if fused and not self.nslots and not wk.closed_conns:
                 # the fused request's number and reply entry (inline.py), as in store
                 lf = f                  # (fused: a worker's own front; compiled, a LocalFront)
-                req = self.next_req
-                self.next_req = req + 1 if req < 0x3FFFFFFF else (req + 1) & 0xFFFFFFFF or 1
+                n = self.next_req       # (as in store)
+                self.next_req = n + 1 if n < 0x3FFFFFFF else (n + 1) & 0xFFFFFFFF or 1
+                req = n
                 if self.touched != self.local_bit:     # (an int compare; `|=` is a generic call)
                     self.touched |= self.local_bit
                 if lf.streak:

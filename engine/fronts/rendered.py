@@ -69,8 +69,8 @@ def opens(c, replies: list, pieces: tuple) -> bool:
     second = fast[-1]
     first = fast[-2]
     req = first[0]
-    t0 = c.t_in
-    if second[5] is not t0 or first[5] is not t0 or second[6] != -1 or first[6] != -1 or \
+    t0 = c.t_in                 # the read's time: a C double (conn.pxd), a new float each read
+    if second[5] != t0 or first[5] != t0 or second[6] != -1 or first[6] != -1 or \
             len(replies) < 3 or nth(req, 1) != second[0] or nth(req, 2) != replies[-1][1][1]:
         return False
     a = _pieces(first, replies[-3], c.id)

@@ -54,7 +54,7 @@ class RoutedRequests:
         f = self.front
         w, name = f.routes[queue]
         ring = f.req_rings[w]          # None: the connection's own worker (not routed)
-        if ring is None or self.slots or w in f.down_workers:
+        if ring is None or self.nslots or w in f.down_workers:
             return False
         req = self.next_req
         self.next_req = (req + 1) & 0xFFFFFFFF or 1
@@ -78,7 +78,7 @@ class RoutedRequests:
         (their entries are still in `fast`, which names the worker)."""
         early = self.early
         held = [(req, e[3]) for req, e in early.items() if e[1] & RF_HELD]
-        early.clear()
+        self.early = None               # (empty is None: Conn.__init__)
         if held:
             workers = {e[0]: e[6] for e in self.fast}
             settles = self.front.settles

@@ -12,7 +12,7 @@ import socket
 
 import pytest
 
-from lanner.fronts.conn import Conn, FrontBase, Part, Slot, WorkerBase
+from lanner.fronts.conn import TYPED as CONN_TYPED, Conn, FrontBase, Part, Slot, WorkerBase
 from lanner.fronts.front import Front
 from lanner.fronts.memcache import MemcacheConn
 from lanner.ipc import handoff
@@ -187,9 +187,12 @@ def test_a_queues_and_a_journals_fields_are_read_as_slots_in_either_build(cls, t
 def test_each_of_a_connections_fields_holds_its_own_value(cls, names):
     """In the compiled build each member descriptor's offset into the C struct is found at load
     (_c_slot_fields): every field reads back what was written to it, in either build (a
-    connection's, and a worker's own front's, its base's fields and its own)."""
+    connection's, and a worker's own front's, its base's fields and its own).  A connection's
+    C-typed fields (conn.TYPED: _c_member_fields) hold numbers: each its own."""
     c = cls.__new__(cls)
-    marks = {n: object() for n in names}
+    marks = {n: i + 0.5 if n == "t_in" else i + 1 if n in CONN_TYPED else object()
+             for i, n in enumerate(names)}
     for n, mark in marks.items():
         setattr(c, n, mark)
-    assert all(getattr(c, n) is mark for n, mark in marks.items())
+    assert all(getattr(c, n) is mark or n in CONN_TYPED and getattr(c, n) == mark
+               for n, mark in marks.items())

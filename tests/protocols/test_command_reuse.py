@@ -97,6 +97,28 @@ def test_the_same_name_again_is_the_same_str():
         assert a is b and c is d
 
 
+def test_every_connections_parser_reuses_the_processs_last_get_set_and_name():
+    """The spares are the process's, not a parser's: with a thousand connections a parser's own
+    were cold by its connection's next request (perf/README.md stop 23).  Two parsers, as two
+    connections: the second reuses what the first parsed, once nobody holds it."""
+    p, q = mc.MemcacheParser(), mc.MemcacheParser()
+    get = one(p, b"get hot\r\n")
+    name, got = get.plain.queue, id(get)
+    del get
+    again = one(q, b"get hot\r\n")
+    assert again == mc.Get([mc.GetKey("hot", "hot")])
+    s = one(p, b"set hot 1 2 3\r\nabc\r\n")
+    made = id(s)
+    del s
+    s2 = one(q, b"set cold 0 0 1\r\nx\r\n")
+    assert s2 == mc.Set("cold", 0, 0, b"x")
+    if COMPILED:
+        assert id(again) == got and again.plain.queue is name and id(s2) == made
+    held = one(p, b"get hot\r\n")              # `again` is still held: a new one
+    assert held is not again and held == again
+    assert one(q, b"get cold\r\n").plain.queue == "cold" == s2.queue
+
+
 @pytest.mark.skipif(not COMPILED, reason="the compiled build's fields")
 @pytest.mark.parametrize("cls, names", [(mcc.GetKey, mcc.GetKey.FIELDS), (mcc.Get, ("keys", "plain")),
                                         (mcc.Set, mcc.Set.FIELDS)])
