@@ -4,7 +4,9 @@ Kestrel served its admin port through Ostrich (reference §3.4): `/ping.json`
 answers `{"response":"pong"}` and `/stats.json` dumps Ostrich's StatsCollection.
 Lanner serves those two plus `/server_info.json`, `/stats.txt`, `/metrics`,
 `/` and `/dashboard.json` (lanner.ops); any other path is 404 and any method
-but GET is 405.  Pure like the other protocol modules: the front feeds
+but GET and HEAD is 405.  A HEAD is answered with the headers its GET would get
+(status, Content-Type, Content-Length) and no body, as HTTP requires, so that a
+health check or `curl -I` sees what a GET would.  Pure like the other protocol modules: the front feeds
 socket bytes, takes `HttpRequest`s, asks `route()` what to do, and writes bytes.
 
 The parser understands just enough HTTP/1.x for monitoring tools and curl:
@@ -46,7 +48,7 @@ from lanner.protocols.stream import StreamParser
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "AdminParser", "HttpRequest", "HttpError", "route", "response", "render_stats_json",
+    "AdminParser", "HttpRequest", "HttpError", "route", "response", "reply", "render_stats_json",
     "render_server_info_json", "PING_BODY", "ENDPOINTS",
 ]
 
@@ -78,11 +80,18 @@ class HttpError:
 
 
 def response(status: int, body: bytes, keep_alive: bool = True,
-             content_type: str = "application/json", extra: str = "") -> bytes:
+             content_type: str = "application/json", extra: str = "", head_only: bool = False) -> bytes:
+    """`head_only`: the answer to a HEAD, the GET's headers (Content-Length the body's) alone."""
     head = "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s%s\r\n" % (
         status, _REASONS.get(status, "Unknown"), content_type, len(body), extra,
         "" if keep_alive else "Connection: close\r\n")
-    return head.encode("latin-1") + body
+    return head.encode("latin-1") if head_only else head.encode("latin-1") + body
+
+
+def reply(req: HttpRequest, status: int, body: bytes, content_type: str = "application/json",
+          extra: str = "") -> bytes:
+    """The response to `req`: its keep-alive, and no body when it is a HEAD."""
+    return response(status, body, req.keep_alive, content_type, extra, req.method == "HEAD")
 
 
 def _error_body(status: int, message: str) -> bytes:
@@ -95,15 +104,15 @@ def _http_error(status: int, message: str) -> HttpError:
 
 def route(req: HttpRequest) -> bytes | str:
     """The full response for what needs no data (ping, 404, 405), or the endpoint name
-    (`"stats"`, `"server_info"`) whose JSON the front renders and wraps with `response`."""
-    if req.method != "GET":
+    (`"stats"`, `"server_info"`) whose JSON the front renders and wraps with `reply`."""
+    if req.method not in ("GET", "HEAD"):
         return response(405, _error_body(405, "method %s not allowed" % req.method), req.keep_alive,
-                         extra="Allow: GET\r\n")
+                        extra="Allow: GET, HEAD\r\n")
     if req.path == "/ping.json":
-        return response(200, PING_BODY, req.keep_alive)
+        return reply(req, 200, PING_BODY)
     name = ENDPOINTS.get(req.path)
     if name is None:
-        return response(404, _error_body(404, "no such path: %s" % req.path), req.keep_alive)
+        return reply(req, 404, _error_body(404, "no such path: %s" % req.path))
     return name
 
 

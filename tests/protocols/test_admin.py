@@ -125,7 +125,7 @@ def test_route_404_and_405():
     line, _, body = split_response(route(HttpRequest("GET", "/nope")))
     assert line == "HTTP/1.1 404 Not Found" and json.loads(body)["status"] == 404
     line, headers, _ = split_response(route(HttpRequest("POST", "/ping.json")))
-    assert line == "HTTP/1.1 405 Method Not Allowed" and headers["Allow"] == "GET"
+    assert line == "HTTP/1.1 405 Method Not Allowed" and headers["Allow"] == "GET, HEAD"
     line, _, _ = split_response(route(HttpRequest("DELETE", "/stats.json")))
     assert line.startswith("HTTP/1.1 405")
 

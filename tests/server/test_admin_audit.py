@@ -1,0 +1,108 @@
+"""The admin HTTP port as a monitoring tool sees it (conformance audit, part 2): a HEAD gets
+its GET's status and headers and no body, on every path, and the connection stays usable."""
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from tests.helpers import start_server
+
+PATHS = ["/ping.json", "/stats.json", "/stats.txt", "/server_info.json", "/metrics", "/",
+         "/dashboard.json", "/stats.json?period=60", "/no-such-path"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    h = start_server(tmp_path_factory.mktemp("admin-audit"), admin=True, workers=2)
+    yield h
+    h.stop()
+
+
+class Http:
+    """One keep-alive connection that reads responses by their framing."""
+
+    def __init__(self, port: int):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.buf = b""
+
+    def _fill(self) -> bool:
+        chunk = self.sock.recv(65536)
+        self.buf += chunk
+        return bool(chunk)
+
+    def send(self, method: str, path: str, extra: str = "") -> None:
+        self.sock.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\n{extra}\r\n".encode())
+
+    def response(self, has_body: bool = True) -> tuple[str, dict[str, str], bytes]:
+        while b"\r\n\r\n" not in self.buf:
+            assert self._fill(), "connection closed before a response head: %r" % self.buf
+        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        line, *rest = head.decode("latin-1").split("\r\n")
+        headers = dict(h.split(": ", 1) for h in rest)
+        n = int(headers["Content-Length"]) if has_body else 0
+        while len(self.buf) < n:
+            assert self._fill(), "connection closed inside a body"
+        body, self.buf = self.buf[:n], self.buf[n:]
+        return line, headers, body
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_head_answers_the_gets_headers_without_a_body(server, path):
+    c = Http(server.admin_port)
+    try:
+        c.send("GET", path)
+        get_line, get_headers, get_body = c.response()
+        assert len(get_body) == int(get_headers["Content-Length"])
+        # HEAD, then a GET pipelined behind it: a body after the HEAD's head would be read
+        # as the next response's status line
+        c.send("HEAD", path)
+        c.send("GET", "/ping.json")
+        line, headers, _ = c.response(has_body=False)
+        assert line == get_line, path
+        assert headers["Content-Type"] == get_headers["Content-Type"]
+        assert int(headers["Content-Length"]) > 0
+        assert "Connection" not in headers
+        assert c.response() == ("HTTP/1.1 200 OK", {"Content-Type": "application/json",
+                                                     "Content-Length": "19"},
+                                b'{"response":"pong"}')
+    finally:
+        c.close()
+
+
+def test_head_of_a_static_body_has_its_exact_length(server):
+    c = Http(server.admin_port)
+    try:
+        c.send("GET", "/")
+        _, get_headers, page = c.response()
+        c.send("HEAD", "/")
+        _, headers, _ = c.response(has_body=False)
+        assert headers["Content-Length"] == get_headers["Content-Length"] == str(len(page))
+    finally:
+        c.close()
+
+
+def test_head_with_connection_close_closes_after_the_headers(server):
+    c = Http(server.admin_port)
+    try:
+        c.send("HEAD", "/stats.json", "Connection: close\r\n")
+        line, headers, _ = c.response(has_body=False)
+        assert line == "HTTP/1.1 200 OK" and headers["Connection"] == "close"
+        while c._fill():
+            pass
+        assert c.buf == b""
+    finally:
+        c.close()
+
+
+def test_other_methods_are_405_naming_get_and_head(server):
+    c = Http(server.admin_port)
+    try:
+        c.send("POST", "/ping.json", "Content-Length: 0\r\n")
+        line, headers, _ = c.response()
+        assert line == "HTTP/1.1 405 Method Not Allowed" and headers["Allow"] == "GET, HEAD"
+    finally:
+        c.close()
