@@ -70,6 +70,7 @@ class HttpRequest:
     path: str
     query: dict[str, str] = field(default_factory=dict)
     keep_alive: bool = True
+    http10: bool = False        # an HTTP/1.0 request: one kept alive must be told so (`reply`)
 
 
 @dataclass(slots=True)
@@ -90,7 +91,11 @@ def response(status: int, body: bytes, keep_alive: bool = True,
 
 def reply(req: HttpRequest, status: int, body: bytes, content_type: str = "application/json",
           extra: str = "") -> bytes:
-    """The response to `req`: its keep-alive, and no body when it is a HEAD."""
+    """The response to `req`: its keep-alive, and no body when it is a HEAD.  An HTTP/1.0
+    client that asked to keep the connection reads `Connection: keep-alive` back, or it takes
+    the connection for closed after the response and waits for the EOF (RFC 9112 §9.3)."""
+    if req.keep_alive and req.http10:
+        extra += "Connection: keep-alive\r\n"
     return response(status, body, req.keep_alive, content_type, extra, req.method == "HEAD")
 
 
@@ -106,8 +111,8 @@ def route(req: HttpRequest) -> bytes | str:
     """The full response for what needs no data (ping, 404, 405), or the endpoint name
     (`"stats"`, `"server_info"`) whose JSON the front renders and wraps with `reply`."""
     if req.method not in ("GET", "HEAD"):
-        return response(405, _error_body(405, "method %s not allowed" % req.method), req.keep_alive,
-                        extra="Allow: GET, HEAD\r\n")
+        return reply(req, 405, _error_body(405, "method %s not allowed" % req.method),
+                     extra="Allow: GET, HEAD\r\n")
     if req.path == "/ping.json":
         return reply(req, 200, PING_BODY)
     name = ENDPOINTS.get(req.path)
@@ -303,5 +308,10 @@ class AdminParser(StreamParser):
         path, _, qs = target.partition("?")
         if "#" in qs:
             qs = qs.partition("#")[0]
+        scheme, sep, rest = path.partition("://")
+        if sep and scheme.lower() in ("http", "https"):
+            # absolute-form (a proxy's, or a client configured with one), which a server must
+            # accept (RFC 9112 §3.2.2): the path is what follows the authority
+            path = "/" + rest.partition("/")[2]
         query = dict(parse_qsl(qs, keep_blank_values=True))
-        return HttpRequest(method, unquote(path), query, keep_alive), length
+        return HttpRequest(method, unquote(path), query, keep_alive, version == "HTTP/1.0"), length

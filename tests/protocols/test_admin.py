@@ -49,7 +49,7 @@ def test_query_string_and_percent_decoding():
 def test_http10_defaults_to_close_and_stops():
     p = AdminParser()
     p.feed(b"GET /ping.json HTTP/1.0\r\n\r\nGET /ping.json HTTP/1.0\r\n\r\n")
-    assert list(p.requests()) == [HttpRequest("GET", "/ping.json", {}, False)]
+    assert list(p.requests()) == [HttpRequest("GET", "/ping.json", {}, False, http10=True)]
     assert p.stopped
 
 

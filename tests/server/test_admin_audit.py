@@ -106,3 +106,40 @@ def test_other_methods_are_405_naming_get_and_head(server):
         assert line == "HTTP/1.1 405 Method Not Allowed" and headers["Allow"] == "GET, HEAD"
     finally:
         c.close()
+
+
+def test_an_http10_client_kept_alive_is_told_so(server):
+    """An HTTP/1.0 request with `Connection: keep-alive` keeps the connection, and the response
+    says `Connection: keep-alive`: without it a 1.0 client (ApacheBench -k, old health
+    checkers) takes the connection as closing and waits for an EOF that never comes."""
+    c = Http(server.admin_port)
+    try:
+        for _ in range(2):
+            c.sock.sendall(b"GET /ping.json HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+            line, headers, body = c.response()
+            assert (line, headers.get("Connection"), body) == \
+                ("HTTP/1.1 200 OK", "keep-alive", b'{"response":"pong"}')
+        c.sock.sendall(b"HEAD /stats.json HTTP/1.0\r\n\r\n")       # no keep-alive: closes
+        line, headers, _ = c.response(has_body=False)
+        assert line == "HTTP/1.1 200 OK" and headers["Connection"] == "close"
+        while c._fill():
+            pass
+        assert c.buf == b""
+    finally:
+        c.close()
+
+
+def test_an_absolute_form_target_is_served_like_its_path(server):
+    """RFC 9112 §3.2.2: a server must accept `GET http://host:port/path` (what a client sends
+    through a proxy); it used to answer 404 naming the whole URL."""
+    c = Http(server.admin_port)
+    try:
+        c.send("GET", f"http://127.0.0.1:{server.admin_port}/ping.json")
+        assert c.response() == ("HTTP/1.1 200 OK", {"Content-Type": "application/json",
+                                                     "Content-Length": "19"}, b'{"response":"pong"}')
+        c.send("GET", f"HTTP://127.0.0.1:{server.admin_port}/stats.json?period=x")
+        assert c.response()[0] == "HTTP/1.1 400 Bad Request"
+        c.send("GET", f"http://127.0.0.1:{server.admin_port}")
+        assert c.response()[0] == "HTTP/1.1 200 OK"          # the dashboard, at "/"
+    finally:
+        c.close()
