@@ -20,9 +20,9 @@ stops the parser.
 `/stats.json` shape (Ostrich's `StatsCollection` JSON as Kestrel 2.x filled it):
 `{"counters": {...}, "gauges": {...}, "labels": {}, "metrics": {}}`, keys sorted.
 
-* global counters: `total_items total_connections cmd_get cmd_set cmd_peek
-  get_hits get_misses bytes_read bytes_written queue_creates queue_deletes
-  queue_expires`; every other numeric global stat is a gauge, with
+* global counters (`GLOBAL_COUNTERS`, /metrics's too): `total_items total_connections
+  cmd_get cmd_set cmd_peek get_hits get_misses bytes_read bytes_written queue_creates
+  queue_deletes queue_expires routed_requests handoffs fsyncs`; every other numeric global stat is a gauge, with
   `curr_connections` named `connections` as Kestrel's gauge was; `time` and
   `version` are left out (they are not measurements);
 * per queue, `q/<name>/<stat>`: counters `total_items put_items transactions
@@ -121,9 +121,10 @@ def route(req: HttpRequest) -> bytes | str:
     return name
 
 
-_COUNTERS = frozenset(("total_items", "total_connections", "cmd_get", "cmd_set", "cmd_peek", "get_hits",
-                       "get_misses", "bytes_read", "bytes_written", "queue_creates", "queue_deletes",
-                       "queue_expires", "routed_requests", "handoffs"))
+#: The global stats that only grow: counters in /stats.json and in /metrics (lanner.ops.metrics)
+GLOBAL_COUNTERS = frozenset(("total_items", "total_connections", "cmd_get", "cmd_set", "cmd_peek",
+                             "get_hits", "get_misses", "bytes_read", "bytes_written", "queue_creates",
+                             "queue_deletes", "queue_expires", "routed_requests", "handoffs", "fsyncs"))
 _GLOBAL_RENAME = {"curr_connections": "connections"}
 _GLOBAL_SKIP = frozenset(("time", "version"))
 _QUEUE_COUNTERS = frozenset(("total_items", "put_items", "transactions", "canceled_transactions",
@@ -158,7 +159,7 @@ def render_stats_json(global_stats: list[tuple[str, object]],
         n = stat_number(v)
         if n is None or k in _GLOBAL_SKIP:
             continue
-        if k in _COUNTERS:
+        if k in GLOBAL_COUNTERS:
             counters[k] = int(n)
         else:
             gauges[_GLOBAL_RENAME.get(k, k)] = float(n)

@@ -143,3 +143,32 @@ def test_an_absolute_form_target_is_served_like_its_path(server):
         assert c.response()[0] == "HTTP/1.1 200 OK"          # the dashboard, at "/"
     finally:
         c.close()
+
+
+def test_a_global_stat_is_a_counter_in_stats_json_exactly_when_it_is_one_in_metrics(server):
+    """/stats.json and /metrics name the same figures; one that only grows must be a counter in
+    both (`routed_requests` and `handoffs` were counters in /stats.json and gauges in /metrics,
+    `fsyncs` the other way round), so a tool's rate() works whichever it scrapes."""
+    import json
+    c = Http(server.admin_port)
+    try:
+        c.send("GET", "/stats.json")
+        doc = json.loads(c.response()[2])
+        c.send("GET", "/metrics")
+        text = c.response()[2].decode()
+    finally:
+        c.close()
+    kinds = {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE lanner_"):
+            _, _, name, kind = line.split()
+            kinds[name[len("lanner_"):]] = kind
+    checked = 0
+    for stat in ("total_items", "cmd_get", "routed_requests", "handoffs", "fsyncs", "curr_items", "bytes"):
+        counter = stat in doc["counters"]
+        assert counter or stat in doc["gauges"], stat
+        name = stat[len("total_"):] if counter and stat.startswith("total_") else stat
+        kind = kinds.get(name) or kinds.get(name + "_total")   # (prometheus-client names counters
+        assert kind == ("counter" if counter else "gauge"), (stat, kind)   # either way by version)
+        checked += counter
+    assert checked == 5
