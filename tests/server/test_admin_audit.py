@@ -2,6 +2,7 @@
 its GET's status and headers and no body, on every path, and the connection stays usable."""
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
@@ -46,14 +47,22 @@ class Http:
         body, self.buf = self.buf[:n], self.buf[n:]
         return line, headers, body
 
-    def close(self) -> None:
+    def closed_after_last_response(self) -> bool:
+        """Read to the end: True when the server closed with nothing after the last response."""
+        while self._fill():
+            pass
+        return self.buf == b""
+
+    def __enter__(self) -> "Http":
+        return self
+
+    def __exit__(self, *exc) -> None:
         self.sock.close()
 
 
 @pytest.mark.parametrize("path", PATHS)
 def test_head_answers_the_gets_headers_without_a_body(server, path):
-    c = Http(server.admin_port)
-    try:
+    with Http(server.admin_port) as c:
         c.send("GET", path)
         get_line, get_headers, get_body = c.response()
         assert len(get_body) == int(get_headers["Content-Length"])
@@ -69,51 +78,37 @@ def test_head_answers_the_gets_headers_without_a_body(server, path):
         assert c.response() == ("HTTP/1.1 200 OK", {"Content-Type": "application/json",
                                                      "Content-Length": "19"},
                                 b'{"response":"pong"}')
-    finally:
-        c.close()
 
 
 def test_head_of_a_static_body_has_its_exact_length(server):
-    c = Http(server.admin_port)
-    try:
+    with Http(server.admin_port) as c:
         c.send("GET", "/")
         _, get_headers, page = c.response()
         c.send("HEAD", "/")
         _, headers, _ = c.response(has_body=False)
         assert headers["Content-Length"] == get_headers["Content-Length"] == str(len(page))
-    finally:
-        c.close()
 
 
 def test_head_with_connection_close_closes_after_the_headers(server):
-    c = Http(server.admin_port)
-    try:
+    with Http(server.admin_port) as c:
         c.send("HEAD", "/stats.json", "Connection: close\r\n")
         line, headers, _ = c.response(has_body=False)
         assert line == "HTTP/1.1 200 OK" and headers["Connection"] == "close"
-        while c._fill():
-            pass
-        assert c.buf == b""
-    finally:
-        c.close()
+        assert c.closed_after_last_response()
 
 
 def test_other_methods_are_405_naming_get_and_head(server):
-    c = Http(server.admin_port)
-    try:
+    with Http(server.admin_port) as c:
         c.send("POST", "/ping.json", "Content-Length: 0\r\n")
         line, headers, _ = c.response()
         assert line == "HTTP/1.1 405 Method Not Allowed" and headers["Allow"] == "GET, HEAD"
-    finally:
-        c.close()
 
 
 def test_an_http10_client_kept_alive_is_told_so(server):
     """An HTTP/1.0 request with `Connection: keep-alive` keeps the connection, and the response
     says `Connection: keep-alive`: without it a 1.0 client (ApacheBench -k, old health
     checkers) takes the connection as closing and waits for an EOF that never comes."""
-    c = Http(server.admin_port)
-    try:
+    with Http(server.admin_port) as c:
         for _ in range(2):
             c.sock.sendall(b"GET /ping.json HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
             line, headers, body = c.response()
@@ -122,18 +117,13 @@ def test_an_http10_client_kept_alive_is_told_so(server):
         c.sock.sendall(b"HEAD /stats.json HTTP/1.0\r\n\r\n")       # no keep-alive: closes
         line, headers, _ = c.response(has_body=False)
         assert line == "HTTP/1.1 200 OK" and headers["Connection"] == "close"
-        while c._fill():
-            pass
-        assert c.buf == b""
-    finally:
-        c.close()
+        assert c.closed_after_last_response()
 
 
 def test_an_absolute_form_target_is_served_like_its_path(server):
     """RFC 9112 §3.2.2: a server must accept `GET http://host:port/path` (what a client sends
     through a proxy); it used to answer 404 naming the whole URL."""
-    c = Http(server.admin_port)
-    try:
+    with Http(server.admin_port) as c:
         c.send("GET", f"http://127.0.0.1:{server.admin_port}/ping.json")
         assert c.response() == ("HTTP/1.1 200 OK", {"Content-Type": "application/json",
                                                      "Content-Length": "19"}, b'{"response":"pong"}')
@@ -141,23 +131,17 @@ def test_an_absolute_form_target_is_served_like_its_path(server):
         assert c.response()[0] == "HTTP/1.1 400 Bad Request"
         c.send("GET", f"http://127.0.0.1:{server.admin_port}")
         assert c.response()[0] == "HTTP/1.1 200 OK"          # the dashboard, at "/"
-    finally:
-        c.close()
 
 
 def test_a_global_stat_is_a_counter_in_stats_json_exactly_when_it_is_one_in_metrics(server):
     """/stats.json and /metrics name the same figures; one that only grows must be a counter in
     both (`routed_requests` and `handoffs` were counters in /stats.json and gauges in /metrics,
     `fsyncs` the other way round), so a tool's rate() works whichever it scrapes."""
-    import json
-    c = Http(server.admin_port)
-    try:
+    with Http(server.admin_port) as c:
         c.send("GET", "/stats.json")
         doc = json.loads(c.response()[2])
         c.send("GET", "/metrics")
         text = c.response()[2].decode()
-    finally:
-        c.close()
     kinds = {}
     for line in text.splitlines():
         if line.startswith("# TYPE lanner_"):
