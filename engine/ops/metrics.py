@@ -10,8 +10,8 @@ families.  Nothing is registered globally: each scrape builds a throw-away
 Names (each becomes `lanner_...`):
 
 * a global stat `<s>` is a gauge `lanner_<s>`; a counter stat (reference §4.3, and
-  protocols.admin.GLOBAL_COUNTERS: the same in /stats.json) is `lanner_<s>_total`, with a leading `total_` moved to the end
-  (`total_items` -> `lanner_items_total`, `total_connections` ->
+  protocols.admin.GLOBAL_COUNTERS: the same in /stats.json) is `lanner_<s>_total`, with a
+  leading `total_` moved to the end (`total_items` -> `lanner_items_total`, `total_connections` ->
   `lanner_connections_total`); `uptime` and `time` carry `_seconds`;
   `version` is the label of `lanner_build_info`;
 * a queue stat the same way as `lanner_queue_<s>{queue="<name>"}`
