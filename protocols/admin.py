@@ -4,7 +4,9 @@ Kestrel served its admin port through Ostrich (reference §3.4): `/ping.json`
 answers `{"response":"pong"}` and `/stats.json` dumps Ostrich's StatsCollection.
 Lanner serves those two plus `/server_info.json`, `/stats.txt`, `/metrics`,
 `/` and `/dashboard.json` (lanner.ops); any other path is 404 and any method
-but GET is 405.  Pure like the other protocol modules: the front feeds
+but GET and HEAD is 405.  A HEAD is answered with the headers its GET would get
+(status, Content-Type, Content-Length) and no body, as HTTP requires, so that a
+health check or `curl -I` sees what a GET would.  Pure like the other protocol modules: the front feeds
 socket bytes, takes `HttpRequest`s, asks `route()` what to do, and writes bytes.
 
 The parser understands just enough HTTP/1.x for monitoring tools and curl:
@@ -18,9 +20,9 @@ stops the parser.
 `/stats.json` shape (Ostrich's `StatsCollection` JSON as Kestrel 2.x filled it):
 `{"counters": {...}, "gauges": {...}, "labels": {}, "metrics": {}}`, keys sorted.
 
-* global counters: `total_items total_connections cmd_get cmd_set cmd_peek
-  get_hits get_misses bytes_read bytes_written queue_creates queue_deletes
-  queue_expires`; every other numeric global stat is a gauge, with
+* global counters (`GLOBAL_COUNTERS`, /metrics's too): `total_items total_connections
+  cmd_get cmd_set cmd_peek get_hits get_misses bytes_read bytes_written queue_creates
+  queue_deletes queue_expires routed_requests handoffs fsyncs`; every other numeric global stat is a gauge, with
   `curr_connections` named `connections` as Kestrel's gauge was; `time` and
   `version` are left out (they are not measurements);
 * per queue, `q/<name>/<stat>`: counters `total_items put_items transactions
@@ -46,7 +48,7 @@ from lanner.protocols.stream import StreamParser
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "AdminParser", "HttpRequest", "HttpError", "route", "response", "render_stats_json",
+    "AdminParser", "HttpRequest", "HttpError", "route", "response", "reply", "render_stats_json",
     "render_server_info_json", "PING_BODY", "ENDPOINTS",
 ]
 
@@ -68,6 +70,7 @@ class HttpRequest:
     path: str
     query: dict[str, str] = field(default_factory=dict)
     keep_alive: bool = True
+    http10: bool = False        # an HTTP/1.0 request: one kept alive must be told so (`reply`)
 
 
 @dataclass(slots=True)
@@ -78,11 +81,22 @@ class HttpError:
 
 
 def response(status: int, body: bytes, keep_alive: bool = True,
-             content_type: str = "application/json", extra: str = "") -> bytes:
+             content_type: str = "application/json", extra: str = "", head_only: bool = False) -> bytes:
+    """`head_only`: the answer to a HEAD, the GET's headers (Content-Length the body's) alone."""
     head = "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s%s\r\n" % (
         status, _REASONS.get(status, "Unknown"), content_type, len(body), extra,
         "" if keep_alive else "Connection: close\r\n")
-    return head.encode("latin-1") + body
+    return head.encode("latin-1") if head_only else head.encode("latin-1") + body
+
+
+def reply(req: HttpRequest, status: int, body: bytes, content_type: str = "application/json",
+          extra: str = "") -> bytes:
+    """The response to `req`: its keep-alive, and no body when it is a HEAD.  An HTTP/1.0
+    client that asked to keep the connection reads `Connection: keep-alive` back, or it takes
+    the connection for closed after the response and waits for the EOF (RFC 9112 §9.3)."""
+    if req.keep_alive and req.http10:
+        extra += "Connection: keep-alive\r\n"
+    return response(status, body, req.keep_alive, content_type, extra, req.method == "HEAD")
 
 
 def _error_body(status: int, message: str) -> bytes:
@@ -95,21 +109,22 @@ def _http_error(status: int, message: str) -> HttpError:
 
 def route(req: HttpRequest) -> bytes | str:
     """The full response for what needs no data (ping, 404, 405), or the endpoint name
-    (`"stats"`, `"server_info"`) whose JSON the front renders and wraps with `response`."""
-    if req.method != "GET":
-        return response(405, _error_body(405, "method %s not allowed" % req.method), req.keep_alive,
-                         extra="Allow: GET\r\n")
+    (`"stats"`, `"server_info"`) whose JSON the front renders and wraps with `reply`."""
+    if req.method not in ("GET", "HEAD"):
+        return reply(req, 405, _error_body(405, "method %s not allowed" % req.method),
+                     extra="Allow: GET, HEAD\r\n")
     if req.path == "/ping.json":
-        return response(200, PING_BODY, req.keep_alive)
+        return reply(req, 200, PING_BODY)
     name = ENDPOINTS.get(req.path)
     if name is None:
-        return response(404, _error_body(404, "no such path: %s" % req.path), req.keep_alive)
+        return reply(req, 404, _error_body(404, "no such path: %s" % req.path))
     return name
 
 
-_COUNTERS = frozenset(("total_items", "total_connections", "cmd_get", "cmd_set", "cmd_peek", "get_hits",
-                       "get_misses", "bytes_read", "bytes_written", "queue_creates", "queue_deletes",
-                       "queue_expires", "routed_requests", "handoffs"))
+#: The global stats that only grow: counters in /stats.json and in /metrics (lanner.ops.metrics)
+GLOBAL_COUNTERS = frozenset(("total_items", "total_connections", "cmd_get", "cmd_set", "cmd_peek",
+                             "get_hits", "get_misses", "bytes_read", "bytes_written", "queue_creates",
+                             "queue_deletes", "queue_expires", "routed_requests", "handoffs", "fsyncs"))
 _GLOBAL_RENAME = {"curr_connections": "connections"}
 _GLOBAL_SKIP = frozenset(("time", "version"))
 _QUEUE_COUNTERS = frozenset(("total_items", "put_items", "transactions", "canceled_transactions",
@@ -144,7 +159,7 @@ def render_stats_json(global_stats: list[tuple[str, object]],
         n = stat_number(v)
         if n is None or k in _GLOBAL_SKIP:
             continue
-        if k in _COUNTERS:
+        if k in GLOBAL_COUNTERS:
             counters[k] = int(n)
         else:
             gauges[_GLOBAL_RENAME.get(k, k)] = float(n)
@@ -294,5 +309,10 @@ class AdminParser(StreamParser):
         path, _, qs = target.partition("?")
         if "#" in qs:
             qs = qs.partition("#")[0]
+        scheme, sep, rest = path.partition("://")
+        if sep and scheme.lower() in ("http", "https"):
+            # absolute-form (a proxy's, or a client configured with one), which a server must
+            # accept (RFC 9112 §3.2.2): the path is what follows the authority
+            path = "/" + rest.partition("/")[2]
         query = dict(parse_qsl(qs, keep_blank_values=True))
-        return HttpRequest(method, unquote(path), query, keep_alive), length
+        return HttpRequest(method, unquote(path), query, keep_alive, version == "HTTP/1.0"), length

@@ -24,8 +24,9 @@ class AdminConn(Conn):
         super().__init__(front, admin.AdminParser(), count_bytes=False)
 
     def unavailable(self, slot: Slot, reason: str) -> None:
-        slot.out = admin.response(503, b'{"error":"%s"}' % reason.encode("ascii", "replace"),
-                                  keep_alive=False)
+        body = b'{"error":"%s"}' % reason.encode("ascii", "replace")
+        head_only = isinstance(slot.call, admin.HttpRequest) and slot.call.method == "HEAD"
+        slot.out = admin.response(503, body, keep_alive=False, head_only=head_only)
         slot.close = True
 
     def handle(self, req) -> None:
@@ -41,6 +42,6 @@ class AdminConn(Conn):
             f = self.front
             body = admin.render_server_info_json(__version__, int(f.started_at * 1000),
                                                  int((time.time() - f.started_at) * 1000))
-            self.reply_now(admin.response(200, body, keep), close=not keep)
+            self.reply_now(admin.reply(req, 200, body), close=not keep)
             return
         endpoints.handle(self, routed, req)     # /stats.json, /stats.txt, /metrics, /, /dashboard.json

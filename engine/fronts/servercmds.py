@@ -25,8 +25,9 @@ class ServerCommands:
             self.request(slot, w, op, flags, b"", 0, 0, payload)
         self.seal(slot)
 
-    def stats_slot(self, finish_bytes, names=None) -> None:
-        """Ask every worker (or the owners of `names`) for stats and let finish_bytes format them."""
+    def stats_slot(self, finish_bytes, names=None, call=None) -> None:
+        """Ask every worker (or the owners of `names`) for stats and let finish_bytes format them.
+        `call` rides on the slot for `unavailable` (the admin port's request: a HEAD gets no body)."""
         f = self.front
 
         def finish(slot):
@@ -46,7 +47,7 @@ class ServerCommands:
                 return
             slot.out = finish_bytes(f.global_stats(worker_globals), queues)
 
-        slot = self.new_slot(finish)
+        slot = self.new_slot(finish, call=call)
         if names is None:
             self.broadcast(slot, OP_STATS)
             return

@@ -70,17 +70,17 @@ def _status(front) -> tuple[str, str]:
     return front.status.reported(), front.status.enforced()
 
 
-def _finish_later(conn: Conn, keep: bool):
+def _finish_later(conn: Conn, req):
     """A slot that holds the reply's place; returns `done(status, body, content_type)`."""
     slot = conn.new_slot()
-    slot.close = not keep
+    slot.close = not req.keep_alive
 
     def done(status: int, body: bytes, content_type: str) -> None:
-        conn.fill(slot, admin.response(status, body, keep, content_type))
+        conn.fill(slot, admin.reply(req, status, body, content_type))
     return done
 
 
-def _gather_render(conn: Conn, keep: bool, content_type: str, render) -> None:
+def _gather_render(conn: Conn, req, content_type: str, render) -> None:
     """stats_slot, then `render(global_stats, queues) -> bytes`: inline for a few queues,
     on the executor for more (see INLINE_QUEUES)."""
     loop = conn.front.loop
@@ -88,8 +88,8 @@ def _gather_render(conn: Conn, keep: bool, content_type: str, render) -> None:
     def capture(g, queues):
         loop.call_soon(start, g, queues)
         return b""
-    conn.stats_slot(capture)
-    done = _finish_later(conn, keep)
+    conn.stats_slot(capture, call=req)
+    done = _finish_later(conn, req)
 
     def start(g, queues):
         if len(queues) <= INLINE_QUEUES:
@@ -120,11 +120,11 @@ def handle(conn: Conn, routed: str, req) -> bool:
     fn = _ROUTES.get(routed)
     if fn is None:
         return False
-    fn(conn, req, req.keep_alive)
+    fn(conn, req)
     return True
 
 
-def _metrics(conn, req, keep):
+def _metrics(conn, req):
     # lazy: metrics.py loads prometheus-client (2+ MB per server); the supervisor imports this
     # module before it forks, and only the process that answers a scrape needs the client
     from lanner.ops import metrics
@@ -133,7 +133,7 @@ def _metrics(conn, req, keep):
 
     def render(g, queues):
         return metrics.render(g, queues, status, lat, procs.snapshot())
-    _gather_render(conn, keep, metrics.CONTENT_TYPE, render)
+    _gather_render(conn, req, metrics.CONTENT_TYPE, render)
 
 
 def _ostrich_doc(conn):
@@ -146,18 +146,19 @@ def _ostrich_doc(conn):
     return build
 
 
-def _stats(conn, req, keep, as_text=False):
+def _stats(conn, req, as_text=False):
+    keep = req.keep_alive
     try:
         period = ostrich.parse_period(req.query.get("period"))
     except ValueError:
-        conn.reply_now(admin.response(400, b'{"error":"period must be a whole number of seconds '
-                                           b'from 1 to 86400","status":400}', keep), close=not keep)
+        conn.reply_now(admin.reply(req, 400, b'{"error":"period must be a whole number of seconds '
+                                             b'from 1 to 86400","status":400}'), close=not keep)
         return
     fmt = (ostrich.text, TEXT) if as_text else (ostrich.dumps, JSON)
     if period is not None:
         lst = _listeners.get(period)
         if lst is not None and lst.latched is not None:
-            conn.reply_now(admin.response(200, fmt[0](lst.latched), keep, fmt[1]), close=not keep)
+            conn.reply_now(admin.reply(req, 200, fmt[0](lst.latched), fmt[1]), close=not keep)
             return
         if lst is None:
             if len(_listeners) >= ostrich.MAX_LISTENERS:
@@ -172,18 +173,18 @@ def _stats(conn, req, keep, as_text=False):
                 lst.latch(doc, lat)
                 conn.front.loop.call_soon_threadsafe(_schedule, conn.front, lst)
             return fmt[0](lst.latched)
-        _gather_render(conn, keep, fmt[1], render_period)
+        _gather_render(conn, req, fmt[1], render_period)
         return
     build = _ostrich_doc(conn)
-    _gather_render(conn, keep, fmt[1], lambda g, q: fmt[0](build(g, q)[0]))
+    _gather_render(conn, req, fmt[1], lambda g, q: fmt[0](build(g, q)[0]))
 
 
-def _stats_txt(conn, req, keep):
-    _stats(conn, req, keep, as_text=True)
+def _stats_txt(conn, req):
+    _stats(conn, req, as_text=True)
 
 
-def _dashboard(conn, req, keep):
-    conn.reply_now(admin.response(200, dashboard_html(), keep, HTML), close=not keep)
+def _dashboard(conn, req):
+    conn.reply_now(admin.reply(req, 200, dashboard_html(), HTML), close=not req.keep_alive)
 
 
 def dashboard_doc(g, queues, status, lat, processes, started_at: float, limit: int) -> dict:
@@ -224,7 +225,7 @@ def dashboard_doc(g, queues, status, lat, processes, started_at: float, limit: i
             "latency": lat_sum}
 
 
-def _dashboard_json(conn, req, keep):
+def _dashboard_json(conn, req):
     f = conn.front
     status, lat = _status(f), latency.read(f.counters)
     try:
@@ -235,7 +236,7 @@ def _dashboard_json(conn, req, keep):
     def render(g, queues):
         doc = dashboard_doc(g, queues, status, lat, procs.snapshot(), f.started_at, max(0, limit))
         return json.dumps(doc, separators=(",", ":")).encode()
-    _gather_render(conn, keep, JSON, render)
+    _gather_render(conn, req, JSON, render)
 
 
 _ROUTES = {"metrics": _metrics, "stats": _stats, "stats_txt": _stats_txt,

@@ -9,9 +9,9 @@ families.  Nothing is registered globally: each scrape builds a throw-away
 
 Names (each becomes `lanner_...`):
 
-* a global stat `<s>` is a gauge `lanner_<s>`; a counter stat (reference §4.3)
-  is `lanner_<s>_total`, with a leading `total_` moved to the end
-  (`total_items` -> `lanner_items_total`, `total_connections` ->
+* a global stat `<s>` is a gauge `lanner_<s>`; a counter stat (reference §4.3, and
+  protocols.admin.GLOBAL_COUNTERS: the same in /stats.json) is `lanner_<s>_total`, with a
+  leading `total_` moved to the end (`total_items` -> `lanner_items_total`, `total_connections` ->
   `lanner_connections_total`); `uptime` and `time` carry `_seconds`;
   `version` is the label of `lanner_build_info`;
 * a queue stat the same way as `lanner_queue_<s>{queue="<name>"}`
@@ -34,7 +34,7 @@ from prometheus_client.core import (CollectorRegistry, CounterMetricFamily, Gaug
                                     HistogramMetricFamily, InfoMetricFamily)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from lanner.protocols.admin import stat_number
+from lanner.protocols.admin import GLOBAL_COUNTERS, stat_number
 
 from . import latency
 
@@ -42,9 +42,6 @@ __all__ = ["CONTENT_TYPE", "render", "metric_name"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
-GLOBAL_COUNTERS = frozenset(("total_items", "total_connections", "cmd_get", "cmd_set", "cmd_peek",
-                             "get_hits", "get_misses", "bytes_read", "bytes_written",
-                             "queue_creates", "queue_deletes", "queue_expires", "fsyncs"))
 QUEUE_COUNTERS = frozenset(("total_items", "expired_items", "discarded", "transactions",
                             "canceled_transactions", "total_flushes", "journal_rewrites",
                             "journal_rotations"))

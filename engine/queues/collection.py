@@ -571,6 +571,15 @@ class QueueCollection(CollectionBase, WriteFailures, Deletes):
         if error is not None:
             raise error
 
+    def rewrite_empty_journals(self) -> None:
+        """Graceful shutdown under ReadOnly or Quiescent (reference §5.11): each empty queue's
+        journal is compacted before it is closed (command logs and memory queues have no such
+        rule)."""
+        for q in self._queues.values():
+            rewrite = getattr(q.storage, "rewrite_when_empty", None)
+            if rewrite is not None and q.length == 0:
+                rewrite(q)
+
     def close(self) -> None:
         """Evict every waiter, flush and sync every storage.  Every storage is closed even if
         some fail; then `CloseError` lists those that could not be written or synced."""

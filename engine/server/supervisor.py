@@ -487,6 +487,14 @@ class Supervisor:
             log.info("%s (pid %d) %s", child, pid, why)
             return
         if os.WIFEXITED(status) and os.WEXITSTATUS(status) == EXIT_BOOT_ERROR:
+            # its `boot_failed` (the reason, for contract.md's one line) was sent before it
+            # exited, but the exit can be reaped first: read it from the socket now
+            if child.sock is not None and not self.told_why:
+                self.read_child(child)
+            if not self.told_why:
+                sys.stderr.write(f"lanner: {child} cannot start (its log above says why)\n")
+                sys.stderr.flush()
+                self.told_why = True
             log.error("%s (pid %d) %s: cannot boot, stopping", child, pid, why)
             self.exit_code = EXIT_BOOT_ERROR
             self.stopping = True

@@ -471,6 +471,8 @@ class Worker(WorkerBase, GroupCommit, Waiting, Holding, PeerOps, ShardLoop, Move
                 coll.abort_stranded()
                 self.finish_batch()
                 self.wait_for_sync()
+            if self.status.blocks_writes():       # ReadOnly or Quiescent in force (§5.11)
+                coll.rewrite_empty_journals()
             if self.front is not None:
                 self.front.flush_writes()
                 self.front.flush_rings()

@@ -93,9 +93,10 @@ class StorageFactory:
         self.partitions = partitions_of_worker(worker, nworkers)
         self._logs: dict[int, object] = {}
         self._journals: dict[str, object] = {}
-        # journals with a checkpoint set (they register themselves at the rotation that sets it,
-        # `_checkpointed`): the only ones `tick` looks at, so a tick costs what needs packing,
-        # not one step per queue (issue 8: 10,000 queues made it 10,000 steps ten times a second)
+        # journals with a checkpoint set or a rewrite being written (they register themselves,
+        # `_checkpointed`): the only ones `tick` looks at, so a tick costs what needs packing or
+        # adopting, not one step per queue (issue 8: 10,000 queues made it 10,000 steps ten
+        # times a second)
         self._attention: dict[str, object] = {}
         # the worker's `note_deadline`: a journal that registers wants a tick soon, and the
         # worker's timer is re-armed only for what announces itself (shardloop.py arm_timer)
@@ -210,16 +211,16 @@ class StorageFactory:
                     del self._packs[rid]
                     j.pack_done(None)
             for name, j in list(self._attention.items()):
-                if j.checkpoint is None:       # packed (or covered by a rewrite): done with it
-                    del self._attention[name]
-                    continue
-                req = j.pack_due()             # None until the reader has left the files
-                if req is not None:
+                req = j.pack_due()             # adopts a finished rewrite; None until the reader
+                if req is not None:            # has left the files
                     self.request_pack(j, req)
+                elif j.checkpoint is None and not j.rewrite_pending:
+                    del self._attention[name]  # packed (or covered by a rewrite): done with it
 
     def _checkpointed(self, journal) -> None:
-        """A journal's hook (`on_checkpoint`): it set a checkpoint, so `tick` asks it for its
-        pack from now on until the checkpoint is gone."""
+        """A journal's hook (`on_checkpoint`): it set a checkpoint, or its rewrite is being
+        written, so `tick` asks it for its pack (and so adopts the rewrite) from now on until
+        both are done."""
         if self._journals.get(journal.name) is journal:
             self._attention[journal.name] = journal
             if self.on_deadline is not None:

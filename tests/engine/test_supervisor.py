@@ -379,6 +379,25 @@ def test_a_boot_failure_halts_instead_of_restarting(sup):
     assert sup.children[(WORKER, 1)].pid == 0
 
 
+def test_a_boot_failure_reaped_before_its_message_still_says_why_on_one_line(sup, capsys):
+    """contract.md: start-up that cannot proceed exits non-zero with a one-line reason.  The
+    worker sends `boot_failed` and exits; when the exit is reaped before the message is read
+    (seen on a loaded box), the supervisor stops reading children and the reason was lost."""
+    sup.child_says(WORKER, 1, {"cmd": "boot_failed", "worker": 1, "reason": "queue 'q': broken"})
+    sup.die(WORKER, 1, status=exited(EXIT_BOOT_ERROR))
+    sup.dispatch(signal.SIGCHLD)            # the exit, before the loop reads the socket
+    assert capsys.readouterr().err == "lanner: worker 1 cannot start: queue 'q': broken\n"
+    sup.turn()                              # the message, read now, is not said twice
+    assert capsys.readouterr().err == ""
+    assert sup.stopping and sup.exit_code == EXIT_BOOT_ERROR
+
+
+def test_a_boot_failure_without_a_reason_still_gets_its_line(sup, capsys):
+    sup.die(WORKER, 0, status=exited(EXIT_BOOT_ERROR))
+    sup.dispatch(signal.SIGCHLD)
+    assert capsys.readouterr().err == "lanner: worker 0 cannot start (its log above says why)\n"
+
+
 def test_exit_codes_live_in_one_place():
     assert supervisor_mod.EXIT_BOOT_ERROR is exits.EXIT_BOOT_ERROR
     assert worker_mod.EXIT_BOOT_ERROR is exits.EXIT_BOOT_ERROR

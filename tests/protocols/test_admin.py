@@ -49,7 +49,7 @@ def test_query_string_and_percent_decoding():
 def test_http10_defaults_to_close_and_stops():
     p = AdminParser()
     p.feed(b"GET /ping.json HTTP/1.0\r\n\r\nGET /ping.json HTTP/1.0\r\n\r\n")
-    assert list(p.requests()) == [HttpRequest("GET", "/ping.json", {}, False)]
+    assert list(p.requests()) == [HttpRequest("GET", "/ping.json", {}, False, http10=True)]
     assert p.stopped
 
 
@@ -125,7 +125,7 @@ def test_route_404_and_405():
     line, _, body = split_response(route(HttpRequest("GET", "/nope")))
     assert line == "HTTP/1.1 404 Not Found" and json.loads(body)["status"] == 404
     line, headers, _ = split_response(route(HttpRequest("POST", "/ping.json")))
-    assert line == "HTTP/1.1 405 Method Not Allowed" and headers["Allow"] == "GET"
+    assert line == "HTTP/1.1 405 Method Not Allowed" and headers["Allow"] == "GET, HEAD"
     line, _, _ = split_response(route(HttpRequest("DELETE", "/stats.json")))
     assert line.startswith("HTTP/1.1 405")
 

@@ -273,5 +273,9 @@ def _truncate(path: str, offset: int, size: int) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    log.warning("%s: offset %d: torn record at the end of the newest segment: truncated %d bytes",
-                path, offset, size - offset)
+    if offset < HEADER_SIZE:
+        log.warning("%s: the newest segment ends inside its header (%d of %d bytes, a crash while "
+                    "it was created): a bare header written", path, size, HEADER_SIZE)
+    else:
+        log.warning("%s: offset %d: torn record at the end of the newest segment: truncated %d bytes",
+                    path, offset, size - offset)

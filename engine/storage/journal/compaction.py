@@ -87,8 +87,10 @@ class JournalCompaction:
     checkpoint: Checkpoint | None
     _pack_outstanding: PackRequest | None
     _rewrite_job: tuple[CallJob, int] | None        # (job, ts of the archive it packs)
-    on_checkpoint: Callable[[object], None] | None  # called with the journal when a rotation
-                                                    # sets a checkpoint (factory.py)
+    on_checkpoint: Callable[[object], None] | None  # called with the journal when it has file
+                                                    # work for its owner's timer: a rotation set a
+                                                    # checkpoint, or a rewrite went to the writer
+                                                    # thread (factory.py `tick`)
     __slots__ = ()              # Journal's
 
     def _fsync_current(self) -> None:
@@ -362,7 +364,29 @@ class JournalCompaction:
             job = self.writer.run(_rewrite_files, *args)
         self._rewrite_job = (job, parse_archive(self.name, rotated)[0])
         self._adopt_rewrite()
+        if self._rewrite_job is not None and self.on_checkpoint is not None:
+            # adopted at the owner's next tick, not at this queue's next operation: an idle queue
+            # would keep its archive and pack (and `journal_rewrites` its old count) till then
+            self.on_checkpoint(self)
         return True
+
+    def rewrite_when_empty(self, view) -> None:
+        """A graceful shutdown under ReadOnly or Quiescent rewrites each empty queue's journal
+        (reference §5.11), adopted at once: the queue is left as one file of its open reads
+        alone (0 bytes with none), as Kestrel left it."""
+        if view.length or self._closed or self._erased or not self.write_done or \
+                not self._rewrite_safe(view):
+            return
+        if not (self._disk_size + self._inflight_n + len(self._pending) + self._archived_size):
+            return                                   # one empty file already
+        log.info("queue %r: rewriting journal at shutdown (qsize=0)", self.name)
+        if self._rewrite(view) and self._rewrite_job is not None:
+            self._adopt_rewrite(block=True)
+
+    @property
+    def rewrite_pending(self) -> bool:
+        """A rewrite's files are being written (`_adopt_rewrite` has not taken them yet)."""
+        return self._rewrite_job is not None
 
     def _adopt_rewrite(self, block: bool = False) -> None:
         """Take the outcome of the rewrite under way once it is done (or wait for it): its pack
