@@ -272,3 +272,161 @@ def test_an_inline_fsync_never_leaves_a_gather_held_behind_it(gather):
     s.exclusive(a, lambda: None)
     assert "held" not in s.state() and a.synced == 3
     assert s.done_prefix() == [second, third]
+
+
+class LinkUring(TimerUring):
+    """TimerUring that also takes timers linked behind an fsync (uring.py `link`): the timer
+    rides the fsync's submission (no `arm`), starts when it completes (`fire_linked`), and is
+    cancelled by the kernel when it fails (its -ECANCELED completion comes at once)."""
+
+    def __init__(self):
+        super().__init__()
+        self.links = {}                 # fsync token -> (timer token, seconds)
+        self.linked = []                # fsync tokens submitted with a timer behind them
+
+    def link(self, fsync, token, seconds):
+        self.links[fsync] = (token, seconds)
+
+    def submit(self, jobs):
+        n, error = super().submit(jobs)
+        for token, *_ in jobs[:n]:
+            if token in self.links:
+                self.linked.append(token)
+                self.inflight += 1
+        return n, error
+
+    def complete(self, fd, err=0):
+        super().complete(fd, err)
+        token = self.completed[-1][0]
+        if err and token in self.links:
+            self.pending.append((self.links[token][0], errno.ECANCELED))
+
+    def fire_linked(self):
+        self.pending.append((self.links[self.linked[-1]][0], errno.ETIME))
+        os.eventfd_write(self.fd, 1)
+
+
+@pytest.fixture
+def linking(monkeypatch):
+    monkeypatch.setattr(S, "GATHER_MIN_S", 0.0)
+    with ring_syncer(LinkUring()) as both:
+        yield both
+
+
+def test_the_gather_uses_the_timer_linked_behind_the_fsync_and_arms_none(linking):
+    """An fsync that answers two or more clients of one file goes with the gather's timer linked
+    behind it: when it returns and the next fsync is held, no timer is armed (no io_uring_enter
+    of its own between the fdatasync's return and the replies); the linked one bounds the hold."""
+    s, k = linking
+    s.last_sync_s = 0.0004                      # (the bound: the last fdatasync's duration)
+    a = KernelMedium(10)
+    first = s.start([a], ["r1", "r2"])
+    assert k.linked == [k.submitted[0][0]] and 0 < k.links[k.linked[0]][1] <= S.GATHER_MAX_S
+    a.written = 2
+    second = s.start([a], ["w"])
+    assert returned(s, k) == [first]
+    assert "held for a gather" in s.state() and k.armed == [] and len(k.fsyncs(10)) == 1
+    k.fire_linked()                             # nobody came back: the linked timer sends it
+    s.poll()
+    assert len(k.fsyncs(10)) == 2 and k.disarmed == [] and "held" not in s.state()
+    assert returned(s, k) == [second] and a.synced == 2
+
+
+def test_the_held_fsync_removes_the_linked_timer_when_the_clients_are_back(linking):
+    s, k = linking
+    s.last_sync_s = 0.0004
+    a = KernelMedium(10)
+    first = s.start([a], ["r1", "r2"])
+    timer = k.links[k.linked[0]][0]
+    assert returned(s, k) == [first] and "held for a gather" in s.state()
+    a.written = 2
+    second = s.start([a], ["r1 again"])
+    assert len(k.fsyncs(10)) == 1
+    a.written = 3
+    assert s.join([a], ["r2 again"])            # both back: the fsync goes, the timer goes with it
+    assert len(k.fsyncs(10)) == 2 and (timer, errno.ECANCELED) in k.pending and k.armed == []
+    assert returned(s, k) == [second] and second.replies == ["r1 again", "r2 again"]
+
+
+def test_a_lone_clients_fsync_links_no_timer(linking):
+    """One reply: no gather will follow, so no timer rides its fsync (it would only wake the
+    owner for nothing)."""
+    s, k = linking
+    s.last_sync_s = 0.0004
+    a = KernelMedium(10)
+    first = s.start([a], ["only"])
+    assert k.linked == [] and returned(s, k) == [first] and k.armed == []
+
+
+def test_a_linked_timer_no_gather_wants_is_removed_with_the_next_fsync(linking):
+    """The fsync returns while another file's is under way (no gather then): its timer, already
+    running, is removed in the enter of the next fsync; after a failed fsync none is removed
+    (the kernel cancelled it) and every round waiting fails as before."""
+    s, k = linking
+    s.last_sync_s = 0.0004
+    a, b = KernelMedium(10), KernelMedium(11)
+    first = s.start([a], ["r1", "r2"])
+    timer = k.links[k.linked[0]][0]
+    b.written = 1
+    s.start([b], ["x"])                         # another file's fsync under way
+    a.written = 2
+    second = s.start([a], ["w"])
+    assert returned(s, k) == [first]
+    assert len(k.fsyncs(10)) == 2 and (timer, errno.ECANCELED) in k.pending   # removed with it
+    assert "held" not in s.state()
+    k.complete(11)
+    k.complete(10)
+    s.poll()
+    assert s.done_prefix()[-1] is second and not s.rounds
+    c = KernelMedium(12)                        # an idle file: its fsync goes, linked
+    c.written = 1
+    third = s.start([c], ["r1", "r2"])
+    c.written = 2
+    fourth = s.start([c], ["w"])
+    assert len(k.linked) == 2
+    k.complete(12, errno.EIO)
+    s.poll()
+    assert k.disarmed == [] and "held" not in s.state()
+    assert s.done_prefix() == [third, fourth]
+    assert [(m.fd, e.errno) for m, e in fourth.failed] == [(12, errno.EIO)]
+
+
+def test_the_real_kernels_linked_timer_costs_the_gather_no_enter(tmp_path, monkeypatch):
+    """Against the kernel: a gathered round costs one io_uring_enter, its fdatasync's (the timer
+    rides it, IOSQE_IO_LINK), where arming the timer at the return took a second."""
+    from lanner.storage.uring import open_uring
+    monkeypatch.setattr(S, "GATHER_MIN_S", 0.0)
+    u = open_uring()
+    assert u is not None
+    enters = []
+    real = u._enter
+
+    def counted(entries):
+        enters.append([e[0] for e in entries])
+        return real(entries)
+    u._enter = counted
+    r, w = os.pipe()
+    s = Syncer(w, uring=u)
+    monkeypatch.setattr(S, "GATHER_MAX_S", 0.2)    # (a bound no slow reap here can outlast)
+    s.last_sync_s = 0.2
+    fd = os.open(tmp_path / "f", os.O_CREAT | os.O_WRONLY)
+    try:
+        a = KernelMedium(fd)
+        first = s.start([a], ["r1", "r2"])
+        a.written = 2
+        second = s.start([a], ["w"])
+        while not s.done_prefix():
+            assert select.select([s.fd], [], [], 10)[0]
+            s.poll()
+        assert "held for a gather" in s.state() and second.remaining == 1
+        while second.remaining:
+            assert select.select([s.fd], [], [], 10)[0], "the linked timer never fired"
+            s.poll()
+        assert s.done_prefix() == [second] and a.synced == 2 and first.remaining == 0
+        # one enter per fdatasync: the first's with its timer behind it, the held one's
+        assert enters == [[3, 11], [3]]
+    finally:
+        s.close()
+        os.close(fd)
+        os.close(r)
+        os.close(w)
