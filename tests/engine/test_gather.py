@@ -181,15 +181,23 @@ def test_an_inline_fsync_of_the_held_medium_sends_the_held_fsync_first(gather):
     assert s.done_prefix() == [second]
 
 
-def test_the_real_kernels_timer_releases_a_gather(tmp_path, monkeypatch):
-    """storage/uring.py's timer: the gather holds a real fdatasync until its timer's completion
-    wakes the owner through the eventfd (no test clock: the kernel's)."""
+def gathered_against_the_kernel(tmp_path, last_sync_s: float = 0.0) -> list:
+    """Two replies answered by a real fdatasync and a round waiting behind it, through a real
+    ring: the next fdatasync is held until the gather's timer (the kernel's) wakes the owner
+    through the eventfd.  Returns the ring's enters, as the opcodes of each."""
     from lanner.storage.uring import open_uring
-    monkeypatch.setattr(S, "GATHER_MIN_S", 0.0)
     u = open_uring()
     assert u is not None
+    enters = []
+    real = u._enter
+
+    def counted(entries):
+        enters.append([e[0] for e in entries])
+        return real(entries)
+    u._enter = counted
     r, w = os.pipe()
     s = Syncer(w, uring=u)
+    s.last_sync_s = last_sync_s
     fd = os.open(tmp_path / "f", os.O_CREAT | os.O_WRONLY)
     try:
         a = KernelMedium(fd)
@@ -209,6 +217,15 @@ def test_the_real_kernels_timer_releases_a_gather(tmp_path, monkeypatch):
         os.close(fd)
         os.close(r)
         os.close(w)
+    return enters
+
+
+def test_the_real_kernels_timer_releases_a_gather(tmp_path, monkeypatch):
+    """storage/uring.py's timer: the gather holds a real fdatasync until its timer's completion
+    wakes the owner through the eventfd (no test clock: the kernel's).  With no fdatasync before
+    the first to size it, the timer is armed when that one returns."""
+    monkeypatch.setattr(S, "GATHER_MIN_S", 0.0)
+    assert gathered_against_the_kernel(tmp_path) == [[3], [11], [3]]
 
 
 def test_clients_that_write_other_files_release_the_gather_and_back_off(gather):
@@ -394,39 +411,7 @@ def test_a_linked_timer_no_gather_wants_is_removed_with_the_next_fsync(linking):
 def test_the_real_kernels_linked_timer_costs_the_gather_no_enter(tmp_path, monkeypatch):
     """Against the kernel: a gathered round costs one io_uring_enter, its fdatasync's (the timer
     rides it, IOSQE_IO_LINK), where arming the timer at the return took a second."""
-    from lanner.storage.uring import open_uring
     monkeypatch.setattr(S, "GATHER_MIN_S", 0.0)
-    u = open_uring()
-    assert u is not None
-    enters = []
-    real = u._enter
-
-    def counted(entries):
-        enters.append([e[0] for e in entries])
-        return real(entries)
-    u._enter = counted
-    r, w = os.pipe()
-    s = Syncer(w, uring=u)
     monkeypatch.setattr(S, "GATHER_MAX_S", 0.2)    # (a bound no slow reap here can outlast)
-    s.last_sync_s = 0.2
-    fd = os.open(tmp_path / "f", os.O_CREAT | os.O_WRONLY)
-    try:
-        a = KernelMedium(fd)
-        first = s.start([a], ["r1", "r2"])
-        a.written = 2
-        second = s.start([a], ["w"])
-        while not s.done_prefix():
-            assert select.select([s.fd], [], [], 10)[0]
-            s.poll()
-        assert "held for a gather" in s.state() and second.remaining == 1
-        while second.remaining:
-            assert select.select([s.fd], [], [], 10)[0], "the linked timer never fired"
-            s.poll()
-        assert s.done_prefix() == [second] and a.synced == 2 and first.remaining == 0
-        # one enter per fdatasync: the first's with its timer behind it, the held one's
-        assert enters == [[3, 11], [3]]
-    finally:
-        s.close()
-        os.close(fd)
-        os.close(r)
-        os.close(w)
+    # one enter per fdatasync: the first's with its timer behind it, the held one's
+    assert gathered_against_the_kernel(tmp_path, last_sync_s=0.2) == [[3, 11], [3]]
