@@ -127,9 +127,8 @@ class Syncer:
         self._held = None
         self._held_until = 0
         self._held_timer = 0
+        self.timer_due = 0.0            # the held gather's bound, its timer not armed yet (`arm_due`)
         self._gathered = 0
-        self._linked = (0, 0)           # (fsync token, its timer's) of a gather timer linked behind an fsync
-        self._landed_timer = 0          # ... that fsync just returned: its timer runs (`_finish`)
         self._skip = 0                  # gathers to skip (a backoff after ones that missed)
         self._backoff = 0               # ... the last such skip: doubled by a miss, 0 by a catch
         self._sync_started = 0.0
@@ -299,8 +298,6 @@ class Syncer:
                     self._release(missed=not self._gathered)
                 continue
             medium, rounds, mtoken = job
-            if token == self._linked[0]:
-                self._landed_timer, self._linked = self._linked[1], (0, 0)
             if not self._inflight:
                 self.last_sync_s = time.monotonic() - self._sync_started
             error = self._failed.get(medium)
@@ -404,16 +401,11 @@ class Syncer:
             return True
         fd, mtoken, datasync = target
         self.fsyncs += 1
-        link = self.gather and not self._inflight and not self._jobs and self._may_gather_after(medium, rounds)
         if not self._inflight:
             self._sync_started = time.monotonic()
         self._token += 1
         self._inflight[self._token] = (medium, rounds, mtoken)
         self._jobs.append((self._token, fd, datasync, after))
-        if link:
-            self._token += 1
-            self._linked = (self._token - 1, self._token)
-            self.uring.link(self._token - 1, self._token, self._gather_delay())
         if after:
             self._after[medium] = self._token
         return True
@@ -429,8 +421,6 @@ class Syncer:
                 return
             for token, _, _, _ in jobs[done:done + 1]:
                 self._jobs.pop(0)
-                if token == self._linked[0]:            # (its timer was refused with it)
-                    self._linked = (0, 0)
                 medium, rounds, mtoken = self._inflight.pop(token)
                 failed = medium.sync_done(mtoken, error)
                 if failed is not None:
@@ -458,11 +448,8 @@ class Syncer:
             finished = self._settle_locked(rounds, medium, error)
         if finished and notify:
             self._notify()
-        timer, self._landed_timer = self._landed_timer, 0
-        if self.gather and error is None and self._gather(medium, rounds, waiting, timer):
+        if self.gather and error is None and self._gather(medium, rounds, waiting):
             return None
-        if timer and error is None:     # its linked timer runs for nothing (a failed fsync cancelled it)
-            self.uring.disarm(timer)
         if not waiting:
             return None
         if self.uring is None:
@@ -471,27 +458,7 @@ class Syncer:
         return None
 
     # -- the gather (io_uring engine) --------------------------------------------------------------
-    def _may_gather_after(self, medium, rounds: list) -> bool:
-        """Will the fsync of `medium` about to go for `rounds` probably be gathered after
-        (`_gather`: the rounds wrote this file alone and answer two or more clients, no backoff,
-        no other gather)?  Then its timer is linked behind it (uring.py `link`), and the gather
-        needs no enter of its own when it returns: one syscall less in the serial part of every
-        round, between the fdatasync's return and the replies (issue 8, P5)."""
-        if self._held is not None or self._linked[1] or self._skip or not hasattr(self.uring, "link"):
-            return False
-        n = 0
-        for r in rounds:
-            if r is None or len(r.media) > 1:
-                return False
-            n += len(r.replies)
-        delay = self._gather_delay()
-        return n >= 2 and delay > 0 and delay >= GATHER_MIN_S     # (none before the first fdatasync)
-
-    def _gather_delay(self) -> float:
-        """The gather's bound: GATHER_SHARE of the last fdatasync, at most GATHER_MAX_S."""
-        return min(GATHER_MAX_S, GATHER_SHARE * self.last_sync_s)
-
-    def _gather(self, medium, rounds: list, waiting: list, timer: int = 0) -> bool:
+    def _gather(self, medium, rounds: list, waiting: list) -> bool:
         """`medium`'s fsync just returned for `rounds`, and `waiting` rounds (perhaps none) wait
         for the next one.  If the clients it answered (their replies leave now) are about to
         send again, hold that next fsync until as many replies joined as just left, or for a
@@ -507,9 +474,8 @@ class Syncer:
         (nobody else to wait for: it never waits); only when this fsync was the only one under
         way and its rounds wrote this file alone (one busy file); after gathers that caught
         nobody, the next ones are skipped (`_release`).  True if held: `_joined`, the timer (`poll`), a round of other files
-        (`start`) or an inline fsync (`wait_idle`) releases it.  `timer`: the token of a timer the
-        kernel started as the fsync returned (`_may_gather_after`), used instead of arming one;
-        if not held, the caller removes it."""
+        (`start`) or an inline fsync (`wait_idle`) releases it.  The timer is armed by `arm_due`,
+        once the owner has written the replies."""
         if self._inflight or self._jobs or self._held is not None or self.uring is None:
             return False
         released = 0
@@ -523,18 +489,28 @@ class Syncer:
         if self._skip:
             self._skip -= 1
             return False
-        if not timer:
-            delay = self._gather_delay()
-            if delay < GATHER_MIN_S:
-                return False
-            self._token += 1
-            if self.uring.arm(self._token, delay) is not None:
-                return False            # (no timer: the fsync goes now, as without a gather)
-            timer = self._token
-        self._held, self._held_timer, self._held_until, self._gathered = medium, timer, released, 0
+        delay = min(GATHER_MAX_S, GATHER_SHARE * self.last_sync_s)
+        if delay < GATHER_MIN_S:
+            return False
+        self._token += 1
+        self._held, self._held_timer, self._held_until, self._gathered = medium, self._token, released, 0
+        self.timer_due = delay
         with self._lock:
             self._busy[medium] = waiting
         return True
+
+    def arm_due(self) -> None:
+        """Arm the held gather's timer (its io_uring_enter), which `_gather` left for the owner
+        to ask for once it has written the replies the returning fsync let go: the enter then
+        runs while those clients prepare their next requests, not between the fsync's return
+        and their replies, where every microsecond is one the round waits (issue 8, P5).  The
+        count cannot be reached before: those clients have not had their replies yet.  The
+        owner calls it at the end of the turn that reaped (and before it blocks for a round at
+        shutdown); a gather released before that never arms one."""
+        delay, self.timer_due = self.timer_due, 0.0
+        if delay and self._held is not None and self.uring.arm(self._held_timer, delay) is not None:
+            self._release()             # (no timer: the fsync goes now, as without a gather)
+            self._submit()
 
     def _joined(self, n: int) -> None:
         """`n` replies joined the rounds the gather holds for: release it once enough came."""
@@ -555,7 +531,9 @@ class Syncer:
         else:
             self._backoff = 0
         medium, self._held = self._held, None
-        if disarm:
+        if self.timer_due:              # never armed (`arm_due`): nothing to remove
+            self.timer_due = 0.0
+        elif disarm:
             self.uring.disarm(self._held_timer)
         with self._lock:
             waiting = self._busy.pop(medium)

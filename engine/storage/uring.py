@@ -42,7 +42,7 @@ _FEAT_SINGLE_MMAP = 1
 _OFF_SQ_RING, _OFF_CQ_RING, _OFF_SQES = 0, 0x8000000, 0x10000000
 _OP_FSYNC, _FSYNC_DATASYNC = 3, 1
 _OP_TIMEOUT, _OP_TIMEOUT_REMOVE = 11, 12
-_IO_DRAIN, _IO_LINK = 2, 4                      # IOSQE_IO_DRAIN, IOSQE_IO_LINK
+_IO_DRAIN = 2                                   # IOSQE_IO_DRAIN
 _SQE = struct.Struct("=BBHiQQIIQ24x")           # opcode flags ioprio fd off addr len fsync_flags user_data
 _CQE = struct.Struct("=QiI")                    # user_data res flags
 _U32 = struct.Struct("=I")
@@ -67,7 +67,6 @@ class Uring:
         self.inflight = 0
         self._timespec = (ctypes.c_int64 * 2)()     # `arm`'s delay, read by the kernel in enter
         self._disarm: int | None = None             # a timer to remove with the next submission
-        self._links: dict[int, tuple[int, object]] = {}     # fsync token -> its timer's (token, timespec)
 
     def open(self) -> bool:
         """Make the ring (once); False, logged, if the kernel refuses: the caller uses threads."""
@@ -121,33 +120,16 @@ class Uring:
         n = min(len(jobs), EVENTS - self.inflight)     # the rest wait for a free slot
         done = 0
         error = None
-        links = self._links
         while done < n:
-            batch = min(n - done, self._sq_entries // 2 - 1)       # (room for their timers)
-            entries = []
-            timers = 0
-            for token, fd, datasync, after in jobs[done:done + batch]:
-                link = links.pop(token, None) if links else None
-                entries.append((_OP_FSYNC, (_IO_DRAIN if after else 0) | (_IO_LINK if link else 0), fd, 0, 0, 0,
-                                _FSYNC_DATASYNC if datasync else 0, token))
-                if link:
-                    entries.append((_OP_TIMEOUT, 0, -1, 0, ctypes.addressof(link[1]), 1, 0, link[0]))
-                    timers += 1
+            batch = min(n - done, self._sq_entries - 1)
+            entries = [(_OP_FSYNC, _IO_DRAIN if after else 0, fd, 0, 0, 0, _FSYNC_DATASYNC if datasync else 0, token)
+                       for token, fd, datasync, after in jobs[done:done + batch]]
             got, error = self._enter(entries)
+            done += got
             if error is not None:
                 break
-            done += batch
-            self.inflight += timers
         self.inflight += done
         return done, error
-
-    def link(self, fsync: int, token: int, seconds: float) -> None:
-        """A timer `token` (as `arm`'s) that the kernel starts when the fsync `fsync`, submitted
-        next, completes: it rides that fsync's enter (IOSQE_IO_LINK), so the gather that begins
-        when the fsync returns costs no enter of its own (syncer.py).  A failed fsync cancels it
-        (its completion -ECANCELED at once)."""
-        ns = int(seconds * 1e9)
-        self._links[fsync] = (token, (ctypes.c_int64 * 2)(ns // 1_000_000_000, ns % 1_000_000_000))
 
     def arm(self, token: int, seconds: float) -> OSError | None:
         """A timer: a completion of `token` (its result -ETIME) `seconds` from now, through the

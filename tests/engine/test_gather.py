@@ -55,10 +55,13 @@ def gather(monkeypatch):
 
 
 def returned(s, k, fd=10):
-    """The fsync of `fd` under way returns and the owner reaps it: the rounds it finished."""
+    """The fsync of `fd` under way returns and the owner reaps it, publishes the rounds it
+    finished and ends its turn (a gather's timer is armed then, `arm_due`): those rounds."""
     k.complete(fd)
     s.poll()
-    return s.done_prefix()
+    done = s.done_prefix()
+    s.arm_due()
+    return done
 
 
 def held(s, k):
@@ -181,23 +184,15 @@ def test_an_inline_fsync_of_the_held_medium_sends_the_held_fsync_first(gather):
     assert s.done_prefix() == [second]
 
 
-def gathered_against_the_kernel(tmp_path, last_sync_s: float = 0.0) -> list:
-    """Two replies answered by a real fdatasync and a round waiting behind it, through a real
-    ring: the next fdatasync is held until the gather's timer (the kernel's) wakes the owner
-    through the eventfd.  Returns the ring's enters, as the opcodes of each."""
+def test_the_real_kernels_timer_releases_a_gather(tmp_path, monkeypatch):
+    """storage/uring.py's timer: the gather holds a real fdatasync until its timer's completion
+    wakes the owner through the eventfd (no test clock: the kernel's)."""
     from lanner.storage.uring import open_uring
+    monkeypatch.setattr(S, "GATHER_MIN_S", 0.0)
     u = open_uring()
     assert u is not None
-    enters = []
-    real = u._enter
-
-    def counted(entries):
-        enters.append([e[0] for e in entries])
-        return real(entries)
-    u._enter = counted
     r, w = os.pipe()
     s = Syncer(w, uring=u)
-    s.last_sync_s = last_sync_s
     fd = os.open(tmp_path / "f", os.O_CREAT | os.O_WRONLY)
     try:
         a = KernelMedium(fd)
@@ -207,6 +202,7 @@ def gathered_against_the_kernel(tmp_path, last_sync_s: float = 0.0) -> list:
         while not s.done_prefix():
             assert select.select([s.fd], [], [], 10)[0]
             s.poll()
+        s.arm_due()                             # (the owner's turn ends)
         assert "held for a gather" in s.state() and second.remaining == 1
         while second.remaining:
             assert select.select([s.fd], [], [], 10)[0], "the timer never fired"
@@ -217,15 +213,6 @@ def gathered_against_the_kernel(tmp_path, last_sync_s: float = 0.0) -> list:
         os.close(fd)
         os.close(r)
         os.close(w)
-    return enters
-
-
-def test_the_real_kernels_timer_releases_a_gather(tmp_path, monkeypatch):
-    """storage/uring.py's timer: the gather holds a real fdatasync until its timer's completion
-    wakes the owner through the eventfd (no test clock: the kernel's).  With no fdatasync before
-    the first to size it, the timer is armed when that one returns."""
-    monkeypatch.setattr(S, "GATHER_MIN_S", 0.0)
-    assert gathered_against_the_kernel(tmp_path) == [[3], [11], [3]]
 
 
 def test_clients_that_write_other_files_release_the_gather_and_back_off(gather):
@@ -291,127 +278,38 @@ def test_an_inline_fsync_never_leaves_a_gather_held_behind_it(gather):
     assert s.done_prefix() == [second, third]
 
 
-class LinkUring(TimerUring):
-    """TimerUring that also takes timers linked behind an fsync (uring.py `link`): the timer
-    rides the fsync's submission (no `arm`), starts when it completes (`fire_linked`), and is
-    cancelled by the kernel when it fails (its -ECANCELED completion comes at once)."""
-
-    def __init__(self):
-        super().__init__()
-        self.links = {}                 # fsync token -> (timer token, seconds)
-        self.linked = []                # fsync tokens submitted with a timer behind them
-
-    def link(self, fsync, token, seconds):
-        self.links[fsync] = (token, seconds)
-
-    def submit(self, jobs):
-        n, error = super().submit(jobs)
-        for token, *_ in jobs[:n]:
-            if token in self.links:
-                self.linked.append(token)
-                self.inflight += 1
-        return n, error
-
-    def complete(self, fd, err=0):
-        super().complete(fd, err)
-        token = self.completed[-1][0]
-        if err and token in self.links:
-            self.pending.append((self.links[token][0], errno.ECANCELED))
-
-    def fire_linked(self):
-        self.pending.append((self.links[self.linked[-1]][0], errno.ETIME))
-        os.eventfd_write(self.fd, 1)
-
-
-@pytest.fixture
-def linking(monkeypatch):
-    monkeypatch.setattr(S, "GATHER_MIN_S", 0.0)
-    with ring_syncer(LinkUring()) as both:
-        yield both
-
-
-def test_the_gather_uses_the_timer_linked_behind_the_fsync_and_arms_none(linking):
-    """An fsync that answers two or more clients of one file goes with the gather's timer linked
-    behind it: when it returns and the next fsync is held, no timer is armed (no io_uring_enter
-    of its own between the fdatasync's return and the replies); the linked one bounds the hold."""
-    s, k = linking
-    s.last_sync_s = 0.0004                      # (the bound: the last fdatasync's duration)
+def test_the_timer_is_armed_when_the_owner_has_written_the_replies(gather):
+    """The gather holds at the reap but arms its timer only when the owner asks (`arm_due`, at
+    the end of the turn that wrote the replies): its io_uring_enter is off the path from the
+    fdatasync's return to the replies.  A gather released before that arms and removes nothing."""
+    s, k = gather
     a = KernelMedium(10)
     first = s.start([a], ["r1", "r2"])
-    assert k.linked == [k.submitted[0][0]] and 0 < k.links[k.linked[0]][1] <= S.GATHER_MAX_S
     a.written = 2
     second = s.start([a], ["w"])
-    assert returned(s, k) == [first]
-    assert "held for a gather" in s.state() and k.armed == [] and len(k.fsyncs(10)) == 1
-    k.fire_linked()                             # nobody came back: the linked timer sends it
-    s.poll()
-    assert len(k.fsyncs(10)) == 2 and k.disarmed == [] and "held" not in s.state()
-    assert returned(s, k) == [second] and a.synced == 2
-
-
-def test_the_held_fsync_removes_the_linked_timer_when_the_clients_are_back(linking):
-    s, k = linking
-    s.last_sync_s = 0.0004
-    a = KernelMedium(10)
-    first = s.start([a], ["r1", "r2"])
-    timer = k.links[k.linked[0]][0]
-    assert returned(s, k) == [first] and "held for a gather" in s.state()
-    a.written = 2
-    second = s.start([a], ["r1 again"])
-    assert len(k.fsyncs(10)) == 1
-    a.written = 3
-    assert s.join([a], ["r2 again"])            # both back: the fsync goes, the timer goes with it
-    assert len(k.fsyncs(10)) == 2 and (timer, errno.ECANCELED) in k.pending and k.armed == []
-    assert returned(s, k) == [second] and second.replies == ["r1 again", "r2 again"]
-
-
-def test_a_lone_clients_fsync_links_no_timer(linking):
-    """One reply: no gather will follow, so no timer rides its fsync (it would only wake the
-    owner for nothing)."""
-    s, k = linking
-    s.last_sync_s = 0.0004
-    a = KernelMedium(10)
-    first = s.start([a], ["only"])
-    assert k.linked == [] and returned(s, k) == [first] and k.armed == []
-
-
-def test_a_linked_timer_no_gather_wants_is_removed_with_the_next_fsync(linking):
-    """The fsync returns while another file's is under way (no gather then): its timer, already
-    running, is removed in the enter of the next fsync; after a failed fsync none is removed
-    (the kernel cancelled it) and every round waiting fails as before."""
-    s, k = linking
-    s.last_sync_s = 0.0004
-    a, b = KernelMedium(10), KernelMedium(11)
-    first = s.start([a], ["r1", "r2"])
-    timer = k.links[k.linked[0]][0]
-    b.written = 1
-    s.start([b], ["x"])                         # another file's fsync under way
-    a.written = 2
-    second = s.start([a], ["w"])
-    assert returned(s, k) == [first]
-    assert len(k.fsyncs(10)) == 2 and (timer, errno.ECANCELED) in k.pending   # removed with it
-    assert "held" not in s.state()
-    k.complete(11)
     k.complete(10)
     s.poll()
-    assert s.done_prefix()[-1] is second and not s.rounds
-    c = KernelMedium(12)                        # an idle file: its fsync goes, linked
-    c.written = 1
-    third = s.start([c], ["r1", "r2"])
-    c.written = 2
-    fourth = s.start([c], ["w"])
-    assert len(k.linked) == 2
-    k.complete(12, errno.EIO)
+    assert s.done_prefix() == [first] and "held for a gather" in s.state()
+    assert k.armed == [] and 0 < s.timer_due <= S.GATHER_MAX_S
+    s.arm_due()
+    assert len(k.armed) == 1 and s.timer_due == 0
+    a.written = 4
+    assert s.join([a], ["r1 again", "r2 again"])         # the held fsync goes, its timer removed
+    assert len(k.fsyncs(10)) == 2 and len(k.disarmed) == 0 and len(k.pending) == 2
+    assert returned(s, k) == [second] and len(k.armed) == 2     # three left: a gather again
+    k.fire()                                             # nobody comes: a goes idle
     s.poll()
-    assert k.disarmed == [] and "held" not in s.state()
-    assert s.done_prefix() == [third, fourth]
-    assert [(m.fd, e.errno) for m, e in fourth.failed] == [(12, errno.EIO)]
-
-
-def test_the_real_kernels_linked_timer_costs_the_gather_no_enter(tmp_path, monkeypatch):
-    """Against the kernel: a gathered round costs one io_uring_enter, its fdatasync's (the timer
-    rides it, IOSQE_IO_LINK), where arming the timer at the return took a second."""
-    monkeypatch.setattr(S, "GATHER_MIN_S", 0.0)
-    monkeypatch.setattr(S, "GATHER_MAX_S", 0.2)    # (a bound no slow reap here can outlast)
-    # one enter per fdatasync: the first's with its timer behind it, the held one's
-    assert gathered_against_the_kernel(tmp_path, last_sync_s=0.2) == [[3, 11], [3]]
+    assert "held" not in s.state()
+    k.pending.clear()
+    s._skip = 0                                          # (no backoff for this test's next gather)
+    b = KernelMedium(11)
+    third = s.start([b], ["x1", "x2"])
+    k.complete(11)
+    s.poll()
+    assert s.done_prefix() == [third] and "held for a gather" in s.state()
+    b.written = 2
+    fourth = s.start([b], ["x1 again", "x2 again"])      # back within the same turn
+    assert len(k.fsyncs(11)) == 2 and s.timer_due == 0
+    s.arm_due()
+    assert len(k.armed) == 2 and k.disarmed == [] and k.pending == []    # none armed, none removed
+    assert returned(s, k, 11) == [fourth]

@@ -139,30 +139,3 @@ def test_a_disarm_can_go_with_the_next_timer(ring):
         assert select.select([ring.fd], [], [], 10)[0] or ring.ready()
         got += ring.reap()
     assert sorted(got) == [(0, 0), (5, errno.ECANCELED), (6, errno.ETIME)]
-
-
-def test_a_linked_timer_starts_when_its_fsync_completes_and_a_failed_fsync_cancels_it(ring, tmp_path):
-    """`link`: the gather's timer rides its fsync's enter (IOSQE_IO_LINK) and the kernel starts
-    it only when that fsync has completed, so it expires after the fsync's completion; an fsync
-    that fails cancels it at once (-ECANCELED), so no stray timer outlives a failure."""
-    fd = os.open(tmp_path / "f", os.O_CREAT | os.O_WRONLY)
-    try:
-        os.write(fd, b"x" * 4096)
-        ring.link(1, 2, 0.0005)
-        assert ring.submit([(1, fd, True, False)]) == (1, None) and ring.inflight == 2
-        got = []
-        while ring.inflight:
-            assert wait_for(ring.ready, timeout=30)
-            got += ring.reap()
-        assert got == [(1, 0), (2, errno.ETIME)]       # the fsync's first: the timer came after
-        bad = os.open(tmp_path / "g", os.O_CREAT | os.O_WRONLY)
-        os.close(bad)                                   # (a closed fd: the fsync fails, EBADF)
-        ring.link(3, 4, 30.0)
-        assert ring.submit([(3, bad, True, False)]) == (1, None)
-        got = []
-        while ring.inflight:
-            assert wait_for(ring.ready, timeout=30), "the timer outlived its failed fsync"
-            got += ring.reap()
-        assert got == [(3, errno.EBADF), (4, errno.ECANCELED)]
-    finally:
-        os.close(fd)
