@@ -200,6 +200,8 @@ class ShardLoop:
         through = self.write_out(dirty) if dirty else None
         if self.writing or self.sync_queue:
             self.finish_batch()         # nothing left to write: it holds or rounds the replies
+            if self.syncer.timer_due:   # (it reaped and began a gather: end_turn arms its timer,
+                self.schedule_turn()    # after the replies written below)
         else:
             if undo.entries:
                 undo.trim(through)
@@ -219,8 +221,6 @@ class ShardLoop:
             front.try_handoffs()
         if self.deadlines_changed:
             self.arm_timer()
-        if self.syncer.timer_due:       # (a reap in finish_batch may have begun a gather)
-            self.syncer.arm_due()
 
     def cut_turn(self) -> None:
         """TURN_READS connections were read into this iteration's batch: end it now (journal
