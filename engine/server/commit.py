@@ -346,6 +346,8 @@ class GroupCommit:
         while self.syncer.rounds or self.held or self.sync_queue:
             if not self.syncer.rounds:
                 self.start_sync()
+            if self.syncer.timer_due:   # (a gather begun here must be bounded before we block)
+                self.syncer.arm_due()
             wait_readable([self.sync_done_r] + ([self.syncer.fd] if self.syncer.fd >= 0 else []), 1.0)
             self.on_sync_done()
 

@@ -162,7 +162,8 @@ class ShardLoop:
     def end_turn(self) -> None:
         """Once per loop iteration that did something: finish the batch (journal writes,
         replies or a group commit), write the local clients' replies, hand idle connections
-        to the worker they use, re-arm the timer if an earlier deadline came."""
+        to the worker they use, re-arm the timer if an earlier deadline came, and arm the timer
+        of a gather the batch began (Syncer.arm_due: after the replies, not before them)."""
         self.turn_scheduled = False
         self.reads_left = TURN_READS
         if self.coll.woken:
@@ -176,6 +177,8 @@ class ShardLoop:
                 front.try_handoffs()
         if self.deadlines_changed:
             self.arm_timer()
+        if self.syncer.timer_due:       # a gather's timer, now that the replies are written
+            self.syncer.arm_due()
 
     def end_quiet_turn(self) -> None:
         """end_turn for a turn that read only the worker's one connection (Conn.data_received):
@@ -197,6 +200,8 @@ class ShardLoop:
         through = self.write_out(dirty) if dirty else None
         if self.writing or self.sync_queue:
             self.finish_batch()         # nothing left to write: it holds or rounds the replies
+            if self.syncer.timer_due:   # (it reaped and began a gather: end_turn arms its timer,
+                self.schedule_turn()    # after the replies written below)
         else:
             if undo.entries:
                 undo.trim(through)

@@ -127,6 +127,7 @@ class Syncer:
         self._held = None
         self._held_until = 0
         self._held_timer = 0
+        self.timer_due = 0.0            # the held gather's bound, its timer not armed yet (`arm_due`)
         self._gathered = 0
         self._skip = 0                  # gathers to skip (a backoff after ones that missed)
         self._backoff = 0               # ... the last such skip: doubled by a miss, 0 by a catch
@@ -473,7 +474,8 @@ class Syncer:
         (nobody else to wait for: it never waits); only when this fsync was the only one under
         way and its rounds wrote this file alone (one busy file); after gathers that caught
         nobody, the next ones are skipped (`_release`).  True if held: `_joined`, the timer (`poll`), a round of other files
-        (`start`) or an inline fsync (`wait_idle`) releases it."""
+        (`start`) or an inline fsync (`wait_idle`) releases it.  The timer is armed by `arm_due`,
+        once the owner has written the replies."""
         if self._inflight or self._jobs or self._held is not None or self.uring is None:
             return False
         released = 0
@@ -491,12 +493,24 @@ class Syncer:
         if delay < GATHER_MIN_S:
             return False
         self._token += 1
-        if self.uring.arm(self._token, delay) is not None:
-            return False                # (no timer: the fsync goes now, as without a gather)
         self._held, self._held_timer, self._held_until, self._gathered = medium, self._token, released, 0
+        self.timer_due = delay
         with self._lock:
             self._busy[medium] = waiting
         return True
+
+    def arm_due(self) -> None:
+        """Arm the held gather's timer (its io_uring_enter), which `_gather` left for the owner
+        to ask for once it has written the replies the returning fsync let go: the enter then
+        runs while those clients prepare their next requests, not between the fsync's return
+        and their replies, where every microsecond is one the round waits (issue 8, P5).  The
+        count cannot be reached before: those clients have not had their replies yet.  The
+        owner calls it at the end of the turn that reaped (and before it blocks for a round at
+        shutdown); a gather released before that never arms one."""
+        delay, self.timer_due = self.timer_due, 0.0
+        if delay and self._held is not None and self.uring.arm(self._held_timer, delay) is not None:
+            self._release()             # (no timer: the fsync goes now, as without a gather)
+            self._submit()
 
     def _joined(self, n: int) -> None:
         """`n` replies joined the rounds the gather holds for: release it once enough came."""
@@ -517,7 +531,9 @@ class Syncer:
         else:
             self._backoff = 0
         medium, self._held = self._held, None
-        if disarm:
+        if self.timer_due:              # never armed (`arm_due`): nothing to remove
+            self.timer_due = 0.0
+        elif disarm:
             self.uring.disarm(self._held_timer)
         with self._lock:
             waiting = self._busy.pop(medium)

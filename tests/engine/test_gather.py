@@ -55,10 +55,13 @@ def gather(monkeypatch):
 
 
 def returned(s, k, fd=10):
-    """The fsync of `fd` under way returns and the owner reaps it: the rounds it finished."""
+    """The fsync of `fd` under way returns and the owner reaps it, publishes the rounds it
+    finished and ends its turn (a gather's timer is armed then, `arm_due`): those rounds."""
     k.complete(fd)
     s.poll()
-    return s.done_prefix()
+    done = s.done_prefix()
+    s.arm_due()
+    return done
 
 
 def held(s, k):
@@ -199,6 +202,7 @@ def test_the_real_kernels_timer_releases_a_gather(tmp_path, monkeypatch):
         while not s.done_prefix():
             assert select.select([s.fd], [], [], 10)[0]
             s.poll()
+        s.arm_due()                             # (the owner's turn ends)
         assert "held for a gather" in s.state() and second.remaining == 1
         while second.remaining:
             assert select.select([s.fd], [], [], 10)[0], "the timer never fired"
@@ -272,3 +276,40 @@ def test_an_inline_fsync_never_leaves_a_gather_held_behind_it(gather):
     s.exclusive(a, lambda: None)
     assert "held" not in s.state() and a.synced == 3
     assert s.done_prefix() == [second, third]
+
+
+def test_the_timer_is_armed_when_the_owner_has_written_the_replies(gather):
+    """The gather holds at the reap but arms its timer only when the owner asks (`arm_due`, at
+    the end of the turn that wrote the replies): its io_uring_enter is off the path from the
+    fdatasync's return to the replies.  A gather released before that arms and removes nothing."""
+    s, k = gather
+    a = KernelMedium(10)
+    first = s.start([a], ["r1", "r2"])
+    a.written = 2
+    second = s.start([a], ["w"])
+    k.complete(10)
+    s.poll()
+    assert s.done_prefix() == [first] and "held for a gather" in s.state()
+    assert k.armed == [] and 0 < s.timer_due <= S.GATHER_MAX_S
+    s.arm_due()
+    assert len(k.armed) == 1 and s.timer_due == 0
+    a.written = 4
+    assert s.join([a], ["r1 again", "r2 again"])         # the held fsync goes, its timer removed
+    assert len(k.fsyncs(10)) == 2 and len(k.disarmed) == 0 and len(k.pending) == 2
+    assert returned(s, k) == [second] and len(k.armed) == 2     # three left: a gather again
+    k.fire()                                             # nobody comes: a goes idle
+    s.poll()
+    assert "held" not in s.state()
+    k.pending.clear()
+    s._skip = 0                                          # (no backoff for this test's next gather)
+    b = KernelMedium(11)
+    third = s.start([b], ["x1", "x2"])
+    k.complete(11)
+    s.poll()
+    assert s.done_prefix() == [third] and "held for a gather" in s.state()
+    b.written = 2
+    fourth = s.start([b], ["x1 again", "x2 again"])      # back within the same turn
+    assert len(k.fsyncs(11)) == 2 and s.timer_due == 0
+    s.arm_due()
+    assert len(k.armed) == 2 and k.disarmed == [] and k.pending == []    # none armed, none removed
+    assert returned(s, k, 11) == [fourth]

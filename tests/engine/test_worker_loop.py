@@ -311,3 +311,51 @@ def test_an_expired_item_moved_while_the_target_worker_is_down_waits_for_it(harn
     f.send(1, 1, 4, OP_GET, dst.encode(), 0, a=-1)
     h.settle()
     assert statuses(f.replies(1)) == [(4, R_ITEM, b"moved")]
+
+
+class GatherUring(HoldingUring):
+    """HoldingUring with the ring's timer (the gather's, storage/syncer.py): `arm` notes which
+    replies the front had at that moment (the timer's io_uring_enter is a syscall on the loop)."""
+
+    def __init__(self, path, front_replies):
+        super().__init__(path)
+        self.front_replies = front_replies
+        self.armed = []                 # the replies the front had read when each timer was armed
+
+    def arm(self, token, seconds):
+        self.armed.append(self.front_replies())
+        return None
+
+    def disarm(self, token):
+        pass
+
+
+def test_the_gathers_timer_is_armed_after_the_replies_it_gathers_for_went_out(harness, monkeypatch,
+                                                                                tmp_path):
+    """Two clients' sets answered by one fdatasync: the fdatasync after it is held for those two
+    (the gather), bounded by a timer whose io_uring_enter costs the loop tens of microseconds.
+    The replies leave first, the timer is armed at the turn's end (Syncer.arm_due), while the
+    clients prepare their next sets: the round waits for the replies, not for the timer."""
+    made, got = [], []
+    monkeypatch.setattr(W, "open_uring", lambda: made.append(
+        GatherUring(str(tmp_path / "q" / "q"), lambda: got.extend(f.replies()) or list(got))) or made[0])
+    h = harness(config='[default]\nsync_journal = "always"\n')
+    f = h.fronts[0]
+    f.send(0, 1, 1, OP_SET, b"q", payload=b"x")
+    f.send(0, 2, 1, OP_SET, b"q", payload=b"y")
+    wk = h.workers[0]
+    wk.step(wait=0)                                   # one round, its fdatasync held
+    [uring] = made
+    assert uring.calls == 1 and wk.sync_inflight and uring.armed == []
+    uring.release()
+    wk.step(wait=1.0)                                 # the reap: replies out, the gather held
+    assert "held for a gather" in wk.syncer.state()
+    assert [statuses(a) for a in uring.armed] == [[(1, R_OK, b""), (1, R_OK, b"")]]
+    f.send(0, 1, 2, OP_SET, b"q", payload=b"x2")     # both back: the held fdatasync goes
+    f.send(0, 2, 2, OP_SET, b"q", payload=b"y2")
+    wk.step(wait=0)
+    assert uring.calls == 2 and "held" not in wk.syncer.state()
+    uring.release()
+    uring.path = str(tmp_path)                        # (holds no more of q's)
+    h.settle()
+    assert statuses(got + f.replies()) == [(1, R_OK, b""), (1, R_OK, b""), (2, R_OK, b""), (2, R_OK, b"")]
