@@ -499,12 +499,14 @@ class Supervisor:
             self.exit_code = EXIT_BOOT_ERROR
             self.stopping = True
             return
-        log.warning("%s (pid %d) %s; restarting", child, pid, why)
         peernews.gone(self, child)
         now = self.clock.monotonic()
         child.restarts = [t for t in child.restarts if now - t < RESTART_WINDOW] + [now]
         child.restart_at = now + backoff(len(child.restarts))
         peernews.announce(self, child, "peer_down")
+        # logged once its peers have been told: the line then means they know (an operator, or
+        # a test that resumes a stopped peer on seeing it, never acts before the news is out)
+        log.warning("%s (pid %d) %s; restarting", child, pid, why)
 
     def manage(self) -> None:
         """Fork every replacement whose peers have all acknowledged and whose backoff is over."""
