@@ -213,6 +213,21 @@ def test_corruption_before_the_end_refuses_replay_and_keeps_the_file(tmp_path, c
     assert (tmp_path / "q").read_bytes() == before
 
 
+def test_a_single_broken_byte_at_the_end_is_named_in_the_singular(tmp_path, clock, caplog):
+    """An unknown opcode as the file's last byte is corruption, not a torn write: the refusal
+    counts what a cut would drop, from the broken byte on, and reads as English ("1 byte")."""
+    write(tmp_path / "q", addx(b"hello"), b"\x63")
+    j = journal(tmp_path, clock)
+    with pytest.raises(JournalReplayError) as ei:
+        j.replay(QueueConfig())
+    j.close()
+    assert "rather than drop the 1 byte from there on" in str(ei.value)
+    write(tmp_path / "q", addx(b"hello"), b"\x02\x15")
+    with caplog.at_level(logging.WARNING, logger="lanner.storage.journal.journal"):
+        replay_files(tmp_path, clock)
+    assert "truncating 2 bytes" in caplog.text
+
+
 def test_broken_record_in_an_archive_refuses_replay(tmp_path, clock):
     write(tmp_path / "q.100", addx(b"a"), addx(b"b"), b"\x63\x01\x02", addx(b"not lost"))
     write(tmp_path / "q.200", b"\x01", addx(b"c"))

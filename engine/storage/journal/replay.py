@@ -140,17 +140,21 @@ def _broken(name: str, e: JournalCorrupt, is_current: bool) -> None:
     """Truncate a torn tail of the current file; refuse anything else (module docstring)."""
     size = os.path.getsize(e.file)
     if is_current and (e.torn or zeros_from(e.file, e.offset)):
-        log.warning("queue %r: torn record at the end of %s: offset %d (%s); truncating %d bytes "
-                    "(a write that never completed)", name, e.file, e.offset, e.reason, size - e.offset)
+        log.warning("queue %r: torn record at the end of %s: offset %d (%s); truncating %s "
+                    "(a write that never completed)", name, e.file, e.offset, e.reason, _bytes(size - e.offset))
         os.truncate(e.file, e.offset)
         return
     where = "" if is_current else "archived "
     raise JournalReplayError(
         f"queue {name!r}: {where}journal {e.file} is corrupt at offset {e.offset} of {size} "
-        f"({e.reason}); refusing to start rather than drop the {size - e.offset} bytes after it. "
+        f"({e.reason}); refusing to start rather than drop the {_bytes(size - e.offset)} from there on. "
         f"Keep a copy of the file, then either cut it there to accept that loss "
         f"(truncate -s {e.offset} {e.file}) or move the queue's files out of the queue path",
         name, e.file, e.offset)
+
+
+def _bytes(n: int) -> str:
+    return f"{n} byte" if n == 1 else f"{n} bytes"
 
 
 def _fill(directory: str, rb: Cursor, files: list[str], lim_name: str, lim_pos: int, want: int,
