@@ -121,7 +121,7 @@ cdef inline str _c_name(MemcacheParser p, const char* s, Py_ssize_t n):
     _last_name = name
     return name
 
-cdef inline object _c_plain_get(MemcacheParser p, str name):
+cdef inline object _c_plain_get(str name):
     """plain_get(name), in the process's last plain Get when nothing else holds that Get, its
     list of keys or its key (reference counts 1, 1 and 2: the list and `plain`): no caller can
     tell it from a new one, and its three allocations and frees are saved (issue 8)."""
@@ -143,7 +143,7 @@ cdef inline object _c_plain_get(MemcacheParser p, str name):
     _spare_get = g
     return g
 
-cdef inline object _c_new_set(MemcacheParser p, str queue, object flags, object exptime,
+cdef inline object _c_new_set(str queue, object flags, object exptime,
                               bint noreply):
     """new_set(...), in the process's last Set when nothing else holds it (as _c_plain_get).
     `next` lets go of a Set whose body is bigger than SPARE_MAX (_c_drop_spare), so no big

@@ -358,7 +358,7 @@ class MemcacheParser(StreamParser):
                     if name is not None:
                         self._consumed(i + 1)
                         if sl.get:
-                            return _c_plain_get(self, name)
+                            return _c_plain_get(name)
                         cmd = self._set_cmd(name, sl.flags, sl.exptime, sl.size, sl.noreply)
                         if cmd is not None:
                             return cmd
@@ -507,7 +507,7 @@ class MemcacheParser(StreamParser):
             self._state = _BODY
             self._need = size
             return SetHead(queue, flags, exptime, size, noreply)
-        self._set = _c_new_set(self, queue, flags, exptime, noreply) if COMPILED else \
+        self._set = _c_new_set(queue, flags, exptime, noreply) if COMPILED else \
             new_set(queue, flags, exptime, noreply)
         self._need = size + 2
         self._state = _DATA

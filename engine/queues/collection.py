@@ -577,7 +577,7 @@ class QueueCollection(CollectionBase, WriteFailures, Deletes):
         rule)."""
         for q in self._queues.values():
             rewrite = getattr(q.storage, "rewrite_when_empty", None)
-            if rewrite is not None and q.length == 0:
+            if rewrite is not None:         # (it skips a queue that holds items)
                 rewrite(q)
 
     def close(self) -> None:

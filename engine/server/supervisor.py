@@ -408,10 +408,7 @@ class Supervisor:
         elif cmd == "boot_failed":
             # contract.md: one line says why start-up failed.  Every worker replays the same
             # queue_path, so a stray file fails them all: the first one's reason is that line.
-            if not self.told_why:
-                sys.stderr.write(f"lanner: worker {child.index} cannot start: {msg.get('reason')}\n")
-                sys.stderr.flush()
-                self.told_why = True
+            self.tell_why(f"worker {child.index} cannot start: {msg.get('reason')}")
             self.exit_code = EXIT_BOOT_ERROR
             self.stopping = True
         elif cmd == "ack_down":
@@ -472,6 +469,13 @@ class Supervisor:
                 return out
             out.append((pid, status))
 
+    def tell_why(self, reason: str) -> None:
+        """contract.md's one stderr line saying why start-up failed: the first reason only."""
+        if not self.told_why:
+            sys.stderr.write(f"lanner: {reason}\n")
+            sys.stderr.flush()
+            self.told_why = True
+
     def child_exited(self, child: Child, pid: int, status: int) -> None:
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
@@ -491,10 +495,7 @@ class Supervisor:
             # exited, but the exit can be reaped first: read it from the socket now
             if child.sock is not None and not self.told_why:
                 self.read_child(child)
-            if not self.told_why:
-                sys.stderr.write(f"lanner: {child} cannot start (its log above says why)\n")
-                sys.stderr.flush()
-                self.told_why = True
+            self.tell_why(f"{child} cannot start (its log above says why)")
             log.error("%s (pid %d) %s: cannot boot, stopping", child, pid, why)
             self.exit_code = EXIT_BOOT_ERROR
             self.stopping = True
