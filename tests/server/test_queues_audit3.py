@@ -448,3 +448,53 @@ def test_connection_limits_refuse_for_the_connections_whole_life(tmp_path):
         for s in socks:
             s.close()
         h.stop()
+
+
+# -- 5.10 a stopping server ----------------------------------------------------------------------
+
+def read_to_eof(s, timeout: float = 20.0) -> bytes:
+    s.settimeout(timeout)
+    buf = b""
+    try:
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                return buf
+            buf += chunk
+    except ConnectionResetError:
+        return buf + b"<reset>"
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_stopping_server_answers_its_waiters_empty(tmp_path, workers):
+    """§5.10: shutting the server down wakes every waiter, which answers empty: a blocking
+    get `END`, a monitor its final `END`, a text get `*`, a thrift get its items so far
+    (none: []); then the connection closes and the server exits 0.  (They used to be closed
+    with no reply.)"""
+    from lanner.perf.thrift_client import KestrelThrift
+    h = start_server(tmp_path, workers=workers, thrift=True)
+    g, m = h.connect(), h.connect()
+    t = h.connect(h.text_port)
+    th = KestrelThrift("127.0.0.1", h.thrift_port)
+    s = h.connect()
+    try:
+        queues = [b"w%d" % i for i in range(4)]
+        g.sendall(b"get %s/t=60000\r\n" % queues[0])
+        m.sendall(b"monitor %s 60\r\n" % queues[1])
+        t.sendall(b"get %s 60000\n" % queues[2])
+        got = []
+        tt = threading.Thread(target=lambda: got.append(th.get(queues[3].decode(), 5, 60_000)))
+        tt.start()
+        assert wait_for(lambda: all(qstat(s, q, "waiters") == "1" for q in queues), 20)
+        s.close()
+        assert h.stop() == 0
+        assert read_to_eof(g) == b"END\r\n"
+        assert read_to_eof(m) == b"END\r\n"
+        assert read_to_eof(t) == b"*\n"
+        tt.join(20)
+        assert got == [[]]
+    finally:
+        for c in (g, m, t):
+            c.close()
+        th.close()
+        h.stop()
