@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.helpers import recv_until, start_server, wait_for
+from tests.helpers import LAYOUTS, recv_until, start_server, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -417,6 +417,23 @@ def test_option_words_are_case_sensitive(mc):
     assert qstat(s, q, "open_transactions") == "0" and qstat(s, q, "items") == "0"
 
 
+def test_requests_behind_a_monitor_or_a_blocking_get_wait_for_it(mc):
+    """§9 #42: requests are served one after another per connection, so a set pipelined behind
+    a monitor (or a blocking get) of the same queue runs only once that has ended: the monitor
+    times out empty and the item is still there afterwards."""
+    s = mc()
+    q = name("pipe")
+    assert ask(s, b"monitor %s 1\r\nset %s 0 0 1\r\nz\r\n" % (q, q), b"STORED\r\n") == \
+        b"END\r\nSTORED\r\n"
+    assert ask(s, b"get %s/t=300\r\nset %s 0 0 1\r\ny\r\n" % (q, q), b"STORED\r\n") == \
+        b"VALUE %s/t=300 0 1\r\nz\r\nEND\r\nSTORED\r\n" % q
+    assert get(s, q) == b"y"
+    q2 = name("pipe")
+    assert ask(s, b"get %s/t=300\r\nset %s 0 0 1\r\nx\r\n" % (q2, q2), b"STORED\r\n") == \
+        b"END\r\nSTORED\r\n"
+    assert get(s, q2) == b"x"
+
+
 # -- 5.12 connection limits ----------------------------------------------------------------------
 
 def test_connection_limits_refuse_for_the_connections_whole_life(tmp_path):
@@ -465,14 +482,14 @@ def read_to_eof(s, timeout: float = 20.0) -> bytes:
         return buf + b"<reset>"
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_a_stopping_server_answers_its_waiters_empty(tmp_path, workers):
+@pytest.mark.parametrize("layout", ["one-worker"] + sorted(LAYOUTS))
+def test_a_stopping_server_answers_its_waiters_empty(tmp_path, layout):
     """§5.10: shutting the server down wakes every waiter, which answers empty: a blocking
     get `END`, a monitor its final `END`, a text get `*`, a thrift get its items so far
     (none: []); then the connection closes and the server exits 0.  (They used to be closed
     with no reply.)"""
     from lanner.perf.thrift_client import KestrelThrift
-    h = start_server(tmp_path, workers=workers, thrift=True)
+    h = start_server(tmp_path, thrift=True, layout=None if layout == "one-worker" else layout)
     g, m = h.connect(), h.connect()
     t = h.connect(h.text_port)
     th = KestrelThrift("127.0.0.1", h.thrift_port)
