@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from tests.helpers import LAYOUTS, recv_until, start_server, wait_for
+from tests.helpers import LAYOUTS, start_server, wait_for
+from tests.server.audit3 import ask, mc, name, stats  # noqa: F401 (mc: a fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -41,39 +42,12 @@ def h(tmp_path_factory):
     h.stop()
 
 
-@pytest.fixture
-def mc(h):
-    socks = []
-
-    def make(port=None):
-        s = h.connect(port)
-        socks.append(s)
-        return s
-    yield make
-    for s in socks:
-        s.close()
-
-
-def ask(s, line: bytes, end: bytes = b"\r\n") -> bytes:
-    s.sendall(line)
-    return recv_until(s, end)
-
-
-def stats(s) -> dict[str, str]:
-    out = ask(s, b"stats\r\n", b"\r\nEND\r\n").decode()
-    return dict(ln.split(" ", 2)[1:] for ln in out.split("\r\n") if ln.startswith("STAT "))
-
-
 def qstat(s, q: bytes, key: str) -> str | None:
     return stats(s).get("queue_%s_%s" % (q.decode(), key))
 
 
 def exists(s, q: bytes) -> bool:
     return qstat(s, q, "items") is not None
-
-
-def name(prefix: str) -> bytes:
-    return b"%s%d" % (prefix.encode(), time.monotonic_ns())
 
 
 def get(s, q: bytes) -> bytes | None:
@@ -93,6 +67,13 @@ def in_thread(fn):
     out = []
     t = threading.Thread(target=lambda: out.append(fn()))
     t.start()
+    return t, out
+
+
+def park(s, sock, q: bytes, options: bytes, waiters: int):
+    """Start `get q<options>` on `sock` in a thread; return once the queue counts `waiters`."""
+    t, out = in_thread(lambda: ask(sock, b"get %s%s\r\n" % (q, options), b"END\r\n"))
+    assert wait_for(lambda: qstat(s, q, "waiters") == str(waiters), 10)
     return t, out
 
 
@@ -239,8 +220,7 @@ def test_delete_wakes_waiters_empty_and_later_confirms_are_silent(mc):
     w2 = name("delw")
     ask(s, b"set %s 0 0 1\r\na\r\n" % w2)
     ask(s, b"get %s\r\n" % w2, b"END\r\n")
-    t, out = in_thread(lambda: ask(w, b"get %s/t=20000\r\n" % w2, b"END\r\n"))
-    assert wait_for(lambda: qstat(s, w2, "waiters") == "1", 10)
+    t, out = park(s, w, w2, b"/t=20000", 1)
     assert ask(s, b"delete %s\r\n" % w2) == b"DELETED\r\n"
     t.join(10)
     assert out == [b"END\r\n"]
@@ -366,10 +346,8 @@ def test_open_transaction_timeout_is_lazy(mc):
 def test_waiters_fifo_abort_wakes_and_peek_waiter_takes_the_wakeup(mc):
     s, a, b, r = mc(), mc(), mc(), mc()
     q = name("wf")
-    ta, oa = in_thread(lambda: ask(a, b"get %s/t=20000\r\n" % q, b"END\r\n"))
-    assert wait_for(lambda: qstat(s, q, "waiters") == "1", 10)
-    tb, ob = in_thread(lambda: ask(b, b"get %s/t=20000\r\n" % q, b"END\r\n"))
-    assert wait_for(lambda: qstat(s, q, "waiters") == "2", 10)
+    ta, oa = park(s, a, q, b"/t=20000", 1)
+    tb, ob = park(s, b, q, b"/t=20000", 2)
     ask(s, b"set %s 0 0 1\r\n1\r\n" % q)
     ta.join(10)
     assert oa == [b"VALUE %s/t=20000 0 1\r\n1\r\nEND\r\n" % q]
@@ -379,16 +357,13 @@ def test_waiters_fifo_abort_wakes_and_peek_waiter_takes_the_wakeup(mc):
     # an abort wakes a waiter
     ask(s, b"set %s 0 0 1\r\n3\r\n" % q)
     ask(r, b"get %s/open\r\n" % q, b"END\r\n")
-    ta, oa = in_thread(lambda: ask(a, b"get %s/t=20000\r\n" % q, b"END\r\n"))
-    assert wait_for(lambda: qstat(s, q, "waiters") == "1", 10)
+    ta, oa = park(s, a, q, b"/t=20000", 1)
     ask(r, b"get %s/abort\r\n" % q, b"END\r\n")
     ta.join(10)
     assert oa == [b"VALUE %s/t=20000 0 1\r\n3\r\nEND\r\n" % q]
     # a peek waiter ahead of a get waiter takes the one wake-up (§5.10, §9 #16)
-    tp, op = in_thread(lambda: ask(a, b"get %s/peek/t=20000\r\n" % q, b"END\r\n"))
-    assert wait_for(lambda: qstat(s, q, "waiters") == "1", 10)
-    tg, og = in_thread(lambda: ask(b, b"get %s/t=600\r\n" % q, b"END\r\n"))
-    assert wait_for(lambda: qstat(s, q, "waiters") == "2", 10)
+    tp, op = park(s, a, q, b"/peek/t=20000", 1)
+    tg, og = park(s, b, q, b"/t=600", 2)
     ask(s, b"set %s 0 0 1\r\n4\r\n" % q)
     tp.join(10)
     tg.join(10)

@@ -3,11 +3,13 @@ counter and when (§4.1-4.3), `dump_stats` with and without names (§4.4), over 
 text protocol.  Conformance audit, part 3."""
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
 
-from tests.helpers import recv_until, start_server, wait_for
+from tests.helpers import start_server, wait_for
+from tests.server.audit3 import ask, mc, name, stat_lines, stats  # noqa: F401 (mc: a fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -45,33 +47,6 @@ def h(tmp_path_factory):
     h.stop()
 
 
-@pytest.fixture
-def mc(h):
-    socks = []
-
-    def make():
-        s = h.connect()
-        socks.append(s)
-        return s
-    yield make
-    for s in socks:
-        s.close()
-
-
-def ask(s, line: bytes, end: bytes = b"\r\n") -> bytes:
-    s.sendall(line)
-    return recv_until(s, end)
-
-
-def stat_lines(s) -> list[tuple[str, str]]:
-    out = ask(s, b"stats\r\n", b"\r\nEND\r\n").decode()
-    return [tuple(ln.split(" ", 2)[1:]) for ln in out.split("\r\n") if ln.startswith("STAT ")]
-
-
-def stats(s) -> dict[str, str]:
-    return dict(stat_lines(s))
-
-
 def queue_stats(s, q: str) -> dict[str, str]:
     p = "queue_%s_" % q
     return {k[len(p):]: v for k, v in stat_lines(s) if k.startswith(p)}
@@ -93,10 +68,6 @@ class Delta:
         d = {k: now[k] - self.last[k] for k in COUNTERS if now[k] != self.last[k]}
         self.last = now
         return d
-
-
-def name(prefix: str) -> bytes:
-    return b"%s%d" % (prefix.encode(), time.monotonic_ns())
 
 
 def test_the_references_example_byte_counts_on_a_fresh_server(tmp_path):
@@ -122,7 +93,7 @@ def test_the_references_example_byte_counts_on_a_fresh_server(tmp_path):
             "get_hits": "0", "get_misses": "0", "bytes_read": "27", "bytes_written": "8",
             "queue_creates": "1", "queue_deletes": "0", "queue_expires": "0"}
         assert abs(int(st["time"]) - time.time()) < 5
-        assert st["reserved_memory_ratio"].count(".") == 1 and len(st["reserved_memory_ratio"].split(".")[1]) == 3
+        assert re.fullmatch(r"\d+\.\d{3}", st["reserved_memory_ratio"])     # %.3f
         assert {k: st["queue_q_" + k] for k in ("items", "bytes", "total_items", "logsize",
                                                  "mem_items", "mem_bytes", "age")} == {
             "items": "1", "bytes": "5", "total_items": "1", "logsize": "26", "mem_items": "1",
@@ -310,7 +281,8 @@ def test_dump_stats_names_in_the_order_given(mc):
     keys = [ln.strip().split("=")[0] for ln in blocks[0].split("\r\n")[1:]]
     assert keys == PER_QUEUE + ["children"]
     assert blocks[0].split("\r\n")[-1] == "  children=%s+k" % m.decode()
-    assert [ln.split("=")[0] for ln in blocks[1].split("\r\n")[1:]] == ["  put_items", "  put_bytes", "  children"]
+    assert [ln.split("=")[0] for ln in blocks[1].split("\r\n")[1:]] == \
+        ["  put_items", "  put_bytes", "  children"]
     assert blocks[1].endswith("  children=b1,b2")
     assert blocks[2] == "queue '%s' {\r\n  " % nosuch.decode()
     assert blocks[3] == blocks[0]

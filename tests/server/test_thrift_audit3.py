@@ -8,7 +8,9 @@ import time
 import pytest
 
 from lanner.perf.thrift_client import NOT_CONFIGURED, QUIESCENT, UP, KestrelThrift, ThriftAppError
-from tests.helpers import recv_until, start_server, wait_for
+from tests.helpers import start_server, wait_for
+from tests.server import audit3
+from tests.server.audit3 import ask, stats
 
 pytestmark = pytest.mark.integration
 
@@ -45,23 +47,13 @@ def mc(h):
     s.close()
 
 
-def ask(s, line: bytes, end: bytes = b"\r\n") -> bytes:
-    s.sendall(line)
-    return recv_until(s, end)
-
-
-def stats(s) -> dict[str, str]:
-    out = ask(s, b"stats\r\n", b"\r\nEND\r\n").decode()
-    return dict(ln.split(" ", 2)[1:] for ln in out.split("\r\n") if ln.startswith("STAT "))
-
-
 def counters(s, *keys) -> dict[str, int]:
     st = stats(s)
     return {k: int(st[k]) for k in keys}
 
 
 def name(prefix: str) -> str:
-    return "%s%d" % (prefix, time.monotonic_ns())
+    return audit3.name(prefix).decode()
 
 
 def test_a_put_counts_the_items_it_tried_up_to_the_first_refused_one(c, mc):
