@@ -32,8 +32,8 @@ from lanner.ops.latency import BY_TYPE, family_of
 from lanner.protocols.memcache import MemcacheParser
 from lanner.protocols.memcache_replies import END_TAIL, SPLICE_MIN
 from lanner.queues.names import validate_queue_name
-from lanner.ipc.messages import (OP_DISCONNECT, OP_SET_DATA, R_ITEM, R_OK, R_SERVER_ERROR, RF_CLOSE,
-                                 RF_HELD, RF_MORE)
+from lanner.ipc.messages import (OP_DISCONNECT, OP_SET_DATA, R_EMPTY, R_END, R_ITEM, R_OK, R_SERVER_ERROR,
+                                 RF_CLOSE, RF_HELD, RF_MORE)
 
 #: Unparsed bytes a connection holds while it cannot take commands, before it stops reading.
 INPUT_LIMIT = 64 << 10
@@ -570,6 +570,18 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
         if slot.remaining == 0:
             self.complete(slot)
         return True
+
+    def answer_blocked_empty(self) -> None:
+        """The front is stopping: the blocking get, monitor or thrift get this connection waits
+        on answers now, empty (a thrift get: no items; a multi-key get: the items it has), before
+        the connection closes, as Kestrel's shutdown woke every waiter (reference §5.10).  The
+        worker's own answer, later, finds nobody and goes back (on_response)."""
+        slot = self.blocked
+        if slot is None or self.closing:
+            return
+        status = R_END if slot.stream is not None else R_EMPTY
+        for req in [r for r, p in self.parts.items() if p.slot is slot]:
+            self.on_response(req, status, 0, 0, b"")
 
     def fast_reply(self, status: int, flags: int, payload, value: int = 0) -> None:
         """The reply of the oldest fused (inline.py) or routed (routed.py) request, then of any

@@ -345,6 +345,9 @@ class Front(FrontBase):
         self.stopping = True
         for s in self.servers:
             s.close()
+        for c in list(self.conns.values()):
+            c.answer_blocked_empty()         # waiters answer empty before they close (§5.10)
+        self.flush_writes()
         self.loop.call_later(0.05, self.loop.stop)
 
     # -- stats -----------------------------------------------------------------------------------

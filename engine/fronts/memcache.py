@@ -17,7 +17,7 @@ from lanner.fronts.conn import Conn, Slot, _append, expiry_at
 from lanner.fronts.counters import C_GET, C_PEEK, C_SET
 from lanner.fronts.rendered import END3, NOT_STORED3, STORED3, opens
 from lanner.server.status import StatusError
-from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_NOREPLY, F_OPEN, F_PEEK, F_STREAM, OP_ALIAS_PUT, OP_CONFIRM,
+from lanner.ipc.messages import (F_ABORT, F_AFTER_BODY, F_CLOSE, F_NOREPLY, F_OPEN, F_PEEK, F_STREAM, OP_ALIAS_PUT, OP_CONFIRM,
                        OP_DELETE, OP_FLUSH, OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED, OP_FLUSH_EXPIRED,
                        OP_GET, OP_MONITOR, OP_SET, R_CLIENT_ERROR, R_EMPTY, R_END, R_ERROR, R_ITEM, R_OK,
                        R_SERVER_ERROR, R_VALUE, RF_CLOSE)
@@ -149,6 +149,9 @@ class MemcacheConn(Conn):
         dests = f.config.aliases.get(q)
         if stream:
             flags, size, payload = F_STREAM, cmd.size, b""
+            if exptime and exptime < 1_000_000:
+                # relative: from the body's end, which may come long after this header (§5.2)
+                flags, expiry = F_STREAM | F_AFTER_BODY, exptime * 1000
         else:
             flags, size, payload = 0, len(cmd.data), cmd.data
         if dests is None and noreply:
@@ -476,7 +479,8 @@ class MemcacheConn(Conn):
 
 def expiry_of(exptime: int, clock) -> int:
     """A set's expiry, absolute epoch ms, from its exptime (not 0): seconds from now below
-    1,000,000 (§1.1), else an absolute Unix time in seconds."""
+    1,000,000 (§1.1), else an absolute Unix time in seconds.  "Now" is when the whole set is
+    in: a streamed body's relative exptime goes to its worker as F_AFTER_BODY instead (store)."""
     if exptime < 1_000_000:
         return expiry_at(clock.now_ms() + exptime * 1000)
     return exptime * 1000

@@ -20,7 +20,7 @@ from lanner import __version__
 from lanner.fronts.conn import Conn, Slot, expiry_at
 from lanner.fronts.counters import C_PEEK, C_SET
 from lanner.fronts.putbound import put_bound, refusal
-from lanner.ipc.messages import (F_THRIFT, OP_DELETE, OP_FLUSH, OP_FLUSH_ALL, OP_PUT_MANY,
+from lanner.ipc.messages import (F_THRIFT, OP_ALIAS_PUT, OP_DELETE, OP_FLUSH, OP_FLUSH_ALL, OP_PUT_MANY,
                        OP_SET, OP_TABORT, OP_TCONFIRM, OP_TGET, OP_TPEEK, R_DATA, R_OK,
                        R_SERVER_ERROR, R_VALUE)
 
@@ -29,6 +29,12 @@ _UNLISTED = "net.lag.kestrel.AvailabilityException: "
 _UNLIMITED = 1 << 62
 _STATUS_OUT = {"Up": th.STATUS_UP, "ReadOnly": th.STATUS_READ_ONLY, "Quiescent": th.STATUS_QUIESCENT}
 _STATUS_IN = {th.STATUS_UP: "up", th.STATUS_READ_ONLY: "readonly", th.STATUS_QUIESCENT: "quiescent"}
+
+
+def count_attempts(front, stored: int, sent: int) -> None:
+    """cmd_set of a put: Kestrel's loop tried each item until the first one refused and stopped
+    there (reference §3.3, §4.3), so the items after that one were never attempted."""
+    front.my.incr(C_SET, stored + 1 if stored < sent else sent)
 
 
 def _size(item: Oversized) -> int:
@@ -114,17 +120,23 @@ class ThriftConn(Conn):
             return
         if not self.queue_ok(call, q) or self.not_listed(call, q, "add"):
             return
-        f.my.incr(C_SET, len(items))
         ms = call.args["expiration_msec"]
         expiry = 0 if ms == 0 else expiry_at(f.clock.now_ms() + ms)
         dests = f.config.aliases.get(q)
         if dests is None:
-            slot = self.call_slot(call, lambda s: s.parts[0].value if s.parts[0].status == R_VALUE else 0)
+            def stored(slot):
+                n = slot.parts[0].value if slot.parts[0].status == R_VALUE else 0
+                count_attempts(f, n, len(items))
+                return n
+            slot = self.call_slot(call, stored)
             # an Oversized goes as its size: the worker refuses it there and stops (OP_PUT_MANY)
             self.request(slot, f.owner(q), OP_PUT_MANY, 0, q.encode("latin-1"), expiry, 0,
                          msgpack.packb(items, default=_size))
             self.seal(slot)
             return
+        # the alias's own put_items/put_bytes (§5.7), counted by its owner as memcache and text do
+        f.send(f.owner(q), self.id, 0, OP_ALIAS_PUT, 0, q.encode("latin-1"), len(items),
+               sum(_size(i) if type(i) is Oversized else len(i) for i in items))
         n = max(len(dests), 1)
 
         def count(slot):
@@ -134,7 +146,9 @@ class ThriftConn(Conn):
                     added += 1
                 else:
                     break
-            return added if dests else len(items)
+            added = added if dests else len(items)
+            count_attempts(f, added, len(items))
+            return added
         slot = self.call_slot(call, count)
         for data in items:
             for d in dests:

@@ -2,7 +2,9 @@
 
 A front streams a large `set` body to the worker as it arrives from the client instead of
 buffering it whole: first an OP_SET with F_STREAM (a = expiry, b = the body's size, no payload),
-then OP_SET_DATA messages with the same (connection, request) carrying the pieces in order.
+then OP_SET_DATA messages with the same (connection, request) carrying the pieces in order.  With
+F_AFTER_BODY, `a` is a relative expiry the worker counts from the last piece: Kestrel's "now" for
+a set was when its whole request was in (reference §5.2), and a big body can take long to come.
 Pieces of different connections interleave freely on the ring, which is why they are keyed here
 and not reassembled by the ring's own chunking (`messages.Reassembler`, which needs a message's
 records to be contiguous).  When the last piece is in, the worker adds the item and replies as

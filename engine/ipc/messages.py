@@ -68,6 +68,8 @@ F_NOREPLY = 32
 F_THRIFT = 64         # every request of a thrift connection: on DISCONNECT its open reads
                       # outlive it (§3.3); its calls are serial, never sent behind an error
 F_STREAM = 128        # SET: b = body size, the body follows in OP_SET_DATA pieces (bodies.py)
+F_AFTER_BODY = F_OPEN  # SET with F_STREAM: a = ms (memcache's relative exptime) counted from
+                       # the body's last piece, not an epoch ms (a set bit of a get's flags)
 
 # -- response statuses -----------------------------------------------------------------------
 R_OK = 0              # STORED / DELETED / END ...

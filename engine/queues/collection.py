@@ -234,6 +234,12 @@ class QueueCollection(CollectionBase, WriteFailures, Deletes):
         if name not in children:
             children.append(name)
 
+    def evict_waiters(self) -> None:
+        """The server is stopping: every blocked fetcher is woken to answer empty now, while its
+        reply can still reach its client (reference §5.10: shutdown wakes all waiters)."""
+        for q in self._queues.values():
+            self.woken.extend(q.waiters.wake_all())
+
     def woken_append(self, w: Waiter) -> None:
         # Looked up on every call: the owner swaps `self.woken` for a fresh list when draining.
         self.woken.append(w)

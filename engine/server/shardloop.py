@@ -117,6 +117,7 @@ class ShardLoop:
             self.front.stopping = True
             for srv in self.front.servers:
                 srv.close()
+        self.evict_waiters()            # blocked fetchers answer empty in this last turn (§5.10)
         # replies of the last batch still reach the worker's own clients before the loop stops
         self.schedule_turn()
         self.loop.call_later(0.05, self.loop.stop)

@@ -220,6 +220,12 @@ class Waiting:
         if self.coll.woken:
             self.retry_woken()
 
+    def evict_waiters(self) -> None:
+        """Stopping: blocked gets, monitors and thrift gets answer now, empty (or with the items
+        a thrift get has collected), as Kestrel's shutdown woke every waiter (§5.10)."""
+        self.coll.evict_waiters()
+        self.retry_woken()
+
     # -- thrift --------------------------------------------------------------------------------
     def tget_step(self, p: Pending) -> None:
         """Kestrel's thrift get is its monitor loop: collect until max_items, the deadline, the

@@ -39,13 +39,13 @@ from collections import defaultdict
 import msgpack
 
 from lanner.clock import SYSTEM_CLOCK
-from lanner.fronts.conn import WorkerBase
+from lanner.fronts.conn import WorkerBase, expiry_at
 from lanner.ipc import control
 from lanner.ipc.bodies import Bodies
 from lanner.ipc.mesh import Peers
 from lanner.ipc.shm import ConfigEpoch, IdBlocks, SharedCounter
 from lanner.queues.collection import CloseError, QueueCollection
-from lanner.ipc.messages import (F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_STREAM, F_THRIFT,
+from lanner.ipc.messages import (F_AFTER_BODY, F_CONFIRM_ALL, F_NOREPLY, F_OPEN, F_STREAM, F_THRIFT,
                        OP_ALIAS_PUT, OP_CONFIRM, OP_DELETE, OP_DISCONNECT, OP_DUMP_CONFIG, OP_FLUSH,
                        OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED, OP_FLUSH_EXPIRED, OP_FORWARD_ADD, OP_GET,
                        OP_HELD, OP_MONITOR, OP_PUT_MANY, OP_RELOAD, OP_SET, OP_SET_DATA, OP_STATS, OP_TABORT,
@@ -311,6 +311,8 @@ class Worker(WorkerBase, GroupCommit, Waiting, Holding, PeerOps, ShardLoop, Move
             whole = self.bodies.more(src, conn, req, payload)
             if whole is not None:
                 queue, data, expiry, flags = whole
+                if flags & F_AFTER_BODY:     # a relative exptime: from now, the body's end (§5.2)
+                    expiry = expiry_at(self.clock.now_ms() + expiry)
                 ok = coll.add(queue, data, expiry or None)
                 if not flags & F_NOREPLY:
                     self.reply(src, conn, req, R_OK if ok else R_NOT_STORED)
