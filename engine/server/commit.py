@@ -218,6 +218,17 @@ class GroupCommit:
                         len(r.replies), syncer.state(medium_name))
         return took
 
+    def sync_inline(self) -> None:
+        """Run the fsync the syncer left for the loop (Syncer.sync_inline) and write the replies
+        it lets go.  The end of a turn calls it, after that turn's own replies were written."""
+        self.syncer.sync_inline()
+        self.on_synced()
+        front = self.front
+        if front is not None and front.write_pending:
+            front.flush_writes()
+        if self.syncer.inline_due:      # (one more round to sync: after a look at the sockets)
+            self.schedule_turn()
+
     def waiting_replies(self):
         """Every list of replies not yet published: the rounds', the held ones, this batch's."""
         for r in self.syncer.rounds:
@@ -346,6 +357,10 @@ class GroupCommit:
         while self.syncer.rounds or self.held or self.sync_queue:
             if not self.syncer.rounds:
                 self.start_sync()
+            if self.syncer.inline_due:
+                self.syncer.sync_inline()
+                self.on_synced()
+                continue
             if self.syncer.timer_due:   # (a gather begun here must be bounded before we block)
                 self.syncer.arm_due()
             wait_readable([self.sync_done_r] + ([self.syncer.fd] if self.syncer.fd >= 0 else []), 1.0)

@@ -59,6 +59,7 @@ A medium learns its syncer (`sync_gate`) the first time a round or a periodic fs
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -78,6 +79,10 @@ GATHER_MIN_S = 20e-6
 #: Seconds a rewrite's writer thread waits for a medium's fsync under way (`after_idle`): the
 #: owner's loop reaps it within one fsync, unless the loop is stuck or shutting down.
 IDLE_WAIT = 5.0
+#: An inline fsync (`sync_inline`) slower than this sends the next INLINE_SKIP through the ring:
+#: while the disk is slow the loop keeps serving the owner's other clients during its fsyncs.
+INLINE_SLOW_S = 20e-3
+INLINE_SKIP = 64
 
 
 class Round:
@@ -98,9 +103,14 @@ class Syncer:
     (storage/uring.py) the owner's loop watches `fd` and calls `poll` when it is readable."""
 
     def __init__(self, notify_w: int, threads: int = THREADS, name: str = "fsync", uring=None,
-                 follow_on: bool = False, gather: bool = True) -> None:
+                 follow_on: bool = False, gather: bool = True, inline: bool = False) -> None:
         self.notify_w = notify_w
         self.follow_on = follow_on
+        # `inline`: the owner runs `sync_inline` when its turn ends (a stand-in ring may not have
+        # what it needs)
+        self.inline = inline and not follow_on and hasattr(uring, "quiet")
+        self.inline_due = False         # the one fsync to run is left for the owner (`sync_inline`)
+        self._inline_skip = 0           # fsyncs to send through the ring (after a slow inline one)
         # the gather needs the ring's timer (a test's stand-in ring may have none)
         self.gather = gather and not follow_on and hasattr(uring, "arm")
         self.fsyncs = 0                 # fdatasyncs (or fsyncs) issued for rounds: `stats`
@@ -291,22 +301,61 @@ class Syncer:
         their rounds count them, and the rounds that waited for one get the next fsync now."""
         if self.uring is None:
             return
+        if wait and self.inline_due:    # (the owner waits for it: `wait_idle`, `close`)
+            self.sync_inline()
+            return
         for token, err in self.uring.reap(wait):
-            job = self._inflight.pop(token, None)
-            if job is None:                 # the gather's timer (or its removal's completion)
-                if token == self._held_timer and self._held is not None:
-                    self._release(missed=not self._gathered)
-                continue
-            medium, rounds, mtoken = job
-            if not self._inflight:
-                self.last_sync_s = time.monotonic() - self._sync_started
-            error = self._failed.get(medium)
-            if error is None or err:        # (a follow-on's success after a failure vouches for nothing)
-                error = medium.sync_done(mtoken, OSError(err, os.strerror(err)) if err else None)
-                if error is not None:
-                    log.error("fsync failed: %s", error)
-            self._reaped(token, medium, rounds, error)
+            self._completed(token, err)
         self._submit()
+
+    def sync_inline(self) -> None:
+        """Run the fsync `_submit` left for the owner (`inline_due`) here, on the owner's thread,
+        and take its completion as `poll` would.  The owner calls it at the end of its turn,
+        once the turn's other replies are written: the one fsync under way is then all it waits
+        for (the clients of a one-queue round all wait for it), and a blocking fdatasync spares
+        the ring's hand-off — the submission, the kernel's worker thread woken to run it and
+        its completion, the eventfd, the loop's wake-up in epoll — about 50–100 µs per round on
+        a 0.3–0.5 ms fdatasync (issue 8, P5; perf/README.md, stop 24).  A timer removal that
+        waits for the next submission goes first, on its own.  One slower than INLINE_SLOW_S
+        sends the next INLINE_SKIP fsyncs through the ring, where the loop serves meanwhile."""
+        self.inline_due = False
+        jobs, self._jobs = self._jobs, []
+        if len(jobs) != 1:              # (cannot happen: `_submit` leaves exactly one)
+            self._jobs = jobs
+            self._submit()
+            return
+        (token, fd, datasync, _), = jobs
+        self.uring.send_disarm()        # (refused: the timer fires later, and `poll` ignores it)
+        self._sync_started = started = time.monotonic()
+        try:
+            if datasync:
+                os.fdatasync(fd)
+            else:
+                os.fsync(fd)
+            err = 0
+        except OSError as e:
+            err = e.errno or errno.EIO
+        if time.monotonic() - started > INLINE_SLOW_S:
+            self._inline_skip = INLINE_SKIP
+        self._completed(token, err)
+        self._submit()
+
+    def _completed(self, token: int, err: int) -> None:
+        """The fsync (or timer) of `token` completed with errno `err` (0: success)."""
+        job = self._inflight.pop(token, None)
+        if job is None:                 # the gather's timer (or its removal's completion)
+            if token == self._held_timer and self._held is not None:
+                self._release(missed=not self._gathered)
+            return
+        medium, rounds, mtoken = job
+        if not self._inflight:
+            self.last_sync_s = time.monotonic() - self._sync_started
+        error = self._failed.get(medium)
+        if error is None or err:        # (a follow-on's success after a failure vouches for nothing)
+            error = medium.sync_done(mtoken, OSError(err, os.strerror(err)) if err else None)
+            if error is not None:
+                log.error("fsync failed: %s", error)
+        self._reaped(token, medium, rounds, error)
 
     def _reaped(self, token: int, medium, rounds: list, error: OSError | None) -> None:
         after = self._after.get(medium)
@@ -412,7 +461,17 @@ class Syncer:
 
     def _submit(self) -> None:
         """Submit the io_uring fsyncs gathered (those beyond the context's slots wait for `poll` to
-        free some); one the kernel refused fails its rounds."""
+        free some); one the kernel refused fails its rounds.  The only fsync of the owner, with
+        nothing else of the ring under way, is left for the owner to run itself instead
+        (`inline_due`, `sync_inline`)."""
+        if self.inline and self._jobs:
+            if (len(self._jobs) == 1 and len(self._inflight) == 1 and not self._jobs[0][3]
+                    and self.uring.quiet()):
+                if not self._inline_skip:
+                    self.inline_due = True
+                    return
+                self._inline_skip -= 1
+            self.inline_due = False
         while self._jobs:
             jobs = self._jobs
             done, error = self.uring.submit(jobs)
