@@ -220,7 +220,13 @@ class GroupCommit:
 
     def sync_inline(self) -> None:
         """Run the fsync the syncer left for the loop (Syncer.sync_inline) and write the replies
-        it lets go.  The end of a turn calls it, after that turn's own replies were written."""
+        it lets go, if every client of the worker waits for a round: none of them can send
+        anything the loop would serve meanwhile (a one-queue durable load).  Otherwise it goes
+        through the ring, and the loop serves the others during it.  The end of a turn calls
+        it, after that turn's own replies were written."""
+        if not self.every_client_waits():
+            self.syncer.send_due()
+            return
         self.syncer.sync_inline()
         self.on_synced()
         front = self.front
@@ -228,6 +234,19 @@ class GroupCommit:
             front.flush_writes()
         if self.syncer.inline_due:      # (one more round to sync: after a look at the sockets)
             self.schedule_turn()
+
+    def every_client_waits(self) -> bool:
+        """Do the rounds under way hold a reply for each of the worker's own connections?  (A
+        connection with several requests in them counts once for each: a client that pipelines
+        may make it look so while another is idle; that one then waits one fsync.)  A worker
+        without its own clients (dedicated fronts) cannot tell: no."""
+        front = self.front
+        if front is None:
+            return False
+        n = len(front.conns)
+        for r in self.syncer.rounds:
+            n -= len(r.replies)
+        return n <= 0
 
     def waiting_replies(self):
         """Every list of replies not yet published: the rounds', the held ones, this batch's."""

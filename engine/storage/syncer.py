@@ -340,6 +340,12 @@ class Syncer:
         self._completed(token, err)
         self._submit()
 
+    def send_due(self) -> None:
+        """Send the fsync left for the owner (`inline_due`) through the ring after all: the owner
+        has other clients to serve while it runs."""
+        self.inline_due = False
+        self._submit(ring=True)
+
     def _completed(self, token: int, err: int) -> None:
         """The fsync (or timer) of `token` completed with errno `err` (0: success)."""
         job = self._inflight.pop(token, None)
@@ -459,12 +465,12 @@ class Syncer:
             self._after[medium] = self._token
         return True
 
-    def _submit(self) -> None:
+    def _submit(self, ring: bool = False) -> None:
         """Submit the io_uring fsyncs gathered (those beyond the context's slots wait for `poll` to
         free some); one the kernel refused fails its rounds.  The only fsync of the owner, with
         nothing else of the ring under way, is left for the owner to run itself instead
-        (`inline_due`, `sync_inline`)."""
-        if self.inline and self._jobs:
+        (`inline_due`, `sync_inline`), unless `ring`."""
+        if self.inline and self._jobs and not ring:
             if (len(self._jobs) == 1 and len(self._inflight) == 1 and not self._jobs[0][3]
                     and self.uring.quiet()):
                 if not self._inline_skip:

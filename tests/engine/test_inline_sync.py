@@ -9,14 +9,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from lanner.ipc.messages import OP_SET, R_OK
+from lanner.config import load_config
+from lanner.perf.hotloop import Rig
 from lanner.queues.item import QItem
 from lanner.storage import syncer as syncer_module
 from lanner.storage.journal.journal import Journal
 from lanner.storage.syncer import INLINE_SKIP, Syncer
 from lanner.storage.uring import open_uring
 from tests.engine.test_syncer import Clock, Config, KernelMedium
-from tests.engine.test_worker_loop import harness, statuses  # noqa: F401 (a fixture)
 
 
 @pytest.fixture
@@ -139,24 +139,54 @@ def test_after_a_slow_inline_fdatasync_the_next_ones_go_through_the_ring(ring, j
     assert not ring.inline_due and ring.uring.inflight == 1 and ring._inline_skip == INLINE_SKIP - 1
 
 
-def test_the_loop_runs_a_lone_rounds_fdatasync_at_its_turns_end_and_answers_in_that_turn(
-        harness, monkeypatch):  # noqa: F811
-    """One client's set under "always": the worker's turn writes the record, runs the fdatasync
-    itself once the turn's other replies are out, and publishes STORED in the same turn; the
-    reply was not out before the fdatasync."""
-    h = harness(config='[default]\nsync_journal = "always"\n')
-    f = h.fronts[0]
-    wk = h.workers[0]
-    got, before = [], []
-    real = os.fdatasync
+def always_rig(tmp_path, conns):
+    (tmp_path / "lanner.toml").write_text('[default]\nsync_journal = "always"\n')
+    config = load_config(str(tmp_path / "lanner.toml"), {"queue_path": str(tmp_path / "q"),
+                                                         "status_file": str(tmp_path / "status")})
+    return Rig(str(tmp_path), conns, config=config)
 
-    def watched(fd):
-        got.extend(f.replies())
-        before.append(list(got))
-        real(fd)
-    monkeypatch.setattr(os, "fdatasync", watched)
-    f.send(0, 1, 1, OP_SET, b"q", payload=b"x")
-    wk.step(wait=0)
-    assert before == [[]]                            # nothing answered before the fdatasync
-    assert statuses(got + f.replies()) == [(1, R_OK, b"")] and not wk.sync_inflight
-    assert wk.syncer.fsyncs == 1 and wk.syncer.uring.inflight == 0
+
+def test_the_loop_runs_the_fdatasync_itself_when_every_client_waits_for_it(tmp_path, monkeypatch):
+    """The worker's two connections each set under "always" in one turn: the loop writes the
+    record, runs the fdatasync itself (nobody is left to send anything meanwhile) and answers
+    both in that turn; neither reply was written before the fdatasync."""
+    rig = always_rig(tmp_path, 2)
+    try:
+        written = [c.transport.written for c in rig.conns]
+        before = []
+        real = os.fdatasync
+
+        def watched(fd):
+            before.append([list(w) for w in written])
+            real(fd)
+        monkeypatch.setattr(os, "fdatasync", watched)
+        for c in rig.conns:
+            c.data_received(b"set q 0 0 1\r\nx\r\n")
+        rig.turn()
+        assert before == [[[], []]]
+        assert written == [[b"STORED\r\n"], [b"STORED\r\n"]] and not rig.worker.sync_inflight
+        syncer = rig.worker.syncer                   # in the ring: the next one's gather timer only
+        assert syncer.fsyncs == 1 and syncer.uring.inflight == 1 and "held for a gather" in syncer.state()
+    finally:
+        rig.close()
+
+
+def test_with_a_client_not_waiting_the_fdatasync_goes_through_the_ring(tmp_path, monkeypatch):
+    """One of the two connections sets, the other is idle and could send during the fdatasync:
+    it goes through io_uring and the loop stays free to serve it."""
+    rig = always_rig(tmp_path, 2)
+    try:
+        calls = []
+        monkeypatch.setattr(os, "fdatasync", lambda fd: calls.append(fd))
+        rig.conns[0].data_received(b"set q 0 0 1\r\nx\r\n")
+        rig.turn()
+        w = rig.worker
+        assert calls == [] and w.sync_inflight and w.syncer.uring.inflight == 1
+        assert rig.conns[0].transport.written == []
+        while w.sync_inflight:
+            assert select.select([w.syncer.fd], [], [], 10)[0]
+            w.on_uring_readable()
+            rig.turn()
+        assert rig.conns[0].transport.written == [b"STORED\r\n"]
+    finally:
+        rig.close()
