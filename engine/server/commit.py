@@ -36,6 +36,10 @@ MAX_ROUNDS = 4
 STALLED_SYNC_S = 5.0
 #: Buffered bytes from which a journal's write goes to the writer thread, off the loop.
 WRITE_BEHIND_BYTES = 1 << 20
+#: Replies waiting for an fsync up to which the loop runs it itself (`sync_inline`): the case it
+#: was measured for (10 connections); at 100 the interleaved pairs went both ways on a loaded box
+#: (perf/README.md, stop 24), so bigger rounds keep the ring.
+INLINE_MAX_REPLIES = 16
 
 
 def medium_name(m) -> str:
@@ -236,17 +240,18 @@ class GroupCommit:
             self.schedule_turn()
 
     def every_client_waits(self) -> bool:
-        """Do the rounds under way hold a reply for each of the worker's own connections?  (A
-        connection with several requests in them counts once for each: a client that pipelines
-        may make it look so while another is idle; that one then waits one fsync.)  A worker
-        without its own clients (dedicated fronts) cannot tell: no."""
+        """Do the rounds under way hold a reply for each of the worker's own connections, and
+        no more than INLINE_MAX_REPLIES?  (A connection with several requests in them counts
+        once for each: a client that pipelines may make it look so while another is idle; that
+        one then waits one fsync.)  A worker without its own clients (dedicated fronts) cannot
+        tell: no."""
         front = self.front
         if front is None:
             return False
-        n = len(front.conns)
+        waiting = 0
         for r in self.syncer.rounds:
-            n -= len(r.replies)
-        return n <= 0
+            waiting += len(r.replies)
+        return len(front.conns) <= waiting <= INLINE_MAX_REPLIES
 
     def waiting_replies(self):
         """Every list of replies not yet published: the rounds', the held ones, this batch's."""

@@ -11,6 +11,7 @@ import pytest
 
 from lanner.config import load_config
 from lanner.perf.hotloop import Rig
+from lanner.server import commit
 from lanner.queues.item import QItem
 from lanner.storage import syncer as syncer_module
 from lanner.storage.journal.journal import Journal
@@ -188,5 +189,26 @@ def test_with_a_client_not_waiting_the_fdatasync_goes_through_the_ring(tmp_path,
             w.on_uring_readable()
             rig.turn()
         assert rig.conns[0].transport.written == [b"STORED\r\n"]
+    finally:
+        rig.close()
+
+
+def test_a_round_of_more_replies_than_inline_max_goes_through_the_ring(tmp_path, monkeypatch):
+    """Every client waits, but the round is bigger than INLINE_MAX_REPLIES: io_uring."""
+    monkeypatch.setattr(commit, "INLINE_MAX_REPLIES", 1)
+    rig = always_rig(tmp_path, 2)
+    try:
+        calls = []
+        monkeypatch.setattr(os, "fdatasync", lambda fd: calls.append(fd))
+        for c in rig.conns:
+            c.data_received(b"set q 0 0 1\r\nx\r\n")
+        rig.turn()
+        w = rig.worker
+        assert calls == [] and w.sync_inflight and w.syncer.uring.inflight == 1
+        while w.sync_inflight:
+            assert select.select([w.syncer.fd], [], [], 10)[0]
+            w.on_uring_readable()
+            rig.turn()
+        assert [c.transport.written for c in rig.conns] == [[b"STORED\r\n"], [b"STORED\r\n"]]
     finally:
         rig.close()
