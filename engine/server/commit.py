@@ -211,7 +211,8 @@ class GroupCommit:
         a round still waiting after STALLED_SYNC_S is logged, once.  True if it took some: their
         replies go out at the end of the turn the caller schedules, as after a wake-up."""
         syncer = self.syncer
-        took = bool(syncer.rounds) and syncer.ready()
+        # (an fsync left for the loop is run by the turn this schedules, if none did yet)
+        took = bool(syncer.rounds) and (syncer.ready() or syncer.inline_due)
         if took:
             self.on_synced()
         r = syncer.stalled(now, STALLED_SYNC_S)

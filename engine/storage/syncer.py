@@ -26,6 +26,11 @@ Two engines run the fsyncs (issue 8, P5):
   was submitted, early in the fsync under way, and the ones behind them wait for one fsync more:
   at 10 closed-loop clients on one queue, 3.3 items per fdatasync with it, about 5 without, and
   more server CPU per item (perf/README.md, stop 18).
+  With `inline` (the worker's), the one fsync of an owner that has nothing else of the ring
+  under way is not submitted but left for the owner (`inline_due`), which runs it with a
+  blocking fdatasync at the end of its turn when all its clients wait for it (`sync_inline`,
+  server/commit.py): the loop would only idle in epoll meanwhile, and the ring's hand-off (the
+  kernel's worker thread, the completion, the eventfd, the wake-up) costs ~0.1 ms of a round.
 * threads (no io_uring, and tests that inject fsync functions): a few threads call `medium.sync()`
   (fsync releases the GIL); the thread whose fsync returns fsyncs the same medium again at once
   for the rounds that waited (their records are written), and a finished round writes one byte to
