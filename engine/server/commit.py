@@ -228,7 +228,8 @@ class GroupCommit:
         it lets go, if every client of the worker waits for a round: none of them can send
         anything the loop would serve meanwhile (a one-queue durable load).  Otherwise it goes
         through the ring, and the loop serves the others during it.  The end of a turn calls
-        it, after that turn's own replies were written."""
+        it, after that turn's own replies were written (the syncer asked `every_client_waits`
+        when it left the fsync; rounds finished since have been answered)."""
         if not self.every_client_waits():
             self.syncer.send_due()
             return

@@ -26,7 +26,7 @@ Two engines run the fsyncs (issue 8, P5):
   was submitted, early in the fsync under way, and the ones behind them wait for one fsync more:
   at 10 closed-loop clients on one queue, 3.3 items per fdatasync with it, about 5 without, and
   more server CPU per item (perf/README.md, stop 18).
-  With `inline` (the worker's), the one fsync of an owner that has nothing else of the ring
+  With `inline` (the worker's test), the one fsync of an owner that has nothing else of the ring
   under way is not submitted but left for the owner (`inline_due`), which runs it with a
   blocking fdatasync at the end of its turn when all its clients wait for it (`sync_inline`,
   server/commit.py): the loop would only idle in epoll meanwhile, and the ring's hand-off (the
@@ -108,12 +108,12 @@ class Syncer:
     (storage/uring.py) the owner's loop watches `fd` and calls `poll` when it is readable."""
 
     def __init__(self, notify_w: int, threads: int = THREADS, name: str = "fsync", uring=None,
-                 follow_on: bool = False, gather: bool = True, inline: bool = False) -> None:
+                 follow_on: bool = False, gather: bool = True, inline=None) -> None:
         self.notify_w = notify_w
         self.follow_on = follow_on
-        # `inline`: the owner runs `sync_inline` when its turn ends (a stand-in ring may not have
-        # what it needs)
-        self.inline = inline and not follow_on and hasattr(uring, "quiet")
+        # `inline`: the owner's test whether it may run an fsync itself (`sync_inline`, at the end
+        # of its turn); asked again then (a stand-in ring may not have what it needs)
+        self.inline = inline if not follow_on and hasattr(uring, "quiet") else None
         self.inline_due = False         # the one fsync to run is left for the owner (`sync_inline`)
         self._inline_skip = 0           # fsyncs to send through the ring (after a slow inline one)
         # the gather needs the ring's timer (a test's stand-in ring may have none)
@@ -475,9 +475,9 @@ class Syncer:
         free some); one the kernel refused fails its rounds.  The only fsync of the owner, with
         nothing else of the ring under way, is left for the owner to run itself instead
         (`inline_due`, `sync_inline`), unless `ring`."""
-        if self.inline and self._jobs and not ring:
+        if self.inline is not None and self._jobs and not ring:
             if (len(self._jobs) == 1 and len(self._inflight) == 1 and not self._jobs[0][3]
-                    and self.uring.quiet()):
+                    and self.uring.quiet() and self.inline()):
                 if not self._inline_skip:
                     self.inline_due = True
                     return

@@ -24,7 +24,7 @@ from tests.engine.test_syncer import Clock, Config, KernelMedium
 def ring():
     """An inline Syncer on the real io_uring (Linux x86-64)."""
     r, w = os.pipe()
-    s = Syncer(w, uring=open_uring(), inline=True)
+    s = Syncer(w, uring=open_uring(), inline=lambda: True)
     yield s
     s.close()
     os.close(r)
