@@ -36,6 +36,10 @@ MAX_ROUNDS = 4
 STALLED_SYNC_S = 5.0
 #: Buffered bytes from which a journal's write goes to the writer thread, off the loop.
 WRITE_BEHIND_BYTES = 1 << 20
+#: Replies waiting for an fsync up to which the loop runs it itself (`sync_inline`): the case it
+#: was measured for (10 connections); at 100 the interleaved pairs went both ways on a loaded box
+#: (perf/README.md, stop 24), so bigger rounds keep the ring.
+INLINE_MAX_REPLIES = 16
 
 
 def medium_name(m) -> str:
@@ -207,7 +211,8 @@ class GroupCommit:
         a round still waiting after STALLED_SYNC_S is logged, once.  True if it took some: their
         replies go out at the end of the turn the caller schedules, as after a wake-up."""
         syncer = self.syncer
-        took = bool(syncer.rounds) and syncer.ready()
+        # (an fsync left for the loop is run by the turn this schedules, if none did yet)
+        took = bool(syncer.rounds) and (syncer.ready() or syncer.inline_due)
         if took:
             self.on_synced()
         r = syncer.stalled(now, STALLED_SYNC_S)
@@ -217,6 +222,38 @@ class GroupCommit:
                         "the kernel has not completed it); %s", self.index, names, now - r.started,
                         len(r.replies), syncer.state(medium_name))
         return took
+
+    def sync_inline(self) -> None:
+        """Run the fsync the syncer left for the loop (Syncer.sync_inline) and write the replies
+        it lets go, if every client of the worker waits for a round: none of them can send
+        anything the loop would serve meanwhile (a one-queue durable load).  Otherwise it goes
+        through the ring, and the loop serves the others during it.  The end of a turn calls
+        it, after that turn's own replies were written (the syncer asked `every_client_waits`
+        when it left the fsync; rounds finished since have been answered)."""
+        if not self.every_client_waits():
+            self.syncer.send_due()
+            return
+        self.syncer.sync_inline()
+        self.on_synced()
+        front = self.front
+        if front is not None and front.write_pending:
+            front.flush_writes()
+        if self.syncer.inline_due:      # (one more round to sync: after a look at the sockets)
+            self.schedule_turn()
+
+    def every_client_waits(self) -> bool:
+        """Do the rounds under way hold a reply for each of the worker's own connections, and
+        no more than INLINE_MAX_REPLIES?  (A connection with several requests in them counts
+        once for each: a client that pipelines may make it look so while another is idle; that
+        one then waits one fsync.)  A worker without its own clients (dedicated fronts) cannot
+        tell: no."""
+        front = self.front
+        if front is None:
+            return False
+        waiting = 0
+        for r in self.syncer.rounds:
+            waiting += len(r.replies)
+        return len(front.conns) <= waiting <= INLINE_MAX_REPLIES
 
     def waiting_replies(self):
         """Every list of replies not yet published: the rounds', the held ones, this batch's."""
@@ -346,6 +383,10 @@ class GroupCommit:
         while self.syncer.rounds or self.held or self.sync_queue:
             if not self.syncer.rounds:
                 self.start_sync()
+            if self.syncer.inline_due:
+                self.syncer.sync_inline()
+                self.on_synced()
+                continue
             if self.syncer.timer_due:   # (a gather begun here must be bounded before we block)
                 self.syncer.arm_due()
             wait_readable([self.sync_done_r] + ([self.syncer.fd] if self.syncer.fd >= 0 else []), 1.0)

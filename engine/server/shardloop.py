@@ -178,8 +178,11 @@ class ShardLoop:
                 front.try_handoffs()
         if self.deadlines_changed:
             self.arm_timer()
-        if self.syncer.timer_due:       # a gather's timer, now that the replies are written
-            self.syncer.arm_due()
+        syncer = self.syncer
+        if syncer.inline_due:           # the round's fsync, run here now that the replies are out
+            self.sync_inline()
+        if syncer.timer_due:            # a gather's timer, now that the replies are written
+            syncer.arm_due()
 
     def end_quiet_turn(self) -> None:
         """end_turn for a turn that read only the worker's one connection (Conn.data_received):
@@ -201,8 +204,8 @@ class ShardLoop:
         through = self.write_out(dirty) if dirty else None
         if self.writing or self.sync_queue:
             self.finish_batch()         # nothing left to write: it holds or rounds the replies
-            if self.syncer.timer_due:   # (it reaped and began a gather: end_turn arms its timer,
-                self.schedule_turn()    # after the replies written below)
+            if self.syncer.timer_due or self.syncer.inline_due:     # (it reaped and began a gather,
+                self.schedule_turn()    # or left an fsync to run: end_turn, after the replies below)
         else:
             if undo.entries:
                 undo.trim(through)

@@ -142,7 +142,8 @@ class Worker(WorkerBase, GroupCommit, Waiting, Holding, PeerOps, ShardLoop, Move
         self.sync_queue: list = []       # storages written since the last round, for the next one
         self.sync_done_r, self.sync_done_w = os.pipe()
         os.set_blocking(self.sync_done_r, False)
-        self.syncer = Syncer(self.sync_done_w, uring=open_uring())    # fsync rounds (commit.py)
+        # fsync rounds (commit.py); the loop runs a lone round's fsync itself (end_turn)
+        self.syncer = Syncer(self.sync_done_w, uring=open_uring(), inline=self.every_client_waits)
         self.writer = Writer(self.sync_done_w)      # write-behind of big journal writes (commit.py)
         self.writing: set = set()                   # journals with a write-behind under way
         self.settled: list = []                     # journals whose write-behind was just taken

@@ -26,6 +26,11 @@ Two engines run the fsyncs (issue 8, P5):
   was submitted, early in the fsync under way, and the ones behind them wait for one fsync more:
   at 10 closed-loop clients on one queue, 3.3 items per fdatasync with it, about 5 without, and
   more server CPU per item (perf/README.md, stop 18).
+  With `inline` (the worker's test), the one fsync of an owner that has nothing else of the ring
+  under way is not submitted but left for the owner (`inline_due`), which runs it with a
+  blocking fdatasync at the end of its turn when all its clients wait for it (`sync_inline`,
+  server/commit.py): the loop would only idle in epoll meanwhile, and the ring's hand-off (the
+  kernel's worker thread, the completion, the eventfd, the wake-up) costs ~0.1 ms of a round.
 * threads (no io_uring, and tests that inject fsync functions): a few threads call `medium.sync()`
   (fsync releases the GIL); the thread whose fsync returns fsyncs the same medium again at once
   for the rounds that waited (their records are written), and a finished round writes one byte to
@@ -59,6 +64,7 @@ A medium learns its syncer (`sync_gate`) the first time a round or a periodic fs
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -78,6 +84,10 @@ GATHER_MIN_S = 20e-6
 #: Seconds a rewrite's writer thread waits for a medium's fsync under way (`after_idle`): the
 #: owner's loop reaps it within one fsync, unless the loop is stuck or shutting down.
 IDLE_WAIT = 5.0
+#: An inline fsync (`sync_inline`) slower than this sends the next INLINE_SKIP through the ring:
+#: while the disk is slow the loop keeps serving the owner's other clients during its fsyncs.
+INLINE_SLOW_S = 20e-3
+INLINE_SKIP = 64
 
 
 class Round:
@@ -98,9 +108,14 @@ class Syncer:
     (storage/uring.py) the owner's loop watches `fd` and calls `poll` when it is readable."""
 
     def __init__(self, notify_w: int, threads: int = THREADS, name: str = "fsync", uring=None,
-                 follow_on: bool = False, gather: bool = True) -> None:
+                 follow_on: bool = False, gather: bool = True, inline=None) -> None:
         self.notify_w = notify_w
         self.follow_on = follow_on
+        # `inline`: the owner's test whether it may run an fsync itself (`sync_inline`, at the end
+        # of its turn); asked again then (a stand-in ring may not have what it needs)
+        self.inline = inline if not follow_on and hasattr(uring, "quiet") else None
+        self.inline_due = False         # the one fsync to run is left for the owner (`sync_inline`)
+        self._inline_skip = 0           # fsyncs to send through the ring (after a slow inline one)
         # the gather needs the ring's timer (a test's stand-in ring may have none)
         self.gather = gather and not follow_on and hasattr(uring, "arm")
         self.fsyncs = 0                 # fdatasyncs (or fsyncs) issued for rounds: `stats`
@@ -291,22 +306,67 @@ class Syncer:
         their rounds count them, and the rounds that waited for one get the next fsync now."""
         if self.uring is None:
             return
+        if wait and self.inline_due:    # (the owner waits for it: `wait_idle`, `close`)
+            self.sync_inline()
+            return
         for token, err in self.uring.reap(wait):
-            job = self._inflight.pop(token, None)
-            if job is None:                 # the gather's timer (or its removal's completion)
-                if token == self._held_timer and self._held is not None:
-                    self._release(missed=not self._gathered)
-                continue
-            medium, rounds, mtoken = job
-            if not self._inflight:
-                self.last_sync_s = time.monotonic() - self._sync_started
-            error = self._failed.get(medium)
-            if error is None or err:        # (a follow-on's success after a failure vouches for nothing)
-                error = medium.sync_done(mtoken, OSError(err, os.strerror(err)) if err else None)
-                if error is not None:
-                    log.error("fsync failed: %s", error)
-            self._reaped(token, medium, rounds, error)
+            self._completed(token, err)
         self._submit()
+
+    def sync_inline(self) -> None:
+        """Run the fsync `_submit` left for the owner (`inline_due`) here, on the owner's thread,
+        and take its completion as `poll` would.  The owner calls it at the end of its turn,
+        once the turn's other replies are written: the one fsync under way is then all it waits
+        for (the clients of a one-queue round all wait for it), and a blocking fdatasync spares
+        the ring's hand-off — the submission, the kernel's worker thread woken to run it and
+        its completion, the eventfd, the loop's wake-up in epoll — about 50–100 µs per round on
+        a 0.3–0.5 ms fdatasync (issue 8, P5; perf/README.md, stop 24).  A timer removal that
+        waits for the next submission goes first, on its own.  One slower than INLINE_SLOW_S
+        sends the next INLINE_SKIP fsyncs through the ring, where the loop serves meanwhile."""
+        self.inline_due = False
+        jobs, self._jobs = self._jobs, []
+        if len(jobs) != 1:              # (cannot happen: `_submit` leaves exactly one)
+            self._jobs = jobs
+            self._submit()
+            return
+        (token, fd, datasync, _), = jobs
+        self.uring.send_disarm()        # (refused: the timer fires later, and `poll` ignores it)
+        self._sync_started = started = time.monotonic()
+        try:
+            if datasync:
+                os.fdatasync(fd)
+            else:
+                os.fsync(fd)
+            err = 0
+        except OSError as e:
+            err = e.errno or errno.EIO
+        if time.monotonic() - started > INLINE_SLOW_S:
+            self._inline_skip = INLINE_SKIP
+        self._completed(token, err)
+        self._submit()
+
+    def send_due(self) -> None:
+        """Send the fsync left for the owner (`inline_due`) through the ring after all: the owner
+        has other clients to serve while it runs."""
+        self.inline_due = False
+        self._submit(ring=True)
+
+    def _completed(self, token: int, err: int) -> None:
+        """The fsync (or timer) of `token` completed with errno `err` (0: success)."""
+        job = self._inflight.pop(token, None)
+        if job is None:                 # the gather's timer (or its removal's completion)
+            if token == self._held_timer and self._held is not None:
+                self._release(missed=not self._gathered)
+            return
+        medium, rounds, mtoken = job
+        if not self._inflight:
+            self.last_sync_s = time.monotonic() - self._sync_started
+        error = self._failed.get(medium)
+        if error is None or err:        # (a follow-on's success after a failure vouches for nothing)
+            error = medium.sync_done(mtoken, OSError(err, os.strerror(err)) if err else None)
+            if error is not None:
+                log.error("fsync failed: %s", error)
+        self._reaped(token, medium, rounds, error)
 
     def _reaped(self, token: int, medium, rounds: list, error: OSError | None) -> None:
         after = self._after.get(medium)
@@ -410,9 +470,19 @@ class Syncer:
             self._after[medium] = self._token
         return True
 
-    def _submit(self) -> None:
+    def _submit(self, ring: bool = False) -> None:
         """Submit the io_uring fsyncs gathered (those beyond the context's slots wait for `poll` to
-        free some); one the kernel refused fails its rounds."""
+        free some); one the kernel refused fails its rounds.  The only fsync of the owner, with
+        nothing else of the ring under way, is left for the owner to run itself instead
+        (`inline_due`, `sync_inline`), unless `ring`."""
+        if self.inline is not None and self._jobs and not ring:
+            if (len(self._jobs) == 1 and len(self._inflight) == 1 and not self._jobs[0][3]
+                    and self.uring.quiet() and self.inline()):
+                if not self._inline_skip:
+                    self.inline_due = True
+                    return
+                self._inline_skip -= 1
+            self.inline_due = False
         while self._jobs:
             jobs = self._jobs
             done, error = self.uring.submit(jobs)

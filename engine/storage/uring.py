@@ -146,6 +146,19 @@ class Uring:
         removal's, and the timer's own, -ECANCELED, or -ETIME and -ENOENT if it had fired)."""
         self._disarm = token
 
+    def quiet(self) -> bool:
+        """Nothing of this ring under way but a timer whose removal waits for the next
+        submission (`disarm`): an fsync run on the owner's thread meanwhile is the only one of
+        the owner's (syncer.py `sync_inline`)."""
+        return self.inflight == (self._disarm is not None)
+
+    def send_disarm(self) -> OSError | None:
+        """Submit the pending timer removal on its own (no fsync goes with it); the error if
+        refused."""
+        if self._disarm is None:
+            return None
+        return self._enter([])[1]
+
     def _enter(self, entries: list) -> tuple[int, OSError | None]:
         """Put `entries` ((opcode, flags, fd, off, addr, len, op flags, token) each) in the
         submission ring, with the pending `disarm`, and enter them; how many of `entries` the
