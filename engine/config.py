@@ -55,7 +55,6 @@ from lanner.queues.placement import PARTITIONS
 log = logging.getLogger(__name__)
 
 MAX_CONFIG_BYTES = 1 << 20    # a config file is a few KiB; anything this big is a mistake
-ONE_WORKER_CPUS = 2          # up to this many cores `lanner serve` runs one worker (default_layout)
 
 __all__ = [
     "CmdlogConfig", "Config", "ConfigError", "QueueConfig", "ServerConfig", "ZooKeeperConfig",
@@ -136,11 +135,10 @@ def default_layout(cpus: int | None = None) -> tuple[int, int]:
 
     Measured on the 2-core VM (perf/README.md, "Layouts (processes)"): workers that serve their
     own clients beat every layout with dedicated fronts, because a request that never crosses a
-    process pays no wakeup; so no dedicated fronts, and one worker per core, the shard-per-core
-    shape.  Except up to ONE_WORKER_CPUS cores: there a second worker shares the cores with the
-    clients and the kernel's network work, each worker runs dry on half the connections, sleeps
-    in epoll and is woken by the next client write (sched_wakeup: the client, not the other
-    worker), and the many-queue gets ran faster on one worker that stays busy.  Dedicated
+    process pays no wakeup.  So one worker per core and no dedicated fronts, the
+    shard-per-core shape, on two cores too: there one worker spends less CPU per request (two
+    sleep and wake on half the connections each), but in 36 interleaved pairs two workers
+    still answered an eight-queue load 8-10 % faster, and a one-queue load ties.  Dedicated
     fronts (`--fronts N`) stay available for machines where connections, not queues, are the
     load."""
     if cpus is None:
@@ -148,7 +146,7 @@ def default_layout(cpus: int | None = None) -> tuple[int, int]:
             cpus = len(os.sched_getaffinity(0))     # honours taskset and cgroup cpusets
         except (AttributeError, OSError):
             cpus = os.cpu_count() or 1
-    return (1 if cpus <= ONE_WORKER_CPUS else min(cpus, PARTITIONS)), 0
+    return max(1, min(cpus, PARTITIONS)), 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,12 +40,9 @@ def test_embedded_defaults_are_the_dataclass_defaults():
     assert dict(c.queue_overrides) == {} and dict(c.aliases) == {}
 
 
-def test_default_layout_is_one_serving_worker_per_cpu_but_one_on_two_cpus():
+def test_default_layout_is_one_serving_worker_per_cpu():
     from lanner.config import default_layout
-    assert default_layout(3) == (3, 0) and default_layout(16) == (16, 0)
-    # two cores shared with the clients: one busy worker answered many-queue gets faster
-    # than two that sleep and wake (perf/README.md, "Layouts (processes)")
-    assert default_layout(1) == (1, 0) and default_layout(2) == (1, 0)
+    assert default_layout(1) == (1, 0) and default_layout(2) == (2, 0) and default_layout(16) == (16, 0)
     assert default_layout(500) == (64, 0)          # one partition per worker at most
     s = ServerConfig()
     assert (s.fronts, s.worker_fronts) == (0, True) and s.workers == default_layout()[0]

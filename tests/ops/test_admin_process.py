@@ -60,7 +60,7 @@ def mc(sock: socket.socket, cmd: bytes, end: bytes = b"\r\n") -> bytes:
 
 @pytest.fixture
 def server(tmp_path):
-    h = start_server(tmp_path, admin=True, workers=2)       # workers serve clients, as by default
+    h = start_server(tmp_path, admin=True, workers=2)       # the default layout: workers serve
     yield h
     assert h.stop() == 0
 

@@ -126,10 +126,10 @@ def test_production_config_loads():
 
 
 @pytest.mark.integration
-def test_serve_without_layout_flags_on_two_cpus_runs_one_worker(tmp_path):
+def test_serve_without_layout_flags_runs_one_serving_worker_per_cpu(tmp_path):
     """`lanner serve` with no --workers/--fronts on a machine of two CPUs (here its affinity, as
-    taskset or a cgroup cpuset gives it) runs one worker that serves the clients itself, the
-    layout measured fastest there (perf/README.md, "Layouts (processes)")."""
+    taskset or a cgroup cpuset gives it) runs default_layout's workers for the CPUs it may use,
+    one per CPU, and they serve the clients themselves (perf/README.md, "Layouts (processes)")."""
     cpus = set(sorted(os.sched_getaffinity(0))[:2])
     port = free_port()
     args = [sys.executable, "-m", "lanner.cli", "serve", "--queue-path", str(tmp_path / "q"),
@@ -142,7 +142,10 @@ def test_serve_without_layout_flags_on_two_cpus_runs_one_worker(tmp_path):
     try:
         assert ready_line(proc, 60).startswith(b"lanner ready"), (tmp_path / "lanner.log").read_text()
         names = sorted(p.name() for p in psutil.Process(proc.pid).children())
-        assert [n for n in names if n.startswith("lanner-w")] == ["lanner-w0"], names
+        workers = default_layout(len(cpus))[0]
+        assert workers == len(cpus)
+        assert [n for n in names if n.startswith("lanner-w")] == [f"lanner-w{i}" for i in range(workers)], names
+        assert not [n for n in names if n.startswith("lanner-f")], names     # no dedicated front
         with server.connect() as s:
             s.sendall(b"set job 0 0 2\r\nhi\r\nget job\r\n")
             assert recv_until(s, b"END\r\n") == b"STORED\r\nVALUE job 0 2\r\nhi\r\nEND\r\n"

@@ -73,7 +73,7 @@ def store_numbered(c: Client, queue: bytes, n: int, size: int, batch: int, pad: 
 
 
 def test_read_behind_keeps_a_backlog_out_of_memory(tmp_path):
-    """4 MB of 1 KiB items against max_memory_size 64KiB (two workers that
+    """4 MB of 1 KiB items against max_memory_size 64KiB (default layout: two workers that
     serve clients): memory holds at most 64 KiB (plus the one item a refill may overshoot by),
     the rest waits on disk, and every item comes back once, in order."""
     limit, size, n = 64 * 1024, 1024, 4000

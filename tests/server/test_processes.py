@@ -117,7 +117,7 @@ def test_kill_front_returns_open_reads(tmp_path):
     '[default]\nstorage = "cmdlog"\n[cmdlog]\nsync = "always"\nsegment_size = "64KiB"\n',
 ], ids=["journal", "cmdlog"])
 def test_kill_worker_under_load_loses_nothing(tmp_path, cfg):
-    h = start_server(tmp_path, workers=2, config=cfg)      # workers serve clients (no dedicated front)
+    h = start_server(tmp_path, workers=2, config=cfg)      # default layout: workers serve clients
     acked = []
     stop = threading.Event()
 
