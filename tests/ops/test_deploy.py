@@ -10,11 +10,13 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from lanner import __version__
 from lanner.config import default_layout, load_config
-from tests.helpers import recv_until, start_server
+from lanner.perf.servers import ready_line
+from tests.helpers import ServerHandle, free_port, recv_until, start_server
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -121,3 +123,31 @@ def test_production_config_loads():
     assert c.default.sync_journal == 100 and c.server.log_file == "/var/log/lanner/lanner.log"
     # the shipped production config keeps the measured-fastest layout, not an older one
     assert (c.server.workers, c.server.fronts) == default_layout() and c.server.worker_fronts
+
+
+@pytest.mark.integration
+def test_serve_without_layout_flags_runs_one_serving_worker_per_cpu(tmp_path):
+    """`lanner serve` with no --workers/--fronts on a machine of two CPUs (here its affinity, as
+    taskset or a cgroup cpuset gives it) runs default_layout's workers for the CPUs it may use,
+    one per CPU, and they serve the clients themselves (perf/README.md, "Layouts (processes)")."""
+    cpus = set(sorted(os.sched_getaffinity(0))[:2])
+    port = free_port()
+    args = [sys.executable, "-m", "lanner.cli", "serve", "--queue-path", str(tmp_path / "q"),
+            "--status-file", str(tmp_path / "status"), "--listen", "127.0.0.1", "--memcache-port", str(port),
+            "--text-port", "off", "--thrift-port", "off", "--admin-port", "off"]
+    with open(tmp_path / "lanner.log", "wb") as log:
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, cwd=str(tmp_path),
+                                preexec_fn=lambda: os.sched_setaffinity(0, cpus))
+    server = ServerHandle(proc, port, None, None, None, str(tmp_path / "q"), str(tmp_path / "status"), args)
+    try:
+        assert ready_line(proc, 60).startswith(b"lanner ready"), (tmp_path / "lanner.log").read_text()
+        names = sorted(p.name() for p in psutil.Process(proc.pid).children())
+        workers = default_layout(len(cpus))[0]
+        assert workers == len(cpus)
+        assert [n for n in names if n.startswith("lanner-w")] == [f"lanner-w{i}" for i in range(workers)], names
+        assert not [n for n in names if n.startswith("lanner-f")], names     # no dedicated front
+        with server.connect() as s:
+            s.sendall(b"set job 0 0 2\r\nhi\r\nget job\r\n")
+            assert recv_until(s, b"END\r\n") == b"STORED\r\nVALUE job 0 2\r\nhi\r\nEND\r\n"
+    finally:
+        assert server.stop() == 0
