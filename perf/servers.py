@@ -39,10 +39,38 @@ class ServerError(RuntimeError):
     """A server could not be started or found."""
 
 
+PORTS_ENV = "LANNER_PORTS"
+_next_port: list[int] = []
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free 127.0.0.1 port for a server about to be started.  By default the kernel picks one
+    from the ephemeral range; `LANNER_PORTS=LO-HI` (e.g. 24000-24999) keeps every server of a run
+    inside that range instead, so runs that share a machine stay in the ports they were given.
+    The range is walked from a start drawn per process: a port a finished test just released is
+    not handed out again at once, and two runs given the same range rarely meet."""
+    span = os.environ.get(PORTS_ENV)
+    if not span:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    try:
+        lo, hi = (int(x) for x in span.split("-"))
+    except ValueError:
+        raise ServerError(f"{PORTS_ENV}={span!r}: expected a range LO-HI such as 24000-24999") from None
+    size = hi - lo + 1
+    if not _next_port:
+        _next_port.append(lo + (os.getpid() * 7919 + time.monotonic_ns()) % size)
+    for _ in range(size):
+        port = _next_port[0]
+        _next_port[0] = lo + (port + 1 - lo) % size
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise ServerError(f"{PORTS_ENV}={span}: no free port in that range")
 
 
 @dataclass(slots=True)

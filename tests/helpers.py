@@ -9,15 +9,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from lanner.perf.servers import ready_line
+from lanner.perf.servers import free_port, ready_line
 
 READY_TIMEOUT = 60.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

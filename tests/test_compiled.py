@@ -115,6 +115,10 @@ def _setup_in(tmp_path, monkeypatch):
     monkeypatch.setattr(setup, "HERE", str(tmp_path))
     monkeypatch.setattr(setup, "source_of", lambda name: name + ".py")
     monkeypatch.chdir(tmp_path)
+    # cythonize makes its relative build dir once per process (Cython's safe_makedirs_once
+    # remembers the path, not where it was made): an earlier test's tmp_path had it, this one
+    # would not, and the first module it translates would fail to be written
+    (tmp_path / "build" / "cython").mkdir(parents=True)
     return setup
 
 

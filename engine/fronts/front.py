@@ -406,11 +406,12 @@ def front_main(index, config, status, counters, req_rings, resp_rings, wake_fd, 
     """Entry point in the forked child."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    stop_asked = []
+    signal.signal(signal.SIGTERM, lambda *_: stop_asked.append(1))     # until the loop hears it
     loop = uvloop.new_event_loop()
     asyncio.set_event_loop(loop)
     front = Front(index, config, status, counters, req_rings, resp_rings, wake_fd, control_sock,
                   listeners, started_at, clock, loop, epoch)
-    loop.add_signal_handler(signal.SIGTERM, front.begin_stop)
     for r in resp_rings:
         r.prepare_sleep()
     loop.add_reader(wake_fd, front.on_wake)
@@ -423,6 +424,15 @@ def front_main(index, config, status, counters, req_rings, resp_rings, wake_fd, 
             loop.call_later(heart.interval, beat)
         beat()
     control.send(control_sock, {"cmd": "ready", "front": index})
+
+    def hear_sigterm() -> None:
+        """SIGTERM goes to the loop from inside this run, as a worker's (ShardLoop.hear_sigterm):
+        one uvloop's handler took between the listeners' run and this one was never acted on
+        (the front stopped 15 s late, killed)."""
+        loop.add_signal_handler(signal.SIGTERM, front.begin_stop)
+        if stop_asked:
+            front.begin_stop()
+    loop.call_soon(hear_sigterm)
     try:
         loop.run_forever()
     finally:

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from lanner.ipc import shm
 from lanner.ipc.shm import ConfigEpoch, CounterBlock, IdBlocks, SharedBytes, SharedCounter
 from tests.engine.forking import child_result, in_child
 
@@ -99,7 +100,10 @@ def test_shared_bytes_roundtrip_and_version():
         sb.write(b"x" * 17)
 
 
-def test_shared_bytes_reader_refuses_a_block_stuck_mid_write():
+def test_shared_bytes_reader_refuses_a_block_stuck_mid_write(monkeypatch):
+    # fewer tries before the refusal: each past the 64th yields the CPU, and 100,000 yields
+    # took 20 s on a loaded machine for a writer that is known to be gone
+    monkeypatch.setattr(shm, "_MAX_READ_ATTEMPTS", 200)
     sb = SharedBytes.create(8)
     sb._hdr[0] = 1                          # a writer that died holding the sequence odd
     with pytest.raises(RuntimeError, match="mid-write"):

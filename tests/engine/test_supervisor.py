@@ -56,6 +56,8 @@ class FakeSupervisor(Supervisor):
         self.kills.append((pid, sig))
         if sig == signal.SIGKILL:
             self.exits.append((pid, KILLED))
+        elif sig == signal.SIGTERM:
+            self.exits.append((pid, exited(0)))     # stops at once (`shutdown` waits for it)
 
     # the test's side of a child
     def said_to(self, kind, index) -> list[dict]:

@@ -16,6 +16,7 @@ from lanner.server.commit import WRITE_BEHIND_BYTES
 from lanner.storage import writer as W
 from lanner.storage.journal.codec import encode_open
 from lanner.storage.journal.files import archived_files
+from lanner.queues.item import QItem
 from lanner.storage.journal.journal import Journal
 from lanner.storage.writer import Writer
 from tests.engine.test_worker_rollback import queue_datas, replies, req
@@ -137,3 +138,52 @@ def test_packed_archives_are_deleted_by_the_writer_thread_and_a_leftover_by_repl
     j.close()
     os.close(r)
     os.close(w)
+
+
+class DoneAfterFirstLook:
+    """A write's `done` that the writer's thread sets right after the owner's first look at it:
+    that look answers False, then the held write is let go and finished (the thread sets this
+    very object, which stands in the job's slot)."""
+
+    def __init__(self, real: threading.Event, gate: threading.Event) -> None:
+        self.real, self.gate, self.looks = real, gate, 0
+
+    def is_set(self) -> bool:
+        self.looks += 1
+        was = self.real.is_set()
+        if self.looks == 1:
+            self.gate.set()
+            assert self.real.wait(10), "the writer's thread did not finish the write"
+        return was
+
+    def set(self) -> None:
+        self.real.set()
+
+    def wait(self, timeout=None) -> bool:
+        return self.real.wait(timeout)
+
+
+def test_a_write_finished_while_settle_write_looks_is_taken_later_not_failed(tmp_path, clock, gated, writer):
+    """settle_write(block=False) looks at each write's `done` while the writer's thread may
+    finish one at any moment.  Before, after the look that found a write under way, it looked
+    at that write again, found it done, and took it for a failed one (seen in test_quiet_turn
+    under load: AttributeError on its `error`, None, and the file cut back).  Now the write is
+    taken, as done, at the next settle."""
+    gate, started, _ = gated
+    d = tmp_path / "queues"
+    d.mkdir()
+    j = Journal(str(d), "q", clock)
+    j.replay(QueueConfig())
+    j.writer = writer
+    j.record_add(QItem(clock.now_ms(), 0, b"one"))
+    assert j.write_behind() and started.wait(10)
+    [job] = j._chain
+    job.done = DoneAfterFirstLook(job.done, gate)
+    j.settle_write(block=False)
+    assert job.done.looks >= 1 and job.error is None
+    j.settle_write(block=False)
+    assert not j._chain and j.write_done
+    j.close()
+    again = Journal(str(d), "q", clock)
+    assert [i.data for i in again.replay(QueueConfig()).items] == [b"one"]
+    again.close()

@@ -25,14 +25,31 @@ def replaced(h, old: psutil.Process) -> bool:
     return len(procs) == 2 and old.pid not in [p.pid for p in procs]
 
 
+def serving_workers(h, clients: list[Client], timeout: float = 30.0) -> list[int]:
+    """Index of the worker whose socket is the server end of each client.  While a connection
+    moves, both workers hold its socket: the adopter serves it (and counts the handoff) before
+    the sender has its answer and closes its copy.  So this waits, with a deadline, until one
+    worker alone holds each; one listing per worker per look (a listing reads the whole TCP
+    table)."""
+    ports = [c.sock.getsockname()[1] for c in clients]
+    held: dict[int, set[int]] = {}
+
+    def settled() -> bool:
+        held.clear()
+        for i, p in enumerate(worker_procs(h)):
+            for conn in p.net_connections(kind="tcp"):
+                if conn.raddr:
+                    held.setdefault(conn.raddr.port, set()).add(i)
+        return all(len(held.get(port, ())) == 1 for port in ports)
+    if not wait_for(settled, timeout):
+        bad = {port: sorted(held.get(port, ())) for port in ports if len(held.get(port, ())) != 1}
+        raise AssertionError(f"connections not held by exactly one worker (client port: workers): {bad}")
+    return [min(held[port]) for port in ports]
+
+
 def serving_worker(h, c: Client) -> int:
-    """Index of the worker whose socket is the server end of client `c`."""
-    port = c.sock.getsockname()[1]
-    for i, p in enumerate(worker_procs(h)):
-        for conn in p.net_connections(kind="tcp"):
-            if conn.raddr and conn.raddr.port == port:
-                return i
-    raise AssertionError(f"no worker holds the connection from port {port}")
+    """Index of the worker whose socket is the server end of client `c` (serving_workers)."""
+    return serving_workers(h, [c])[0]
 
 
 def clients_on(h, worker: int, n: int, port=None, probe=(b"version\r\n", b"\r\n")) -> list[Client]:
@@ -126,7 +143,7 @@ def test_single_queue_connections_all_end_local(h):
     for c in conns:
         c.ask(b"version\r\n")
     queues = [b"one%d" % (i % 16) for i in range(len(conns))]
-    started = [serving_worker(h, c) for c in conns]
+    started = serving_workers(h, conns)
     movers = sum(1 for c, q, w in zip(conns, queues, started) if worker_of(q.decode(), 2) != w)
     assert 0 < movers < len(conns)
     h0, r0 = stat(watcher, b"handoffs"), stat(watcher, b"routed_requests")
@@ -140,8 +157,7 @@ def test_single_queue_connections_all_end_local(h):
     assert stat(watcher, b"handoffs") - h0 == movers
     # + one routed part for each of the two stats commands since r0 was read
     assert stat(watcher, b"routed_requests") - r0 == 2 * movers + 2
-    for c, q in zip(conns, queues):
-        assert serving_worker(h, c) == worker_of(q.decode(), 2)
+    assert serving_workers(h, conns) == [worker_of(q.decode(), 2) for q in queues]
 
 
 def test_pipelined_bytes_during_a_handoff_keep_their_order(h):

@@ -42,6 +42,17 @@ def no_path(server, reply: bytes) -> None:
         assert p.encode() not in reply, reply
 
 
+#: the longest names a queue may have (test_the_longest_legal_names_take_every_journal_file)
+LONGEST = [b"y" * MAX_FILE_NAME_BYTES, b"\xe9" * (MAX_FILE_NAME_BYTES // 2)]
+
+
+def of_queue(f: str, name: bytes) -> bool:
+    """Whether `f` in the queue directory is one of queue `name`'s files: its journal, an
+    archive or pack `name.<ms>...`, a rewrite's temporary `name~~<ms>`."""
+    q = name.decode("latin-1")
+    return f == q or f.startswith(q + ".") or f.startswith(q + "~~")
+
+
 @pytest.mark.parametrize("name", [
     b"\xe9" * 128,                           # 256 bytes on disk: main answered ENAMETOOLONG + path
     b"\xe9" * 255,
@@ -52,7 +63,9 @@ def test_names_too_long_for_the_disk_are_client_errors(server, name):
     reply = ask_and_close(server, b"set " + name + b" 0 0 1\r\na\r\n")
     assert reply.startswith(b"CLIENT_ERROR Queue name is too long for a journal file name"), reply
     no_path(server, reply)
-    assert not [f for f in os.listdir(server.queue_path) if f.startswith("xxxx") or "\xe9" in f]
+    # (the module's server: the longest legal names' files are there if their test ran first)
+    assert not [f for f in os.listdir(server.queue_path) if (f.startswith("xxxx") or "\xe9" in f)
+                and not any(of_queue(f, legal) for legal in LONGEST)]
 
 
 def test_cmdlog_is_a_client_error_not_an_internal_error(server):
@@ -64,7 +77,7 @@ def test_cmdlog_is_a_client_error_not_an_internal_error(server):
     assert "Traceback" not in server.log()
 
 
-@pytest.mark.parametrize("name", [b"y" * MAX_FILE_NAME_BYTES, b"\xe9" * (MAX_FILE_NAME_BYTES // 2)])
+@pytest.mark.parametrize("name", LONGEST)
 def test_the_longest_legal_names_take_every_journal_file(server, name):
     c = Client(server.connect())
     for i in range(40):                      # 40 x 100 bytes: past the 1 KiB journal size

@@ -54,7 +54,10 @@ def test_memcache_set_on_an_enqueue_whitelist_is_server_error_and_close(h):
     assert closed(s)                      # an alias with a whitelisted destination
     s = mc(h)
     assert ask(s, b"set outbox 0 0 1\r\nx\r\n") == b"STORED\r\n"      # only removes are listed
-    assert ask(s, b"get outbox/peek\r\n", b"END\r\n") == b"VALUE outbox/peek 0 1\r\nx\r\nEND\r\n"
+    # peek is not a remove; the head is this x, or the text test's y when that ran first (the
+    # module's server, whose outbox only a thrift reader empties)
+    assert ask(s, b"get outbox/peek\r\n", b"END\r\n") in (b"VALUE outbox/peek 0 1\r\nx\r\nEND\r\n",
+                                                          b"VALUE outbox/peek 0 1\r\ny\r\nEND\r\n")
     assert ask(s, b"set fan 0 0 1\r\nx\r\n") == b"STORED\r\n"   # a fanout child's list is not checked
     s.close()
 

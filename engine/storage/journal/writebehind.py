@@ -89,10 +89,12 @@ class JournalWriteBehind:
         if block:
             jobs[-1].wait()              # the newest: every earlier one is done too
         n = 0
+        failed = False
         for job in jobs:
             if not job.done.is_set():
                 break
             if job.error is not None:
+                failed = True
                 jobs[-1].wait()          # those after it are skipped (WriteJob.after): at once
                 break
             n += 1
@@ -100,7 +102,9 @@ class JournalWriteBehind:
             self._disk_size += job.size
             self._inflight_n -= job.size
         del jobs[:n]
-        if not jobs or not jobs[0].done.is_set():
+        # (not a second look at `done`: the thread may have finished the first write left since
+        # the loop's look, which would take a good write for the failed one)
+        if not failed:
             return
         size, e = jobs[0].size, jobs[0].error
         back = bytearray().join(x for j in jobs for x in (j.buf, j.tail or b""))
