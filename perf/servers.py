@@ -44,23 +44,29 @@ _next_port: list[int] = []
 
 
 def free_port() -> int:
-    """A free 127.0.0.1 port for a server about to be started.  By default the kernel picks one
-    from the ephemeral range; `LANNER_PORTS=LO-HI` (e.g. 24000-24999) keeps every server of a run
-    inside that range instead, so runs that share a machine stay in the ports they were given.
-    The range is walked from a start drawn per process: a port a finished test just released is
-    not handed out again at once, and two runs given the same range rarely meet."""
+    """A free 127.0.0.1 port for a server about to be started.  `LANNER_PORTS=LO-HI` (e.g.
+    24000-24999) keeps every server of a run inside that range, so runs that share a machine stay
+    in the ports they were given.  Without it the port comes from just below the kernel's
+    ephemeral range: a port the kernel picked (bind to port 0) is one it also hands to outgoing
+    connections, and one of those could take it between this check and the server's bind (CI saw
+    "cannot listen on 127.0.0.1:52179 (text): Address already in use").  The range is walked from
+    a start drawn per process: a port a finished test just released is not handed out again at
+    once, and two runs given the same range rarely meet."""
     span = os.environ.get(PORTS_ENV)
-    if not span:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-    try:
-        lo, hi = (int(x) for x in span.split("-"))
-    except ValueError:
-        raise ServerError(f"{PORTS_ENV}={span!r}: expected a range LO-HI such as 24000-24999") from None
+    if span:
+        try:
+            lo, hi = (int(x) for x in span.split("-"))
+        except ValueError:
+            raise ServerError(f"{PORTS_ENV}={span!r}: expected a range LO-HI such as 24000-24999") from None
+    else:
+        lo, hi = below_ephemeral()
+        if lo > hi:                     # no room below it: let the kernel pick, as before
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                return s.getsockname()[1]
     size = hi - lo + 1
-    if not _next_port:
-        _next_port.append(lo + (os.getpid() * 7919 + time.monotonic_ns()) % size)
+    if not _next_port or not lo <= _next_port[0] <= hi:
+        _next_port[:] = [lo + (os.getpid() * 7919 + time.monotonic_ns()) % size]
     for _ in range(size):
         port = _next_port[0]
         _next_port[0] = lo + (port + 1 - lo) % size
@@ -70,7 +76,19 @@ def free_port() -> int:
             except OSError:
                 continue
             return port
-    raise ServerError(f"{PORTS_ENV}={span}: no free port in that range")
+    where = f"{PORTS_ENV}={span}" if span else f"ports {lo}-{hi} (below the ephemeral range)"
+    raise ServerError(f"{where}: no free port in that range")
+
+
+def below_ephemeral(span: int = 10_000) -> tuple[int, int]:
+    """Up to `span` ports just below the kernel's ephemeral range (net.ipv4.ip_local_port_range),
+    above the privileged ones; (1, 0), an empty range, if there is no room or no such file."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            first = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 1, 0
+    return max(1024, first - span), first - 1
 
 
 @dataclass(slots=True)
