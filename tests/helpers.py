@@ -14,8 +14,6 @@ from lanner.perf.servers import free_port, ready_line
 READY_TIMEOUT = 60.0
 
 
-
-
 @dataclass
 class ServerHandle:
     proc: subprocess.Popen
