@@ -73,7 +73,8 @@ __all__ = [
     "MemcacheParser", "GetKey", "Get", "Set", "SetHead", "SetPiece", "SetRefused", "Delete", "Flush",
     "FlushAll", "FlushExpired", "FlushAllExpired", "Stats", "DumpStats", "DumpConfig", "Monitor",
     "Confirm", "Status", "Version", "Reload", "Shutdown", "Quit", "ProtocolError", "Command",
-    "parse_int", "parse_get_key", "STATUS_NAMES", "STREAM_PIECE",
+    "parse_int", "parse_get_key", "STATUS_NAMES", "STREAM_PIECE", "EXPTIME_ABSOLUTE_FROM",
+    "is_relative",
 ]
 
 INT_MIN = -(1 << 31)
@@ -84,6 +85,17 @@ INT_MAX = (1 << 31) - 1
 SPARE_MAX = 4096 + 2
 #: the process's spare name, plain Get and Set (memcache.pxd; the compiled build only)
 _last_name = _spare_get = _spare_set = None
+
+#: A storage command's exptime below this is seconds from now, from it on a Unix time in
+#: seconds (§1.1); 0 is "never", before either.
+EXPTIME_ABSOLUTE_FROM = 1_000_000
+
+
+def is_relative(exptime: int) -> bool:
+    """Is a non-zero exptime counted from now?  The rule's one place: the front's expiry, a
+    streamed set's (counted by its worker from the body's end) and the Spark sink's column."""
+    return exptime < EXPTIME_ABSOLUTE_FROM
+
 
 #: Status names `status <name>` accepts (case-insensitive); `down` exists but may not be set.
 STATUS_NAMES = ("up", "readonly", "quiescent", "writeavoid")

@@ -149,7 +149,7 @@ class MemcacheConn(Conn):
         dests = f.config.aliases.get(q)
         if stream:
             flags, size, payload = F_STREAM, cmd.size, b""
-            if exptime and exptime < 1_000_000:
+            if exptime and mc.is_relative(exptime):
                 # relative: from the body's end, which may come long after this header (§5.2)
                 flags, expiry = F_STREAM | F_AFTER_BODY, exptime * 1000
         else:
@@ -478,10 +478,10 @@ class MemcacheConn(Conn):
 
 
 def expiry_of(exptime: int, clock) -> int:
-    """A set's expiry, absolute epoch ms, from its exptime (not 0): seconds from now below
-    1,000,000 (§1.1), else an absolute Unix time in seconds.  "Now" is when the whole set is
-    in: a streamed body's relative exptime goes to its worker as F_AFTER_BODY instead (store)."""
-    if exptime < 1_000_000:
+    """A set's expiry, absolute epoch ms, from its exptime (not 0; mc.is_relative).  "Now" is
+    when the whole set is in: a streamed body's relative exptime goes to its worker as
+    F_AFTER_BODY instead (store)."""
+    if mc.is_relative(exptime):
         return expiry_at(clock.now_ms() + exptime * 1000)
     return exptime * 1000
 

@@ -27,12 +27,13 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 from pyspark.sql.types import (BinaryType, ByteType, IntegerType, LongType, ShortType, StringType,
                                TimestampNTZType, TimestampType)
 
+from lanner.protocols.memcache import EXPTIME_ABSOLUTE_FROM
+
 from .client import Conn, parse_servers, server_name
 
 log = logging.getLogger(__name__)
 
 _INTEGRAL = (ByteType, ShortType, IntegerType, LongType)
-_EXPTIME_MIN_ABSOLUTE = 1_000_000
 _INT32_MAX = 0x7FFFFFFF
 
 
@@ -98,7 +99,7 @@ def _exptimes(arr: pa.Array, kind: str) -> list[int]:
                 out.append(0)
             else:
                 sec = -(-us // 1_000_000)                     # round up: never expire early
-                out.append(min(max(sec, _EXPTIME_MIN_ABSOLUTE), _INT32_MAX))
+                out.append(min(max(sec, EXPTIME_ABSOLUTE_FROM), _INT32_MAX))
         return out
     out = []
     for v in arr.to_pylist():
