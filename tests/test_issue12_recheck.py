@@ -1,14 +1,19 @@
 """Issue 12's rules for the tree, rechecked on every run since later stops keep moving code:
 no import cycles between `lanner` modules, no import inside a function without a comment
 saying why, docs/design.md's folder map names every package folder (and only real ones), the
-README says what a new user tripped over, and no tracked file names a machine path."""
+README says what a new user tripped over, no tracked file names a machine path or runs a
+module by its pre-`lanner` name, and each command loads only what its install brings."""
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import re
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
@@ -144,18 +149,85 @@ def test_the_readme_says_what_a_new_user_tripped_over():
         re.findall(r"\]\((docs/[\w.]+)\)", text))
 
 
-def test_no_tracked_file_names_a_path_on_this_machine():
+# a path on a developer's machine; the old top-level names in a `python -m` (issue 12's rename)
+MACHINE_PATH = re.compile(r"/(work|home|root)/")
+OLD_MODULE_RUN = re.compile(r"python3? -m (engine|protocols|perf)\b")
+
+
+def test_no_tracked_file_names_a_machine_path_or_an_old_module():
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
     offenders = []
     for rel in tracked.stdout.decode().split("\0"):
         path = ROOT / rel
-        if not rel or not path.is_file() or path.suffix in (".png", ".so"):
+        if not rel or not path.is_file():
             continue
         try:
             text = path.read_text()
         except UnicodeDecodeError:
-            continue
-        for machine in ("/work/", "/home/", "/root/"):
-            if machine in text:
-                offenders.append(f"{rel}: {machine}")
+            continue                      # binary: images, compiled modules
+        for rule in (MACHINE_PATH, OLD_MODULE_RUN):
+            offenders += [f"{rel}: {m.group(0)}" for m in rule.finditer(text)]
     assert not offenders, offenders
+
+
+def _closure(extras: list[str]) -> set[str]:
+    """The distributions `pip install .[extras]` brings: lanner's requirements (and those of the
+    extras), then theirs, recursively."""
+    from packaging.requirements import Requirement      # pip's own dependency; tests only
+    from packaging.utils import canonicalize_name
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    todo = list(project["dependencies"]) + [r for e in extras for r in project["optional-dependencies"][e]]
+    seen: set[str] = set()
+    while todo:
+        req = Requirement(todo.pop())
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        name = canonicalize_name(req.name)
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            todo += importlib.metadata.requires(req.name) or []
+        except importlib.metadata.PackageNotFoundError:
+            pass                          # not installed here: the import check below says so
+    return seen
+
+
+def _loaded(code: str) -> set[str]:
+    """Top-level modules a fresh interpreter holds after `code`, less those it starts with (this
+    machine's site hooks)."""
+    show = "\nimport sys; print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))"
+    run = [subprocess.run([sys.executable, "-c", c + show], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120) for c in ("", code)]
+    assert run[1].returncode == 0, run[1].stderr[-2000:]
+    return set(run[1].stdout.split()) - set(run[0].stdout.split())
+
+
+SERVER = """
+import pkgutil, importlib, lanner
+for m in pkgutil.walk_packages(lanner.__path__, "lanner."):
+    if not m.name.startswith(("lanner.spark", "lanner.perf", "lanner.protocols")) or m.name == "lanner.protocols":
+        importlib.import_module(m.name)
+import lanner.protocols
+for m in pkgutil.walk_packages(lanner.protocols.__path__, "lanner.protocols."):
+    importlib.import_module(m.name)
+"""
+PERF = """
+import lanner.perf.__main__
+from lanner.perf import scenarios
+for name in scenarios.MODULES:
+    scenarios.load(name)
+"""
+
+
+@pytest.mark.parametrize("code, extras", [(SERVER, []), (PERF, ["perf"])], ids=["lanner", "lanner-perf"])
+def test_each_command_imports_only_what_its_install_brings(code, extras):
+    """`pip install .` must give a working `lanner`, and `pip install .[perf]` (perf/README.md) a
+    working `lanner-perf`, every scenario included: each third-party module they load comes from
+    a distribution those requirements bring."""
+    from packaging.utils import canonicalize_name
+    owners = importlib.metadata.packages_distributions()
+    brought = _closure(extras)
+    stray = {m: owners[m] for m in _loaded(code) - {"lanner"} if m in owners
+             and not {canonicalize_name(d) for d in owners[m]} & brought}
+    assert not stray, f"loaded, but not brought by `pip install .[{','.join(extras)}]`: {stray}"
