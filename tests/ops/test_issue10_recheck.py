@@ -7,7 +7,6 @@ the issue lists and polls once a second; and a ZooKeeper member with a digest cr
 memcache listener advertises thrift, is readable by anyone and writable by that identity only."""
 from __future__ import annotations
 
-import http.client
 import json
 import time
 
@@ -17,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from lanner.queues.placement import worker_of
 from tests.helpers import start_server
+from tests.ops.test_admin_process import get as http_get
 from tests.ops.test_dashboard import browser  # noqa: F401  (fixture)
 from tests.ops.zk import wait_for, zookeeper  # noqa: F401  (fixture)
 from tests.server.conftest import Client
@@ -24,16 +24,6 @@ from tests.server.conftest import Client
 pytestmark = pytest.mark.integration
 
 WORKERS = 2
-
-
-def http_get(port: int, path: str) -> tuple[int, bytes]:
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    try:
-        c.request("GET", path)
-        r = c.getresponse()
-        return r.status, r.read()
-    finally:
-        c.close()
 
 
 def stats(c: Client) -> dict[str, str]:

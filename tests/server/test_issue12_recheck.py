@@ -30,6 +30,16 @@ def one_queue_per_worker(prefix: str) -> list[str]:
     return [found[w] for w in range(WORKERS)]
 
 
+def ask_each(server, command: bytes, queues: list[str], expect: bytes) -> None:
+    """`command % queue` for each queue on one connection, each answered `expect`."""
+    c = Client(server.connect())
+    try:
+        for q in queues:
+            assert c.ask(command % q.encode()) == expect, q
+    finally:
+        c.close()
+
+
 def test_connections_on_every_worker_follow_a_reloaded_max_item_size(tmp_path):
     server = start_server(tmp_path, workers=WORKERS, config="[default]\nmax_item_size = 10\n")
     try:
@@ -62,20 +72,14 @@ def test_cmdlog_storage_without_keep_journal_is_memory_in_the_server(tmp_path):
     config = '[default]\nstorage = "cmdlog"\nkeep_journal = false\n'
     server = start_server(tmp_path, workers=WORKERS, config=config)
     try:
-        c = Client(server.connect())
-        for q in one_queue_per_worker("m"):
-            assert c.ask(b"set %s 0 0 2\r\nhi\r\n" % q.encode()) == b"STORED\r\n"
-        c.close()
+        ask_each(server, b"set %s 0 0 2\r\nhi\r\n", one_queue_per_worker("m"), b"STORED\r\n")
     finally:
         assert server.stop() == 0
     files = [os.path.join(d, f) for d, _, fs in os.walk(server.queue_path) for f in fs]
     assert [os.path.relpath(f, server.queue_path) for f in files] == [os.path.join(".lanner", "server.lock")]
     again = start_server(tmp_path, workers=WORKERS, config=config, queue_path=server.queue_path)
-    try:
-        c = Client(again.connect())
-        for q in one_queue_per_worker("m"):            # memory: gone with the restart
-            assert c.ask(b"get %s\r\n" % q.encode()) == b"END\r\n"
-        c.close()
+    try:                                                 # memory: gone with the restart
+        ask_each(again, b"get %s\r\n", one_queue_per_worker("m"), b"END\r\n")
     finally:
         assert again.stop() == 0
 
@@ -98,10 +102,7 @@ def test_a_binary_protocol_request_gets_client_error_and_a_close(tmp_path):
 def test_a_queue_created_at_runtime_logs_new_queue(tmp_path):
     server = start_server(tmp_path, workers=WORKERS)
     try:
-        c = Client(server.connect())
-        for q in one_queue_per_worker("fresh"):
-            assert c.ask(b"set %s 0 0 1\r\nx\r\n" % q.encode()) == b"STORED\r\n"
-        c.close()
+        ask_each(server, b"set %s 0 0 1\r\nx\r\n", one_queue_per_worker("fresh"), b"STORED\r\n")
     finally:
         assert server.stop() == 0
     log = server.log()
