@@ -1,4 +1,4 @@
-"""Command line: `python -m perf <scenario> [options]` or `lanner-perf <scenario> [options]`.
+"""Command line: `python -m lanner.perf <scenario> [options]` or `lanner-perf <scenario> [options]`.
 
 Every scenario takes the common options below (which server, how to start it, where results go)
 plus its own, named as in Kestrel's load tests or darner's bench.  As in Kestrel, `-h` is the

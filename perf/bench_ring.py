@@ -8,7 +8,7 @@ every `batch` messages.  Figures: messages/s (wall) and CPU µs per message on
 each side (getrusage of each process over the run).
 
     python -m pytest perf/bench_ring.py -o addopts="" --benchmark-only -s
-    python -m perf.bench_ring            # just the table (the doc measured 0.87 M msg/s,
+    python -m lanner.perf.bench_ring     # just the table (the doc measured 0.87 M msg/s,
                                          # 1.09 + 1.09 µs, pinned, publish every 16)
 """
 from __future__ import annotations

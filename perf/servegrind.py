@@ -41,6 +41,7 @@ from lanner.perf.client import MemcacheClient
 from lanner.perf.context import check_clean
 from lanner.perf.report import Report
 from lanner.perf.servers import ProcTree, ServerError, role_of, start_lanner
+from lanner.queues.placement import worker_of
 
 NAME = "servegrind"
 READY_TIMEOUT_S = 600.0        # start-up under valgrind on a shared 2-core box: a minute or more
@@ -156,7 +157,6 @@ def relaxed_config(path: str | None, folder: str) -> str:
 def process_roles(tree: ProcTree, queue: str) -> tuple[dict[int, str], str | None]:
     """pid -> role for every process of the server, and the name of the worker that owns `queue`
     (the queue worker).  The root is the supervisor: under valgrind its name is valgrind's."""
-    from lanner.queues.placement import worker_of
     procs = tree.processes()
     names = {p.pid: p.name() for p in procs}
     workers = sum(1 for n in names.values() if n.startswith("lanner-w"))

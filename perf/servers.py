@@ -29,6 +29,8 @@ from pathlib import Path
 
 import psutil
 
+from lanner.perf.loadgen import LoadgenError, ensure_built
+
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 60.0
@@ -245,7 +247,6 @@ def start_standin(burn_us: float, port: int | None = None) -> Target:
     """perf/standin.c on 127.0.0.1: one queue, Lanner's syscalls per request and per turn, and
     `burn_us` µs of spinning per request in place of Python; its journal goes to a temporary
     folder.  Kind `memcached`: it answers set/get but has no stats or flush."""
-    from lanner.perf.loadgen import LoadgenError, ensure_built
     try:
         binary = ensure_built(Path(__file__).with_name("standin.c"))
     except LoadgenError as e:

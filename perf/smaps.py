@@ -15,6 +15,8 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+import psutil
+
 KB = 1024
 MB = 2**20
 _FIELDS = ("Pss", "Private_Clean", "Private_Dirty")
@@ -122,7 +124,6 @@ def read_all(pids) -> dict[int, ProcMaps]:
 
 
 def main(argv: list[str]) -> int:
-    import psutil
     pids = [int(a) for a in argv]
     if len(pids) == 1:                 # one pid: its whole tree
         pids += [c.pid for c in psutil.Process(pids[0]).children(recursive=True)]
