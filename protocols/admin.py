@@ -127,9 +127,11 @@ GLOBAL_COUNTERS = frozenset(("total_items", "total_connections", "cmd_get", "cmd
                              "queue_deletes", "queue_expires", "routed_requests", "handoffs", "fsyncs"))
 _GLOBAL_RENAME = {"curr_connections": "connections"}
 _GLOBAL_SKIP = frozenset(("time", "version"))
-_QUEUE_COUNTERS = frozenset(("total_items", "put_items", "transactions", "canceled_transactions",
-                             "expired_items", "discarded", "total_flushes", "journal_rewrites",
-                             "journal_rotations", "put_bytes"))
+#: The per-queue (and per-alias: put_items, put_bytes) stats that only grow: counters in
+#: /stats.json and Prometheus alike (engine/ops/metrics.py).
+QUEUE_COUNTERS = frozenset(("total_items", "put_items", "transactions", "canceled_transactions",
+                            "expired_items", "discarded", "total_flushes", "journal_rewrites",
+                            "journal_rotations", "put_bytes"))
 _QUEUE_RENAME = {"age": "age_msec", "logsize": "journal_size"}
 
 
@@ -169,7 +171,7 @@ def render_stats_json(global_stats: list[tuple[str, object]],
             n = stat_number(v)
             if n is None:
                 continue
-            if k in _QUEUE_COUNTERS:
+            if k in QUEUE_COUNTERS:
                 counters[prefix + k] = int(n)
                 if k == "total_items":
                     counters[prefix + "put_items"] = int(n)

@@ -34,7 +34,7 @@ from prometheus_client.core import (CollectorRegistry, CounterMetricFamily, Gaug
                                     HistogramMetricFamily, InfoMetricFamily)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from lanner.protocols.admin import GLOBAL_COUNTERS, stat_number
+from lanner.protocols.admin import GLOBAL_COUNTERS, QUEUE_COUNTERS, stat_number
 
 from . import latency
 
@@ -42,9 +42,6 @@ __all__ = ["CONTENT_TYPE", "render", "metric_name"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
-QUEUE_COUNTERS = frozenset(("total_items", "expired_items", "discarded", "transactions",
-                            "canceled_transactions", "total_flushes", "journal_rewrites",
-                            "journal_rotations"))
 _UNITS = {"uptime": "uptime_seconds", "time": "time_seconds", "age": "age_milliseconds",
           "logsize": "logsize_bytes"}
 STATUSES = ("Up", "WriteAvoid", "ReadOnly", "Quiescent", "Down")
