@@ -153,3 +153,24 @@ def test_cmdlog_items_columns(spark, tmp_path):
         {"queue": "string", "id": "string", "data": "binary", "priority": "int", "add_time": "timestamp",
          "expiry": "timestamp"}
     assert types["corrupt"] == "boolean"
+
+
+def test_a_running_server_never_imports_pyspark(tmp_path):
+    """Every process of a real `lanner serve` (every listener on, two workers, a request on
+    each protocol path a user takes, a /metrics scrape) imports no pyspark, py4j or pyarrow:
+    the interpreter reports each import on stderr (PYTHONPROFILEIMPORTTIME)."""
+    import urllib.request
+
+    from tests.helpers import recv_until, start_server
+    h = start_server(tmp_path, workers=2, thrift=True, admin=True, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    try:
+        with h.connect() as s:
+            s.sendall(b"set q 0 0 2\r\nhi\r\nget q\r\n")
+            assert recv_until(s, b"END\r\n") == b"STORED\r\nVALUE q 0 2\r\nhi\r\nEND\r\n"
+        with urllib.request.urlopen(f"http://127.0.0.1:{h.admin_port}/metrics", timeout=30) as r:
+            assert r.status == 200
+    finally:
+        assert h.stop() == 0
+    imports = [ln.split("|")[-1].strip() for ln in h.log().splitlines() if ln.startswith("import time:")]
+    assert "lanner.server.worker" in imports
+    assert not [m for m in imports if m.split(".")[0] in ("pyspark", "py4j", "pyarrow")]
