@@ -109,6 +109,9 @@ def test_memory_with_the_backlog_on_disk_plots_rss_against_items(behind, run_per
     assert pngs == ["memory-drain.png", "memory-grow.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in tmp_path.glob("out*/*/*.png"))
     assert "RSS MB" in printed and "PSS MB" in printed
+    head = next(ln for ln in printed.splitlines() if ln.lstrip().startswith("items "))
+    assert head.index("client µs/op") < head.index("server µs/op"), head  # the load's CPU, as everywhere
+    assert top["client_us_op"] > 0 and top["server_us_op"] is not None
 
 
 def test_packing_a_backlog_larger_than_max_memory_size(behind, run_perf):
