@@ -174,3 +174,32 @@ def test_a_running_server_never_imports_pyspark(tmp_path):
     imports = [ln.split("|")[-1].strip() for ln in h.log().splitlines() if ln.startswith("import time:")]
     assert "lanner.server.worker" in imports
     assert not [m for m in imports if m.split(".")[0] in ("pyspark", "py4j", "pyarrow")]
+
+
+def test_cmdlog_rerun_reads_the_planned_bytes_while_the_server_appends(tmp_path):
+    """"lanner-cmdlog does the same" as lanner-journal: a task run again reads the segment
+    bytes its partition recorded at planning, though the server has appended since."""
+    from lanner.config import QueueConfig
+    from lanner.queues.queue import PersistentQueue
+    from lanner.spark.cmdlog_source import ITEMS_SCHEMA, CmdlogReader
+    from lanner.storage.cmdlog.partition import PartitionLog
+    clock = FakeClock(T0)
+    plog = PartitionLog(str(tmp_path / "queues" / "cmdlog" / "3"), clock)
+    q = PersistentQueue("jobs", QueueConfig(storage="cmdlog"), plog.storage_for("jobs"), clock)
+    q.replay()
+    for i in range(5):
+        q.add(b"job%d" % i)
+    plog.flush()
+    reader = CmdlogReader({"path": str(tmp_path / "queues"), "now": str(T0 + 1000)}, ITEMS_SCHEMA)
+    (part,) = reader.partitions()
+
+    def rows():
+        return [row for rb in reader.read(part) for row in zip(*(c.to_pylist() for c in rb.columns))]
+    first = rows()
+    assert [r[2] for r in first] == [b"job%d" % i for i in range(5)]
+    q.remove()
+    for i in range(5, 9):
+        q.add(b"job%d" % i)
+    plog.flush()
+    assert rows() == first
+    plog.close()
