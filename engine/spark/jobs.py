@@ -52,7 +52,10 @@ def session(master: str | None):
     if active is not None:
         return active, False
     # lazy: pyspark loads only when a Spark job runs (`lanner spark --help` works without it)
-    from pyspark import SparkConf
+    from pyspark import SparkConf, SparkContext
+    # The JVM first: under spark-submit it is already running and holds spark-submit's
+    # --master.  A SparkConf made before the JVM is an empty dict, so local[*] would win.
+    SparkContext._ensure_initialized()
     conf = SparkConf()
     if master is None and not conf.contains("spark.master"):
         master = "local[*]"

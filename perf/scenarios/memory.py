@@ -68,7 +68,8 @@ def run(args, ctx) -> Report:
                              ("rss_mb", "RSS MB", "{:,.1f}"), ("pss_mb", "PSS MB", "{:,.1f}"),
                              ("uss_mb", "USS MB", "{:,.1f}"), ("processes", "procs", "{}"),
                              ("by_role", "PSS by role MB", "{}"), ("mem_items", "mem_items", "{:,}"),
-                             ("mem_mb", "mem MB", "{:,.1f}"), ("ops_s", "ops/s", "{:,.0f}")])
+                             ("mem_mb", "mem MB", "{:,.1f}"), ("ops_s", "ops/s", "{:,.0f}"),
+                             ("client_us_op", "client µs/op", "{:.1f}"), ("server_us_op", "server µs/op", "{:.1f}")])
     if not args.no_flush:
         ctx.flush(args.queue)
 
@@ -80,6 +81,8 @@ def run(args, ctx) -> Report:
                             "pss_mb": round(snap.pss / MB, 1), "uss_mb": round(snap.uss / MB, 1),
                             "processes": len(snap.procs), "by_role": snap.by_role(),
                             "ops_s": row["ops_s"] if row else None,
+                            "client_us_op": row["client_us_op"] if row else None,
+                            "server_us_op": row["server_us_op"] if row else None,
                             "queue_items": _int(stats.get("items")), "mem_items": _int(stats.get("mem_items")),
                             "mem_mb": _mb(stats.get("mem_bytes")), "mem_bytes": _int(stats.get("mem_bytes"))})
 
