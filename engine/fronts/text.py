@@ -10,7 +10,8 @@ from __future__ import annotations
 from lanner.protocols import text as tx
 
 from lanner import __version__
-from lanner.fronts.conn import Conn, Slot, expiry_at
+from lanner.fronts.conn import Conn, expiry_at
+from lanner.fronts.slots import Slot
 from lanner.fronts.counters import C_GET, C_PEEK, C_SET
 from lanner.fronts.putbound import put_bound, refusal
 from lanner.server.status import StatusError
