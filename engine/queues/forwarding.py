@@ -19,6 +19,7 @@ log = logging.getLogger("lanner.queues.collection")
 
 class Forwarding:
     """QueueCollection's fanout copies and expiry moves; the state is the collection's."""
+    __slots__ = ()              # QueueCollection's
 
     def _add_fanout(self, q: PersistentQueue, children: list[str], data: bytes, expiry_ms, now: int) -> bool:
         """`add` to a master with children: the copies first (a lost copy fails no reply: the
