@@ -17,6 +17,8 @@ HOT_MODULES = (
     "lanner.ipc.shm",                # with shm.pxd: CounterSlot.incr/decr on a typed memoryview
     "lanner.fronts.flow",            # with flow.pxd: room_for a C function, Conn's C call
     "lanner.fronts.conn",            # with conn.pxd: Conn a C type, its own fields C struct reads
+    "lanner.fronts.slots",           # no .pxd: the reply queue's Slot, Part and requests (thrift,
+                                     # blocking gets ...), compiled as they were inside conn.py
     "lanner.fronts.front",           # with front.pxd: Front a C type, read as one by memcache.pxd
     "lanner.server.local",           # with local.pxd: LocalFront a C type (the fused path's front)
     "lanner.fronts.memcache",        # with memcache.pxd: MemcacheConn a C type, store/on_get typed

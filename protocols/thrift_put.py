@@ -160,8 +160,9 @@ class PutStream:
         self.pos += 4 + n
         return raw
 
-    def _items(self, bound: int):
-        """list<binary>: each item within `bound` kept, each over it dropped as it arrives."""
+    def _list_head(self):
+        """A list's or set's header, checked against the frame and consumed: (element type,
+        count)."""
         buf, flen, pos = self.buf, self.flen, self.pos
         if pos + 5 > flen:
             raise truncated(5, pos, flen)
@@ -170,8 +171,13 @@ class PutStream:
         etype, n = _CONTAINER.unpack_from(buf, 0)
         if n < 0:
             raise negative_size(n, pos)
-        del buf[:5]
-        pos = self.pos = pos + 5
+        yield from self._drop(5)
+        return etype, n
+
+    def _items(self, bound: int):
+        """list<binary>: each item within `bound` kept, each over it dropped as it arrives."""
+        buf = self.buf
+        etype, n = yield from self._list_head()
         if n and etype != T_STRING:
             raise not_a_binary_list(etype)
         out = []
@@ -253,14 +259,7 @@ class PutStream:
                 yield from self._drop(3)
                 yield from self._skip(ftype, depth + 1)
         if ttype in (T_LIST, T_SET):
-            if pos + 5 > flen:
-                raise truncated(5, pos, flen)
-            if len(buf) < 5:
-                yield 5
-            etype, n = _CONTAINER.unpack_from(buf, 0)
-            if n < 0:
-                raise negative_size(n, pos)
-            yield from self._drop(5)
+            etype, n = yield from self._list_head()
             yield from self._skip_run(n, (etype,), depth)
             return
         if ttype == T_MAP:

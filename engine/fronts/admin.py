@@ -12,7 +12,8 @@ import time
 from lanner.protocols import admin
 
 from lanner import __version__
-from lanner.fronts.conn import Conn, Slot
+from lanner.fronts.conn import Conn
+from lanner.fronts.slots import Slot
 from lanner.ops import endpoints
 
 

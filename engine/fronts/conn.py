@@ -15,25 +15,25 @@ parser and implements the two hooks `Conn` declares: `handle` and `unavailable`.
 from __future__ import annotations
 
 import asyncio
-import logging
-import socket
 import time
 from collections import deque
 from typing import TYPE_CHECKING
 
-from lanner.fronts.counters import C_CURR, C_HERE, C_READ, C_TOTAL, C_WRITTEN
+from lanner.fronts.counters import C_READ, C_WRITTEN
 from lanner.fronts.flow import MAX_INFLIGHT, SMALL_REPLY, room_for
 from lanner.fronts.held import HeldItems
 from lanner.fronts.inline import InlineReplies
+from lanner.fronts.lifecycle import Lifecycle
 from lanner.fronts.routed import RoutedRequests
 from lanner.fronts.servercmds import ServerCommands
+from lanner.fronts.slots import Part, Slot, SlotQueue
 from lanner.fronts.spill import REPLY_BUDGET, WRITE_CHUNK, WRITE_LOW, SpillWriter  # noqa: F401 (WRITE_LOW: tests)
+from lanner.fronts.whitelists import Whitelists
 from lanner.ops.latency import BY_TYPE, family_of
 from lanner.protocols.memcache import MemcacheParser
 from lanner.protocols.memcache_replies import END_TAIL, SPLICE_MIN
 from lanner.queues.names import validate_queue_name
-from lanner.ipc.messages import (OP_DISCONNECT, OP_SET_DATA, R_EMPTY, R_END, R_ITEM, R_OK, R_SERVER_ERROR,
-                                 RF_CLOSE, RF_HELD, RF_MORE)
+from lanner.ipc.messages import OP_DISCONNECT, OP_SET_DATA, R_ITEM, R_OK, RF_HELD, RF_MORE
 
 #: Unparsed bytes a connection holds while it cannot take commands, before it stops reading.
 INPUT_LIMIT = 64 << 10
@@ -52,8 +52,6 @@ TYPED = ("t_in", "next_req", "id", "idle_room", "reply_size", "nslots")
 if TYPE_CHECKING:                 # the loop imports the connection classes, not the reverse
     from lanner.fronts.front import Front
 
-log = logging.getLogger(__name__)
-
 # COMPILED: as in memcache_commands.py (conn.pxd makes it a C constant in the compiled build,
 # where memcache_commands.pxd's _c_slot_fields exists)
 try:
@@ -61,41 +59,6 @@ try:
     COMPILED = cython.compiled
 except ImportError:             # pure Python without Cython installed
     COMPILED = False
-
-
-class Part:
-    """One request sent to one worker on behalf of a slot."""
-    __slots__ = ("slot", "index", "worker", "req", "status", "flags", "value", "payload", "done")
-
-    def __init__(self, slot, index, worker, req):
-        self.slot = slot
-        self.index = index
-        self.worker = worker
-        self.req = req
-        self.done = False
-        self.status = self.flags = self.value = 0
-        self.payload = b""
-
-
-class Slot:
-    """A place in a connection's in-order reply queue."""
-    __slots__ = ("parts", "remaining", "out", "close", "finish", "stream", "blocking", "done", "call",
-                 "fam", "t0", "holds")
-
-    def __init__(self, finish=None, stream=None, blocking=False, call=None, fam=-1, t0=0.0):
-        self.parts: list[Part] = []
-        self.remaining = 0
-        self.out = b""
-        self.close = False
-        self.finish = finish      # finish(slot) -> None: builds slot.out from its parts
-        self.stream = stream      # stream(slot, part, data) -> bytes: monitor items, as they come
-        self.blocking = blocking
-        self.done = False
-        self.call = call          # what `finish` needs besides the parts: thrift's call,
-                                  # the key a memcache `get` echoes
-        self.fam = fam            # latency family (ops/latency.py); -1: not measured
-        self.t0 = t0              # monotonic time its command's bytes were read
-        self.holds = None         # (worker, hold id) of the held reads its reply carries (held.py)
 
 
 def expiry_at(ms: int) -> int:
@@ -128,8 +91,8 @@ class ConnBase:
     __slots__ = ()
 
 
-class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands,
-           asyncio.Protocol):
+class Conn(ConnBase, SlotQueue, InlineReplies, RoutedRequests, SpillWriter, HeldItems, ServerCommands,
+           Whitelists, Lifecycle, asyncio.Protocol):
     """One client connection.  A subclass passes its protocol's parser (`feed(bytes)`, `next()`
     -> command or None, `buffered` -> bytes held), maybe its handler table and whether its bytes
     are counted, and implements `handle` and `unavailable`.
@@ -236,34 +199,6 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
         raise NotImplementedError("%s.unavailable" % type(self).__name__)
 
     # -- asyncio callbacks -----------------------------------------------------------------------
-    def connection_made(self, transport):
-        self.transport = transport
-        transport.set_write_buffer_limits(high=0, low=0)     # pause_writing: a slice is unsent
-        f = self.front
-        f.conns[self.id] = self
-        if self.counts_connection and not self.adopted:
-            f.my.incr(C_CURR)
-            f.my.incr(C_TOTAL)
-            f.my.incr(C_HERE)
-        sessions = f.counters.total(C_CURR)
-        srv = f.config.server
-        if srv.connection_limit_refuse_writes is not None and sessions > srv.connection_limit_refuse_writes:
-            self.refuse_writes = True
-        if srv.connection_limit_refuse_reads is not None and sessions > srv.connection_limit_refuse_reads:
-            self.refuse_reads = True
-        if f.idle is not None:                   # client_timeout is on
-            self.last_activity = f.loop.time()
-            f.idle[self.id] = self               # the newest, at the end (front.close_idle)
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("front %d: %s connection %d from %s", f.index, type(self).__name__, self.id,
-                      transport.get_extra_info("peername"))
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
-
     def data_received(self, data: bytes):
         f = self.front
         epoch = f.epoch
@@ -304,34 +239,6 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
             self.pump()
         finally:
             w.end_quiet_turn()
-
-    def connection_lost(self, exc):
-        f = self.front
-        self.closing = self.stopped = True
-        f.conns.pop(self.id, None)
-        if f.idle is not None:
-            f.idle.pop(self.id, None)
-        f.ring_waiters.discard(self)
-        if self.early:
-            self.drop_early()
-        self.fast.clear()
-        self.batch = None
-        self.batched = 0
-        if self.counts_connection and not self.moved:
-            f.my.decr(C_CURR)
-            if not self.moving:
-                f.my.decr(C_HERE)
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("front %d: connection %d closed (%s)", f.index, self.id, exc or "clean")
-        self.send_disconnects()
-        if self.held_slots or self.unwritten:
-            self.drop_held()           # replies it never wrote: their items go back (held.py)
-        self.slots.clear()
-        self.nslots = 0
-        self.parts.clear()
-        self.held = 0
-        self.spill.clear()
-        self.spilled = 0
 
     # -- flow ------------------------------------------------------------------------------------
     def pump(self) -> None:
@@ -465,67 +372,6 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
         if last:
             self.body = None
 
-    # -- the reply queue -------------------------------------------------------------------------
-    def new_slot(self, finish=None, stream=None, blocking=False, call=None) -> Slot:
-        s = Slot(finish, stream, blocking, call, self.cur_fam, self.t_in)
-        self.slots.append(s)
-        self.nslots += 1
-        return s
-
-    def reply_now(self, data: bytes, close: bool = False) -> None:
-        """A reply that needs no worker; `close`: the connection closes once it is written."""
-        s = Slot()
-        s.out = data
-        s.close = close
-        s.done = True
-        if close:
-            self.stopped = True
-        self.held += len(data)
-        self.slots.append(s)
-        self.nslots += 1
-        self.front.latency.observe(self.cur_fam, time.monotonic() - self.t_in)
-        self.drain_slots()
-
-    def close_after_replies(self) -> None:
-        """`quit`: close once every reply already earned is written, saying nothing more."""
-        self.reply_now(b"", close=True)
-
-    def notify(self, worker: int, op: int, flags: int, queue: str | bytes, a=0,
-               b=0, payload: bytes = b"") -> int:
-        """Send a request whose response nobody waits for (noreply); returns its number."""
-        req = self.next_req
-        self.next_req = (req + 1) & 0xFFFFFFFF or 1
-        self.batch = None               # an entry's requests are numbered one after the other
-        self.touched |= 1 << worker
-        self.front.send(worker, self.id, req, op, flags | self.conn_flags, queue, a, b, payload)
-        return req
-
-    def request(self, slot: Slot, worker: int, op: int, flags: int, queue: str | bytes, a=0, b=0,
-                payload: bytes = b"") -> Part:
-        """Send one request whose response becomes a part of `slot`'s reply."""
-        req = self.next_req
-        self.next_req = (req + 1) & 0xFFFFFFFF or 1
-        self.batch = None               # (as in notify)
-        self.touched |= 1 << worker
-        part = Part(slot, len(slot.parts), worker, req)
-        slot.parts.append(part)
-        slot.remaining += 1
-        if self.front.send(worker, self.id, req, op, flags | self.conn_flags, queue, a, b, payload):
-            self.parts[req] = part
-        else:
-            part.status = R_SERVER_ERROR
-            part.payload = b"worker %d is restarting" % worker
-            part.done = True
-            slot.remaining -= 1
-        return part
-
-    def seal(self, slot: Slot) -> None:
-        """All parts are sent: complete now if they all failed fast, else maybe block."""
-        if slot.remaining == 0:
-            self.complete(slot)
-        elif slot.blocking:
-            self.blocked = slot
-
     def on_response(self, req: int, status: int, flags: int, value: int, payload) -> bool:
         """A worker's response to request `req`.  False when nobody takes it (the connection
         closes, or no longer waits for it): the caller, which knows the worker, then aborts
@@ -570,18 +416,6 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
         if slot.remaining == 0:
             self.complete(slot)
         return True
-
-    def answer_blocked_empty(self) -> None:
-        """The front is stopping: the blocking get, monitor or thrift get this connection waits
-        on answers now, empty (a thrift get: no items; a multi-key get: the items it has), before
-        the connection closes, as Kestrel's shutdown woke every waiter (reference §5.10).  The
-        worker's own answer, later, finds nobody and goes back (on_response)."""
-        slot = self.blocked
-        if slot is None or self.closing:
-            return
-        status = R_END if slot.stream is not None else R_EMPTY
-        for req in [r for r, p in self.parts.items() if p.slot is slot]:
-            self.on_response(req, status, 0, 0, b"")
 
     def fast_reply(self, status: int, flags: int, payload, value: int = 0) -> None:
         """The reply of the oldest fused (inline.py) or routed (routed.py) request, then of any
@@ -650,36 +484,6 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
         if size > SMALL_REPLY or self.idle_room != MAX_INFLIGHT:
             self.idle_room = room_for(0, REPLY_BUDGET, size)
 
-    def complete(self, slot: Slot) -> None:
-        before = len(slot.out)
-        if slot.finish is not None:
-            slot.finish(slot)
-            slot.finish = None
-        slot.parts.clear()      # parts point back at their slot: free them by refcount, not GC
-        slot.done = True
-        n = len(slot.out)
-        self.held += n - before
-        self.note_reply(n)
-        if slot.fam >= 0:
-            self.front.latency.observe(slot.fam, time.monotonic() - slot.t0)
-        if slot.close:
-            self.stopped = True
-        if self.blocked is slot:
-            self.blocked = None
-        self.drain_slots()
-        self.front.write_pending.add(self)
-
-    def fill(self, slot: Slot, data: bytes) -> None:
-        """Complete `slot` with a reply made elsewhere (no worker part: e.g. rendered on a
-        thread), then write what is ready."""
-        if self.closing:
-            return
-        slot.out = data
-        slot.finish = None
-        self.held += len(data)
-        self.complete(slot)
-        self.pump()
-
     def drain_slots(self) -> None:
         if self.fast:
             return                      # inline requests taken before these slots answer first
@@ -729,14 +533,6 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
         if self.closing and not self.spilled and t is not None and not t.is_closing():
             t.close()
 
-    def worker_down(self, w: int) -> None:
-        failed = [req for req, p in self.parts.items() if p.worker == w]
-        for req in failed:
-            self.on_response(req, R_SERVER_ERROR, RF_CLOSE, 0, b"worker %d restarted" % w)
-        if (self.fast and self.fail_fast(w)) or failed:
-            self.front.write_pending.add(self)
-        self.touched &= ~(1 << w)
-
     # -- helpers for subclasses ------------------------------------------------------------------
     def check_name(self, queue: str) -> str | None:
         """Why a queue name is illegal, or None.  Cmdlog-stored queues may contain dots."""
@@ -753,32 +549,6 @@ class Conn(ConnBase, InlineReplies, RoutedRequests, SpillWriter, HeldItems, Serv
         f.valid_names.add(queue)
         return None
 
-    def whitelist_refusal(self, queue: str, op: str, client_id: str | None = None) -> str | None:
-        """Why Kestrel's client-id whitelists (reference §5.12) refuse `op` ("add" or
-        "remove") on `queue` (an add to an alias: on any destination), or None.  Only a thrift
-        call's TTwitter header carries a client id, so memcache and text callers (None) never
-        pass a whitelist.  A fanout child's enqueue list is not checked: its master's add is
-        the one that counts."""
-        cfg = self.front.config
-        names = (queue,)
-        if op == "add":
-            names = cfg.aliases.get(queue) or names
-        for q in names:
-            qc = cfg.queue_config(q)
-            if op == "add":
-                allowed = None if "+" in q else qc.white_list_client_id_for_enqueue
-                verb = "enqueue to"
-            else:
-                allowed = qc.white_list_client_id_for_dequeue
-                verb = "dequeue from"
-            if allowed is None or client_id == allowed:
-                continue
-            if client_id is None:
-                why = f"ClientId not specified when queue {q} only allows a white-listed clientId"
-            else:
-                why = f"ClientId {client_id} is not allowed to {verb} queue {q}"
-            return f"The operation {op} is disallowed on queue {q}. {why}"
-        return None
 
 
 if COMPILED:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from lanner.ipc.messages import OP_DUMP_CONFIG, OP_RELOAD, OP_STATS, R_DATA, R_OK
 
 if TYPE_CHECKING:                 # conn.py imports this mixin, not the reverse
-    from lanner.fronts.conn import Slot
+    from lanner.fronts.slots import Slot
 
 
 class ServerCommands:

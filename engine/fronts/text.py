@@ -10,9 +10,10 @@ from __future__ import annotations
 from lanner.protocols import text as tx
 
 from lanner import __version__
-from lanner.fronts.conn import Conn, Slot, expiry_at
+from lanner.fronts.conn import Conn, expiry_at
 from lanner.fronts.counters import C_GET, C_PEEK, C_SET
 from lanner.fronts.putbound import put_bound, refusal
+from lanner.fronts.slots import Slot
 from lanner.server.status import StatusError
 from lanner.ipc.messages import (F_CONFIRM_ALL, F_OPEN, F_PEEK, OP_ALIAS_PUT, OP_CONFIRM, OP_DELETE,
                        OP_FLUSH, OP_GET, OP_MONITOR, OP_PUT_MANY, OP_SET, R_ERROR, R_ITEM, R_OK,

@@ -17,9 +17,10 @@ from lanner.protocols import thrift_replies as tr
 from lanner.protocols.oversized import Oversized
 
 from lanner import __version__
-from lanner.fronts.conn import Conn, Slot, expiry_at
+from lanner.fronts.conn import Conn, expiry_at
 from lanner.fronts.counters import C_PEEK, C_SET
 from lanner.fronts.putbound import put_bound, refusal
+from lanner.fronts.slots import Slot
 from lanner.ipc.messages import (F_THRIFT, OP_ALIAS_PUT, OP_DELETE, OP_FLUSH, OP_FLUSH_ALL, OP_PUT_MANY,
                        OP_SET, OP_TABORT, OP_TCONFIRM, OP_TGET, OP_TPEEK, R_DATA, R_OK,
                        R_SERVER_ERROR, R_VALUE)

@@ -240,27 +240,17 @@ class Ring:
         return self.write_parts(payload, b"")
 
     def write_parts(self, header, body) -> bool:
-        """`write(header + body)` without building the concatenation."""
+        """`write(header + body)` without building the concatenation: a `reserve` and `commit`
+        (the slow path of `send_parts`, which writes its common case itself)."""
         h = len(header)
         n = h + len(body)
-        size = (n + 11) & ~7
-        tail = self._wtail
-        idx = tail & self._mask
-        if size > self.capacity - idx or self._overflow:
-            idx = self._make_room(size, n)
-            if idx < 0:
-                return False
-            tail = self._wtail
-        elif tail + size - self._head_cache > self.capacity:
-            self._head_cache = self._hdr[HEAD]
-            if tail + size - self._head_cache > self.capacity:
-                return False
-        off = HEADER_SIZE + idx + 4
-        self._u32[(off - 4) >> 2] = n
+        off = self.reserve(n)
+        if off < 0:
+            return False
         mm = self._mm
         mm[off:off + h] = header
         mm[off + h:off + n] = body
-        self._wtail = tail + size
+        self.commit(n)
         return True
 
     def reserve(self, n: int) -> int:
@@ -270,13 +260,9 @@ class Ring:
         size = (n + 11) & ~7
         tail = self._wtail
         idx = tail & self._mask
-        if size > self.capacity - idx or self._overflow:
+        if size > self.capacity - idx or self._overflow or tail + size - self._head_cache > self.capacity:
             idx = self._make_room(size, n)
             if idx < 0:
-                return -1
-        elif tail + size - self._head_cache > self.capacity:
-            self._head_cache = self._hdr[HEAD]
-            if tail + size - self._head_cache > self.capacity:
                 return -1
         self._reserved = n
         return HEADER_SIZE + idx + 4
@@ -292,8 +278,9 @@ class Ring:
         self._reserved = -1
 
     def _make_room(self, size: int, n: int) -> int:
-        """Slow path of a write: refuse behind overflow, wrap at the end of the data
-        area, refuse oversized records.  Returns the data index to write at, or -1."""
+        """Slow path of a write (`write_parts`, `reserve`): refuse behind overflow, wrap at the
+        end of the data area, refuse oversized records, re-read the consumer's head when the
+        cached one leaves no room.  Returns the data index to write at, or -1."""
         if size > self.capacity:
             raise ValueError(f"ring {self.name}: a {n}-byte payload can never fit "
                              f"(max {self.max_payload} bytes)")

@@ -65,7 +65,8 @@ from lanner.queues.queue import CollectionBase, PersistentQueue
 from lanner.queues.sessions import Session
 from lanner.queues.deletes import Deletes
 from lanner.queues.failures import WriteFailures
-from lanner.queues.undo import ADD, MOVE, FanoutCopy, ForwardedMove, UndoLog
+from lanner.queues.forwarding import Forwarding
+from lanner.queues.undo import UndoLog
 from lanner.storage.factory import StorageFactory, StorageMismatch
 from lanner.storage.sync import SyncSchedule, sync_all
 from lanner.storage.journal.files import queue_names_in
@@ -75,7 +76,7 @@ from lanner.queues.waiters import TimerHeap, Waiter
 log = logging.getLogger(__name__)
 
 
-class QueueCollection(CollectionBase, WriteFailures, Deletes):
+class QueueCollection(CollectionBase, WriteFailures, Deletes, Forwarding):
     # Slots, not a dict: the worker looks it up per request (test_hot_layout.py); "autoflush",
     # "total_items", "get_hits", "get_misses": CollectionBase's (queue.py).
     __slots__ = ("config", "clock", "_factory", "_owns", "_expire_forward", "_queues", "queues",
@@ -260,68 +261,6 @@ class QueueCollection(CollectionBase, WriteFailures, Deletes):
         if ok:
             self.total_items += 1
         if self.autoflush:
-            self.flush_storages()
-        return ok
-
-    def _add_fanout(self, q: PersistentQueue, children: list[str], data: bytes, expiry_ms, now: int) -> bool:
-        """`add` to a master with children: the copies first (a lost copy fails no reply: the
-        reply is the master's), tied to the master's record (undo.FanoutCopy)."""
-        queues = self._queues
-        undo = self.undo
-        ctx, undo.ctx = undo.ctx, FanoutCopy()
-        copies = undo.ctx
-        undo.copies = True
-        for child in children:
-            cq = queues.get(child)
-            if cq is not None and cq.add(data, expiry_ms, now):
-                self.total_items += 1
-        undo.ctx = ctx
-        n = len(undo.entries)
-        ok = q.add(data, expiry_ms, now, now)
-        for e in undo.entries[n:]:
-            if e[2] is q and e[3] == ADD:
-                copies.master = (e[0], e[1])
-        if ok:
-            self.total_items += 1
-        if self.autoflush:
-            self.flush_storages()
-        return ok
-
-    def add_forwarded(self, name: str, data: bytes, now_ms: int, ack: tuple | None = None) -> bool:
-        """An expire_to_queue move into `name`: no client expiry (the target's max_age applies),
-        add time now, no fanout, no global total_items.  `ack`: the key of the reply that
-        acknowledges it to its sender, which a rollback must fail (server/moves.py)."""
-        ok = self._move(name, data, now_ms, MOVE if ack is None else ForwardedMove(ack))
-        if self.autoflush:
-            self.flush_storages()
-        return ok
-
-    def _move(self, name: str, data: bytes, now_ms: int, why=MOVE) -> bool:
-        undo = self.undo
-        ctx, undo.ctx = undo.ctx, why
-        try:
-            return self.queue(name).add(data, None, now_ms)
-        finally:
-            undo.ctx = ctx
-
-    def _expire_into(self, target: str, source: PersistentQueue, data: bytes, now_ms: int, xid: int) -> None:
-        """`source`'s sweep expired an item (`xid`: its open move, when `source.hold_moves`)."""
-        if self._expire_forward is not None:     # held open in `source` until the target has it
-            self._expire_forward(target, data, now_ms, source, xid)
-        elif self._owns is None or self._owns(target):
-            self._move(target, data, now_ms)
-        else:
-            log.error("cannot move an expired item to %r: no worker serves it here", target)
-
-    def confirm_move(self, source: PersistentQueue, xid: int) -> bool:
-        """The target of `source`'s open move `xid` acknowledged it.  False if that move is not
-        open any more (the queue deleted meanwhile, or its open record rolled back)."""
-        name = source.name
-        parked = self._parked.get(name) is source
-        ok = (parked or self._queues.get(name) is source) and source.confirm_move(xid)
-        if ok and parked:
-            self._unpark(source)
-        if ok and self.autoflush:
             self.flush_storages()
         return ok
 

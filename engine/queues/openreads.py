@@ -48,28 +48,32 @@ class OpenReads:
     canceled_transactions: int
     __slots__ = ()              # PersistentQueue's
 
-    def unremove(self, xid: int) -> bool:
-        """Abort: the reserved item goes back to the HEAD and wakes one waiter (§5.9)."""
+    def _close_open(self, xid: int, what: str):
+        """The open read `xid`, no longer open (its deadline dropped), for `what` ("abort",
+        "confirm") to finish; None, logged, when it is not open (or the queue is closed)."""
         if self.touched is not None:
             self.touched[self] = None
         item = self._open.pop(xid, None) if not self.closed else None
         if item is None:
-            log.warning("queue %r: abort of xid %d, which is not open", self.name, xid)
-            return False
+            log.warning("queue %r: %s of xid %d, which is not open", self.name, what, xid)
+            return None
         self._open_deadline.pop(xid, None)
+        return item
+
+    def unremove(self, xid: int) -> bool:
+        """Abort: the reserved item goes back to the HEAD and wakes one waiter (§5.9)."""
+        item = self._close_open(xid, "abort")
+        if item is None:
+            return False
         self._abort(item, xid)
         if self.waiters:
             self._wake_one()
         return True
 
     def confirm_remove(self, xid: int) -> bool:
-        if self.touched is not None:
-            self.touched[self] = None
-        item = self._open.pop(xid, None) if not self.closed else None
+        item = self._close_open(xid, "confirm")
         if item is None:
-            log.warning("queue %r: confirm of xid %d, which is not open", self.name, xid)
             return False
-        self._open_deadline.pop(xid, None)
         self._log(self.storage.record_confirm(item, xid), CONFIRM, item, xid)
         return True
 

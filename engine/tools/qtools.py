@@ -207,32 +207,46 @@ def _dump_file(path: str, quiet: bool, dump: bool, raw: bool, dump_queue: bool, 
     return True
 
 
+def _options(tool: str, usage: str, argv: list[str], flags: tuple, valued: tuple, err):
+    """qdump's and qpack's command lines, one way: ({option: True, or its file name for one of
+    `valued`}, [files]), or None once the usage error is on `err`.  `--help` ends the reading
+    where it stands, as it did when each tool read its own."""
+    opts: dict = {}
+    files = []
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg == "--help":
+            return {arg: True}, files
+        if arg in valued:
+            if not args:
+                err.write(f"lanner {tool}: {arg} needs a file name\n{usage}")
+                return None
+            opts[arg] = args.pop(0)
+        elif arg in flags:
+            opts[arg] = True
+        elif arg.startswith("-") and arg != "-":
+            err.write(f"lanner {tool}: unknown option {arg}\n{usage}")
+            return None
+        else:
+            files.append(arg)
+    return opts, files
+
+
 def qdump_main(argv: list[str], *, clock=None, stdout=None, stderr=None) -> int:
     """`lanner qdump [-q] [-d] [-A] [-Q] FILE...`; stdout is a binary stream.  Exit 0 when
     every file was read to its end, 1 otherwise, 2 for a usage error."""
     out = stdout if stdout is not None else sys.stdout.buffer
     err = stderr if stderr is not None else sys.stderr
-    quiet = dump = raw = dump_queue = ignore_lock = False
-    files = []
-    for arg in argv:
-        if arg == "--help":
-            out.write(QDUMP_USAGE.encode())
-            return 0
-        if arg == "--ignore-lock":
-            ignore_lock = True
-        elif arg == "-q":
-            quiet = True
-        elif arg == "-d":
-            dump = True
-        elif arg == "-A":
-            raw = quiet = True
-        elif arg == "-Q":
-            dump_queue = quiet = True
-        elif arg.startswith("-") and arg != "-":
-            err.write(f"lanner qdump: unknown option {arg}\n{QDUMP_USAGE}")
-            return 2
-        else:
-            files.append(arg)
+    parsed = _options("qdump", QDUMP_USAGE, argv, ("--ignore-lock", "-q", "-d", "-A", "-Q"), (), err)
+    if parsed is None:
+        return 2
+    opts, files = parsed
+    if "--help" in opts:
+        out.write(QDUMP_USAGE.encode())
+        return 0
+    ignore_lock, dump, raw, dump_queue = "--ignore-lock" in opts, "-d" in opts, "-A" in opts, "-Q" in opts
+    quiet = "-q" in opts or raw or dump_queue
     if not files:
         err.write(QDUMP_USAGE)
         return 2
@@ -256,31 +270,14 @@ def qpack_main(argv: list[str], *, clock=None, stdout=None, stderr=None) -> int:
     one journal.  Exit 0 when it is written, 1 when it is not, 2 for a usage error."""
     out = stdout if stdout is not None else sys.stdout
     err = stderr if stderr is not None else sys.stderr
-    files: list[str] = []
-    new_file = None
-    quiet = force = ignore_lock = False
-    args = list(argv)
-    while args:
-        arg = args.pop(0)
-        if arg == "--help":
-            out.write(QPACK_USAGE)
-            return 0
-        if arg == "--ignore-lock":
-            ignore_lock = True
-        elif arg == "-q":
-            quiet = True
-        elif arg == "--force":
-            force = True
-        elif arg == "-f":
-            if not args:
-                err.write(f"lanner qpack: -f needs a file name\n{QPACK_USAGE}")
-                return 2
-            new_file = args.pop(0)
-        elif arg.startswith("-") and arg != "-":
-            err.write(f"lanner qpack: unknown option {arg}\n{QPACK_USAGE}")
-            return 2
-        else:
-            files.append(arg)
+    parsed = _options("qpack", QPACK_USAGE, argv, ("--ignore-lock", "-q", "--force"), ("-f",), err)
+    if parsed is None:
+        return 2
+    opts, files = parsed
+    if "--help" in opts:
+        out.write(QPACK_USAGE)
+        return 0
+    ignore_lock, quiet, force, new_file = "--ignore-lock" in opts, "-q" in opts, "--force" in opts, opts.get("-f")
     if new_file is None or not files:
         err.write(("lanner qpack: no new file (-f NEWFILE)\n" if new_file is None else
                    "lanner qpack: no journal files to pack\n") + QPACK_USAGE)

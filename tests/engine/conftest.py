@@ -5,7 +5,7 @@ import socket
 import pytest
 
 from lanner.config import Config, QueueConfig, ServerConfig
-from lanner.ipc.messages import pack_req
+from lanner.ipc.messages import pack_req, unpack_resp
 from lanner.server import worker as W
 from lanner.server.worker import Worker
 from lanner.storage.writer import Writer
@@ -71,3 +71,14 @@ def req(conn, op, queue, flags=0, a=0, b=0, payload=b"", n=1):
     """A request record as a front puts it in a worker's ring (ipc/messages.py)."""
     q = queue.encode()
     return pack_req(conn, n, op, flags, len(q), a, b) + q + payload
+
+
+def published(w) -> list[tuple]:
+    """(conn, status, flags, value, payload) of each reply `w` published, oldest first, taken
+    (the tests' workers capture their replies in `published` instead of sending them)."""
+    out = []
+    for _, head, payload in w.published:
+        conn, _req, status, flags, _, value = unpack_resp(head, 0)
+        out.append((conn, status, flags, value, bytes(payload)))
+    w.published.clear()
+    return out

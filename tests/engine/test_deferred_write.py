@@ -9,8 +9,9 @@ from __future__ import annotations
 import errno
 import os
 
-from lanner.ipc.messages import OP_GET, OP_SET, R_ITEM, R_OK, R_SERVER_ERROR, RF_CLOSE, unpack_resp
+from lanner.ipc.messages import OP_GET, OP_SET, R_ITEM, R_OK, R_SERVER_ERROR, RF_CLOSE
 from lanner.storage.journal import journal as J
+from tests.engine.conftest import published
 from tests.engine.test_turn import HoldingUring, journal_writes, req
 
 
@@ -37,12 +38,7 @@ def always_worker(worker, tmp_path):
 
 def replies(w):
     """(conn, status, flags, payload) of each reply published, taken."""
-    out = []
-    for _, head, payload in w.published:
-        conn, _req, status, flags, _, _ = unpack_resp(head, 0)
-        out.append((conn, status, flags, bytes(payload)))
-    w.published.clear()
-    return out
+    return [(conn, status, flags, payload) for conn, status, flags, _, payload in published(w)]
 
 
 def statuses(w):

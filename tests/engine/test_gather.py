@@ -1,4 +1,4 @@
-"""The gather of the group commit (storage/syncer.py `_gather`): the fsync after one that just
+"""The gather of the group commit (storage/gather.py `_gather`): the fsync after one that just
 returned waits for the clients that fsync answered, for a bounded moment, so that one fdatasync
 carries them and the rounds that waited, instead of the two halves alternating (issue 8, P5).
 Through a fake ring the test completes (its timer fires when the test says), and the real
@@ -9,7 +9,7 @@ import select
 
 import pytest
 
-from lanner.storage import syncer as S
+from lanner.storage import gather as S
 from lanner.storage.syncer import Syncer
 from tests.engine.test_syncer import FakeUring, KernelMedium, ring_syncer
 

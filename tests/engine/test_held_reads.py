@@ -14,13 +14,13 @@ import pytest
 from lanner.clock import FakeClock
 from lanner.config import Config, QueueConfig, ServerConfig
 from lanner.ipc.messages import (OP_GET, OP_HELD, OP_SET, OP_TGET, R_DATA, R_EMPTY, R_ITEM, R_OK,
-                                 R_SERVER_ERROR, RF_CLOSE, RF_HELD, pack_req, unpack_resp)
+                                 R_SERVER_ERROR, RF_CLOSE, RF_HELD, pack_req)
 from lanner.queues.collection import QueueCollection
 from lanner.queues.waiters import Waiter
 from lanner.storage.factory import StorageFactory
 from lanner.storage.journal import journal as J
 from lanner.storage.journal.codec import encode_open
-from tests.engine.conftest import req
+from tests.engine.conftest import published, req
 
 NOW = 1_795_000_000_000
 
@@ -122,13 +122,7 @@ def test_an_aborted_held_read_goes_back_to_the_head_and_wakes_a_waiter(tmp_path,
 
 # -- the worker -------------------------------------------------------------------------------
 
-def replies(w):
-    out = []
-    for dst, head, payload in w.published:
-        conn, r, status, flags, _, value = unpack_resp(head, 0)
-        out.append((conn, status, flags, value, bytes(payload)))
-    w.published.clear()
-    return out
+replies = published         # (conn, status, flags, value, payload) per reply, taken
 
 
 def held(conf=(), abort=()):

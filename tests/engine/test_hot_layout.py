@@ -12,7 +12,8 @@ import socket
 
 import pytest
 
-from lanner.fronts.conn import TYPED as CONN_TYPED, Conn, FrontBase, Part, Slot, WorkerBase
+from lanner.fronts.conn import TYPED as CONN_TYPED, Conn, FrontBase, WorkerBase
+from lanner.fronts.slots import Part, Slot
 from lanner.fronts.front import Front
 from lanner.fronts.memcache import MemcacheConn
 from lanner.ipc import handoff

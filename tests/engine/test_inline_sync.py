@@ -13,6 +13,7 @@ from lanner.config import load_config
 from lanner.perf.hotloop import Rig
 from lanner.server import commit
 from lanner.queues.item import QItem
+from lanner.storage import gather as gather_module
 from lanner.storage import syncer as syncer_module
 from lanner.storage.journal.journal import Journal
 from lanner.storage.syncer import INLINE_SKIP, Syncer
@@ -107,7 +108,7 @@ def test_fsyncs_of_several_files_or_behind_one_under_way_go_through_the_ring(rin
 
 def test_a_gathers_timer_is_removed_before_the_fdatasync_it_held_runs_inline(ring, journal, fdatasyncs,
                                                                            monkeypatch):
-    monkeypatch.setattr(syncer_module, "GATHER_MIN_S", 0.0)     # (a fast disk gathers too)
+    monkeypatch.setattr(gather_module, "GATHER_MIN_S", 0.0)     # (a fast disk gathers too)
     write(journal)
     ring.start([journal], [1, 2])
     ring.sync_inline()                               # two replies left: the next fdatasync is held

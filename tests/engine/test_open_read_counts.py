@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import msgpack
 
-from lanner.ipc.messages import F_THRIFT, OP_DISCONNECT, OP_SET, OP_TCONFIRM, OP_TGET, R_DATA, unpack_resp
+from lanner.ipc.messages import F_THRIFT, OP_DISCONNECT, OP_SET, OP_TCONFIRM, OP_TGET, R_DATA
 from lanner.server.opencounts import OpenReadCounts
-from tests.engine.conftest import req
+from tests.engine.conftest import published, req
 
 
 def replies(w):
     out = {}
-    for dst, head, payload in w.published:
-        conn, r, status, flags, _, value = unpack_resp(head, 0)
-        out.setdefault(conn, []).append((status, value, bytes(payload)))
-    w.published.clear()
+    for conn, status, _, value, payload in published(w):
+        out.setdefault(conn, []).append((status, value, payload))
     return out
 
 

@@ -670,18 +670,23 @@ class _View:
         return []
 
 
-def test_a_cmdlog_segment_rotation_waits_for_the_fsync_under_way(uring_syncer, tmp_path, monkeypatch):
+def partition_under_fsync(uring_syncer, tmp_path, monkeypatch):
+    """A command-log partition with one add written and a round's fsync of it under way: (the
+    syncer, the log, its fd, the round, [(fd, whether the ring had an fsync of it under way)
+    for each inline fsync the partition runs])."""
     from lanner.storage.cmdlog import partition as P       # (the journal tests above need none of it)
     s, k = uring_syncer
-    clock = Clock()
-    plog = P.PartitionLog(str(tmp_path / "p"), clock, sync_policy="always")
-    st = plog.storage_for("q")
-    st.record_add(QItem(0, 0, b"x" * 100))
+    plog = P.PartitionLog(str(tmp_path / "p"), Clock(), sync_policy="always")
+    plog.storage_for("q").record_add(QItem(0, 0, b"x" * 100))
     plog.flush()
-    fd = plog._fd
     first = s.start([plog], [1])
     seen = []
     monkeypatch.setattr(P.os, "fsync", lambda f: seen.append((f, under_way(k, f))))
+    return s, plog, plog._fd, first, seen
+
+
+def test_a_cmdlog_segment_rotation_waits_for_the_fsync_under_way(uring_syncer, tmp_path, monkeypatch):
+    s, plog, fd, first, seen = partition_under_fsync(uring_syncer, tmp_path, monkeypatch)
     plog._rotate()
     assert seen and seen[0] == (fd, False)          # main: (fd, True)
     assert s.done_prefix() == [first]
@@ -749,16 +754,7 @@ def test_a_journal_close_after_a_failed_fsync_under_way_raises_it(uring_syncer, 
 
 
 def test_a_cmdlog_partition_close_waits_for_the_fsync_under_way(uring_syncer, tmp_path, monkeypatch):
-    from lanner.storage.cmdlog import partition as P       # (the journal tests above need none of it)
-    s, k = uring_syncer
-    plog = P.PartitionLog(str(tmp_path / "p"), Clock(), sync_policy="always")
-    st = plog.storage_for("q")
-    st.record_add(QItem(0, 0, b"x" * 100))
-    plog.flush()
-    fd = plog._fd
-    first = s.start([plog], [1])
-    seen = []
-    monkeypatch.setattr(P.os, "fsync", lambda f: seen.append((f, under_way(k, f))))
+    s, plog, fd, first, seen = partition_under_fsync(uring_syncer, tmp_path, monkeypatch)
     plog.close()
     assert seen == [(fd, False)]                    # main: [(fd, True)]
     assert s.done_prefix() == [first]

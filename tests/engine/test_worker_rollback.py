@@ -13,20 +13,24 @@ import msgpack
 import pytest
 
 from lanner.ipc.messages import (F_OPEN, OP_DISCONNECT, OP_GET, OP_SET, OP_TGET, R_DATA, R_EMPTY, R_ITEM, R_OK,
-                                 R_SERVER_ERROR, RF_CLOSE, RF_HELD, unpack_resp)
+                                 R_SERVER_ERROR, RF_CLOSE, RF_HELD)
 from lanner.storage.uring import open_uring
 from lanner.storage.journal import journal as J
-from tests.engine.conftest import req
+from tests.engine.conftest import published, req
 from tests.helpers import wait_for
 
 
 def replies(w):
     out = {}
-    for dst, head, payload in w.published:
-        conn, r, status, flags, _, value = unpack_resp(head, 0)
-        out.setdefault(conn, []).append((status, flags, bytes(payload)))
-    w.published.clear()
+    for conn, status, flags, _, payload in published(w):
+        out.setdefault(conn, []).append((status, flags, payload))
     return out
+
+
+#: The reply of a set to queue q whose fsync failed with EIO.
+Q_FSYNC_FAILED = (R_SERVER_ERROR, RF_CLOSE, b"fsync failed: Input/output error (queue 'q')")
+#: Two rounds, sets 1 and 2 to q and set 3 to "other": q's fsync failed, other's did not.
+Q_FAILED_OTHER_STORED = {1: [Q_FSYNC_FAILED], 2: [Q_FSYNC_FAILED], 3: [(R_OK, 0, b"")]}
 
 
 def enospc(fd, data):
@@ -171,11 +175,7 @@ def test_a_failed_fsync_in_the_thread_fails_its_queue_in_every_round_and_spares_
     assert len(w.syncer) == 2 and w.published == []
     gate.set()
     w.wait_for_sync()
-    got = replies(w)
-    why = b"fsync failed: Input/output error (queue 'q')"
-    assert got[1] == [(R_SERVER_ERROR, RF_CLOSE, why)]
-    assert got[2] == [(R_SERVER_ERROR, RF_CLOSE, why)]
-    assert got[3] == [(R_OK, 0, b"")]
+    assert replies(w) == Q_FAILED_OTHER_STORED
     assert len(calls) == 1                                    # no fsync of q vouched for "b"
     assert queue_datas(w, "q") == [] and queue_datas(w, "other") == [b"c"]
     assert os.path.getsize(q_path) == 0
@@ -267,11 +267,7 @@ def test_a_failed_io_uring_fsync_fails_its_queue_in_every_round_and_spares_other
     assert len(k.behind) == follow_on
     k.fail()                                                  # (q's second fsync, behind, succeeds)
     w.wait_for_sync()
-    got = replies(w)
-    why = b"fsync failed: Input/output error (queue 'q')"
-    assert got[1] == [(R_SERVER_ERROR, RF_CLOSE, why)]
-    assert got[2] == [(R_SERVER_ERROR, RF_CLOSE, why)]
-    assert got[3] == [(R_OK, 0, b"")]
+    assert replies(w) == Q_FAILED_OTHER_STORED
     assert queue_datas(w, "q") == [] and queue_datas(w, "other") == [b"c"]   # its success vouched
     assert os.path.getsize(q_path) == 0                                      # for nothing
     w.handle(0, req(4, OP_SET, "q", payload=b"d"))            # rolled back: q is fsynced again
@@ -294,8 +290,7 @@ def test_rounds_finished_together_after_a_failed_fsync_all_reply_errors(worker, 
     assert len(w.syncer) == 2 and len(k.behind) == follow_on
     k.fail()                                                  # both come back in one reap
     w.wait_for_sync()
-    why = b"fsync failed: Input/output error (queue 'q')"
-    assert replies(w) == {1: [(R_SERVER_ERROR, RF_CLOSE, why)], 2: [(R_SERVER_ERROR, RF_CLOSE, why)]}
+    assert replies(w) == {1: [Q_FSYNC_FAILED], 2: [Q_FSYNC_FAILED]}
     assert queue_datas(w, "q") == [] and os.path.getsize(q_path) == 0
     w.syncer.close()
 
@@ -312,8 +307,7 @@ def test_a_failed_fsync_fails_the_batches_that_joined_the_round_behind_it(worker
     assert len(w.syncer) == 2 and k.calls == 1
     k.fail()
     w.wait_for_sync()
-    why = b"fsync failed: Input/output error (queue 'q')"
-    assert replies(w) == {n: [(R_SERVER_ERROR, RF_CLOSE, why)] for n in (1, 2, 3)}
+    assert replies(w) == {n: [Q_FSYNC_FAILED] for n in (1, 2, 3)}
     assert queue_datas(w, "q") == [] and os.path.getsize(q_path) == 0
     w.syncer.close()
 

@@ -53,6 +53,14 @@ def _same(new, old, chunks) -> None:
     assert _run(new, chunks) == _run(old, chunks)
 
 
+def _same_cut_anywhere(seed: int, runs: int, stream, new, old) -> None:
+    """`runs` byte streams (`stream(rng)`), each cut at random points (`_cuts`), parse alike in a
+    fresh parser of today (`new()`) and of old (`old()`)."""
+    rng = random.Random(seed)
+    for _ in range(runs):
+        _same(new(), old(), _cuts(rng, stream(rng)))
+
+
 # --------------------------------------------------------------------------- memcache
 
 def _mc(cls):
@@ -89,10 +97,7 @@ def test_memcache_edges_whole_and_byte_by_byte(data):
 
 
 def test_memcache_random_streams_cut_anywhere():
-    rng = random.Random(13)
-    for _ in range(3000):
-        data = _mc_stream(rng)
-        _same(_mc(mc.MemcacheParser), _mc(OldMemcacheParser), _cuts(rng, data))
+    _same_cut_anywhere(13, 3000, _mc_stream, lambda: _mc(mc.MemcacheParser), lambda: _mc(OldMemcacheParser))
 
 
 def test_memcache_big_streamed_bodies_cut_anywhere():
@@ -121,19 +126,15 @@ def _tx_stream(rng: random.Random) -> bytes:
 
 
 def test_text_random_streams_cut_anywhere():
-    rng = random.Random(15)
-    for _ in range(3000):
-        data = _tx_stream(rng)
-        _same(_tx(tx.TextParser), _tx(OldTextParser), _cuts(rng, data))
+    _same_cut_anywhere(15, 3000, _tx_stream, lambda: _tx(tx.TextParser), lambda: _tx(OldTextParser))
 
 
 def test_text_dropped_item_lines_cut_anywhere():
     """An item line over its put's bound is dropped as it arrives (text.py `_take_item`)."""
-    rng = random.Random(16)
-    for _ in range(500):
+    def stream(rng: random.Random) -> bytes:
         item = b"i" * rng.choice([19, 21, 39, 41, 79, 81, 200])
-        data = b"put big:\r\n%s%s\r\n\r\nget q\r\n" % (item, rng.choice([b"\r", b""]))
-        _same(_tx(tx.TextParser), _tx(OldTextParser), _cuts(rng, data))
+        return b"put big:\r\n%s%s\r\n\r\nget q\r\n" % (item, rng.choice([b"\r", b""]))
+    _same_cut_anywhere(16, 500, stream, lambda: _tx(tx.TextParser), lambda: _tx(OldTextParser))
 
 
 # --------------------------------------------------------------------------- admin HTTP
@@ -144,11 +145,9 @@ AD_REQUESTS = [b"GET /stats.json HTTP/1.1\r\n\r\n", b"GET /x HTTP/1.1\r\nContent
 
 
 def test_admin_random_streams_cut_anywhere():
-    rng = random.Random(17)
-    for _ in range(2000):
-        data = b"".join(rng.choice(AD_REQUESTS) for _ in range(rng.randint(1, 6)))
-        _same(ad.AdminParser(max_head=100, max_body=50), OldAdminParser(max_head=100, max_body=50),
-              _cuts(rng, data))
+    _same_cut_anywhere(17, 2000, lambda rng: b"".join(rng.choice(AD_REQUESTS) for _ in range(rng.randint(1, 6))),
+                       lambda: ad.AdminParser(max_head=100, max_body=50),
+                       lambda: OldAdminParser(max_head=100, max_body=50))
 
 
 # --------------------------------------------------------------------------- thrift

@@ -40,11 +40,11 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Callable
 
-from lanner.storage.cmdlog.segment import (ADD, COMPLETE, CORRUPT, DELETE, EXPIRE, FAIL, HEADER, HEADER_SIZE,
+from lanner.storage.cmdlog.segment import (ADD, COMPLETE, DELETE, EXPIRE, FAIL, HEADER, HEADER_SIZE,
                                            MAX_TTL_MS, NO_EXPIRY_MAX_FAILS, REPLAY, SCHEDULE, START_ATTEMPT,
                                            TIMEOUT_ATTEMPT, TORN, ZERO_TIME_NS, CmdlogError, JobCommand,
-                                           SegmentFile, check_header, decode_command, list_segments,
-                                           held_past_ttl, record_spans, valid_record_after)
+                                           SegmentFile, check_header, decoded_records, list_segments,
+                                           held_past_ttl, valid_record_after)
 
 log = logging.getLogger(__name__)
 
@@ -231,13 +231,9 @@ def _replay_directory(directory, replayer, repair_tail, keep_payload, progress, 
                     raise
                 cut = 0
             if cut is None:
-                spans = record_spans(buf, path)
+                records = decoded_records(buf, path, keep_payload)
                 try:
-                    for off, ps, pe, _end in spans:
-                        try:
-                            cmd = decode_command(buf, ps, pe, keep_payload)
-                        except ValueError as e:
-                            raise CmdlogError(path, off, str(e), CORRUPT) from None
+                    for off, _, _, _, cmd in records:
                         replayer.apply(cmd, path, off)
                         info.records += 1
                 except CmdlogError as e:
@@ -249,7 +245,7 @@ def _replay_directory(directory, replayer, repair_tail, keep_payload, progress, 
                     else:
                         raise
                 finally:
-                    spans.close()
+                    records.close()
         if cut is not None:
             _truncate(path, cut, size)
             info.truncated = (path, cut, size - cut)

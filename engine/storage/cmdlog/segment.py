@@ -489,16 +489,29 @@ def segment_records(path: str, keep_payload: bool = True) -> Iterator[tuple]:
     with SegmentFile(path) as seg:
         buf = seg.buf
         check_header(buf, path)
-        spans = record_spans(buf, path)
+        records = decoded_records(buf, path, keep_payload)
         try:
-            for off, ps, pe, end in spans:
-                try:
-                    cmd = decode_command(buf, ps, pe, keep_payload)
-                except ValueError as e:
-                    raise CmdlogError(path, off, str(e), CORRUPT) from None
+            for off, ps, pe, end, cmd in records:
                 yield buf, off, ps, pe, end, cmd
         finally:
-            spans.close()
+            records.close()
+
+
+def decoded_records(buf, path: str, keep_payload: bool = True) -> Iterator[tuple]:
+    """(offset, payload_start, payload_end, record_end, command) per record of a segment's
+    buffer after its header: `record_spans`, each decoded, a bad command a CmdlogError (CORRUPT)
+    at its offset.  Close it (or run it out) before closing the segment: its spans hold a view
+    of the buffer."""
+    spans = record_spans(buf, path)
+    try:
+        for off, ps, pe, end in spans:
+            try:
+                cmd = decode_command(buf, ps, pe, keep_payload)
+            except ValueError as e:
+                raise CmdlogError(path, off, str(e), CORRUPT) from None
+            yield off, ps, pe, end, cmd
+    finally:
+        spans.close()
 
 
 def iter_segment(path: str, keep_payload: bool = True) -> Iterator[tuple[int, int, Command]]:
