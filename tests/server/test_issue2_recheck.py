@@ -6,6 +6,7 @@ rollback order of reference §5.9 with the xid counter going on."""
 from __future__ import annotations
 
 import os
+import signal
 import struct
 
 import pytest
@@ -163,3 +164,70 @@ def test_restart_rolls_back_open_reads_in_descending_xid_order_and_xids_go_on(tm
     data = (qp / "r").read_bytes()
     assert data.startswith(old + xid_record(5, 3) + xid_record(5, 1) + xid_record(9, 4) + xid_record(6, 4)), \
         data[len(old):].hex()
+
+
+def journal_opcodes(path: str) -> set[int]:
+    """The opcodes of a journal file, decoded independently of the server (reference §6.2)."""
+    data = open(path, "rb").read()
+    ops, i = set(), 0
+    while i < len(data):
+        op = data[i]
+        ops.add(op)
+        if op == 1:
+            i += 1
+        elif op == 2:
+            (size,) = struct.unpack_from("<i", data, i + 1)
+            assert size >= 16, (path, i)
+            i += 5 + size
+        elif op in (5, 6, 9):
+            i += 5
+        elif op == 8:
+            (size,) = struct.unpack_from("<i", data, i + 5)
+            i += 9 + size
+        else:
+            raise AssertionError(f"{path} at offset {i}: opcode {op}, which Kestrel never writes")
+    assert i == len(data), f"{path}: a record runs past the end"
+    return ops
+
+
+def test_the_writer_emits_only_what_kestrels_writer_emits(tmp_path):
+    """Rotation, read-behind, rewrites and checkpoint packs with reads open, then kill -9 of
+    the whole server mid-stream: every file left in queue_path holds only opcodes 1, 2, 5, 6,
+    8 and 9 (so Kestrel can read it), and a restart serves every item once, in order."""
+    cfg = ('[default]\ndefault_journal_size = "4KiB"\nmax_memory_size = "8KiB"\n'
+           'max_journal_size = "16KiB"\nmin_journal_compact_delay = "0s"\n')
+    h = start_server(tmp_path, workers=2, config=cfg)
+    got, nxt = [], 0
+    try:
+        a, b = h.connect(), h.connect()
+        for rnd in range(30):
+            for _ in range(30):
+                data = b"%05d" % nxt + b"x" * 500
+                nxt += 1
+                assert ask(a, b"set rb 0 0 %d\r\n%s\r\n" % (len(data), data)) == b"STORED\r\n"
+            for i in range(20):
+                r = ask(b, b"get rb/close/open\r\n", b"END\r\n")
+                if i % 7 == 0:
+                    assert ask(b, b"get rb/abort\r\n", b"END\r\n") == b"END\r\n"
+                elif r != b"END\r\n":
+                    got.append(r.split(b"\r\n")[1][:5])
+        opened = ask(b, b"get rb/close/open\r\n", b"END\r\n").split(b"\r\n")[1][:5]
+        st = stats(a)
+        assert int(st["queue_rb_journal_rotations"]) > 0 and int(st["queue_rb_journal_rewrites"]) > 0, st
+    finally:
+        h.stop(signal.SIGKILL)
+    files = [f for f in os.listdir(h.queue_path) if f == "rb" or f.startswith("rb.")]
+    assert len(files) > 1, files
+    ops = set().union(*(journal_opcodes(os.path.join(h.queue_path, f)) for f in files))
+    assert ops <= {1, 2, 5, 6, 8, 9} and {2, 9} <= ops, ops
+    h = start_server(tmp_path, workers=1, config=cfg, queue_path=h.queue_path)
+    try:
+        s = h.connect()
+        rest = []
+        while (r := ask(s, b"get rb\r\n", b"END\r\n")) != b"END\r\n":
+            rest.append(r.split(b"\r\n")[1][:5])
+        s.close()
+    finally:
+        assert h.stop() == 0
+    assert rest[0] == opened                      # the open read rolled back to the head
+    assert got + rest == [b"%05d" % i for i in range(nxt)]
