@@ -13,6 +13,7 @@ import pytest
 
 from tests.helpers import start_server, wait_for
 from tests.server.audit3 import ask, stats
+from tests.server.test_storage_server import serve_until_exit
 
 pytestmark = pytest.mark.integration
 
@@ -231,3 +232,72 @@ def test_the_writer_emits_only_what_kestrels_writer_emits(tmp_path):
         assert h.stop() == 0
     assert rest[0] == opened                      # the open read rolled back to the head
     assert got + rest == [b"%05d" % i for i in range(nxt)]
+
+
+UNITS = '''[queues."u1"]
+max_size = "512KiB"
+max_item_size = "1KB"
+max_memory_size = "16MiB"
+max_journal_size = "1GB"
+default_journal_size = "3MB"
+max_age = "250ms"
+min_journal_compact_delay = "1s"
+max_queue_age = "5m"
+open_transaction_timeout = "1h"
+sync_journal = "100ms"
+[queues."u2"]
+max_size = 4096
+max_age = 1500
+max_item_size = "1GiB"
+min_journal_compact_delay = "off"
+max_queue_age = "1d"
+sync_journal = "always"
+'''
+
+
+def test_config_sizes_durations_and_off_as_the_contract_spells_them(tmp_path):
+    """contract.md: sizes in bytes or binary units (KB/MB/GB the same as KiB/MiB/GiB),
+    durations in ms or with units, "off" for none, as the server resolved them (dump_config)."""
+    h = start_server(tmp_path, workers=1, config=UNITS)
+    try:
+        s = h.connect()
+        for q in (b"u1", b"u2"):
+            assert ask(s, b"get %s\r\n" % q) == b"END\r\n"
+        out = ask(s, b"dump_config\r\n", b"END\r\n").decode()
+        s.close()
+    finally:
+        assert h.stop() == 0
+    blocks = {b.split("'")[1]: dict(line.strip().split("=", 1) for line in b.splitlines()[1:] if "=" in line)
+              for b in out.split("}") if "queue '" in b}
+    assert {k: blocks["u1"][k] for k in ("max_size", "max_item_size", "max_memory_size", "max_journal_size",
+                                         "default_journal_size", "max_age", "min_journal_compact_delay",
+                                         "max_queue_age", "open_transaction_timeout", "sync_journal")} == {
+        "max_size": "524288", "max_item_size": "1024", "max_memory_size": "16777216",
+        "max_journal_size": "1073741824", "default_journal_size": "3145728", "max_age": "250",
+        "min_journal_compact_delay": "1000", "max_queue_age": "300000",
+        "open_transaction_timeout": "3600000", "sync_journal": "100"}
+    assert {k: blocks["u2"][k] for k in ("max_size", "max_age", "max_item_size", "min_journal_compact_delay",
+                                         "max_queue_age", "sync_journal", "max_memory_size")} == {
+        "max_size": "4096", "max_age": "1500", "max_item_size": "1073741824",
+        "min_journal_compact_delay": "off", "max_queue_age": "86400000", "sync_journal": "always",
+        "max_memory_size": "134217728"}
+
+
+@pytest.mark.parametrize("toml, key", [
+    ('[default]\nbogus = 1\n', "default.bogus: unknown key"),
+    ('[default]\nmax_size = "12XB"\n', "default.max_size: expected a size"),
+    ('[default]\nmax_age = "5 fortnights"\n', "default.max_age: expected a duration"),
+    ('[queues."q"]\nsync_journal = "sometimes"\n', "queues.q.sync_journal: expected"),
+    ('[cmdlog]\nsync = "never"\n', "cmdlog.sync: expected one of"),
+    ('[cmdlog]\nbogus = 1\n', "cmdlog.bogus: unknown key"),
+    ('[default]\nstorage = "sqlite"\n', "default.storage: expected one of"),
+    ('[queues."a.b"]\nmax_items = 1\n', 'queues."a.b": Queue name contains illegal characters'),
+    ('[default]\nkeep_journal = "yes"\n', "default.keep_journal: expected true or false"),
+])
+def test_a_bad_config_stops_start_up_with_one_line_naming_the_key(tmp_path, toml, key):
+    (tmp_path / "bad.toml").write_text(toml)
+    code, err = serve_until_exit(tmp_path, tmp_path / "queues", "--config", str(tmp_path / "bad.toml"))
+    assert code == 1, err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"lanner: {key}") and "bad.toml" in lines[0], err
+    assert not (tmp_path / "queues").exists()
