@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import struct
+import time
 
 import pytest
 
@@ -105,8 +106,9 @@ def test_max_expire_sweep_caps_every_sweep(tmp_path):
     h = start_server(tmp_path, workers=2, config="[default]\nmax_expire_sweep = 2\n")
     try:
         s = h.connect()
+        at = int(time.time()) + 2                 # absolute: the five expire together
         for i in range(5):
-            assert ask(s, b"set ex 0 1 1\r\n%d\r\n" % i) == b"STORED\r\n"
+            assert ask(s, b"set ex 0 %d 1\r\n%d\r\n" % (at, i)) == b"STORED\r\n"
         swept = []
 
         def some_expired() -> bool:
