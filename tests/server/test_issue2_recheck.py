@@ -303,3 +303,32 @@ def test_a_bad_config_stops_start_up_with_one_line_naming_the_key(tmp_path, toml
     lines = err.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"lanner: {key}") and "bad.toml" in lines[0], err
     assert not (tmp_path / "queues").exists()
+
+
+def test_legacy_opcodes_and_continue_replay_on_a_real_server(tmp_path):
+    """Reference §6.2/§6.3 for the records Lanner never writes but must read: a legacy ADD (0,
+    expiry in seconds), ADD_XID (7), SAVE_XID (4), the legacy REMOVE_TENTATIVE (3: the head
+    reserved under xid 0), and CONTINUE (8: confirm and append).  The read left open under xid
+    0 is rolled back to the head at start-up (its UNREMOVE appended) and the next open read
+    takes the xid after the last one the journal named."""
+    qp = tmp_path / "queues"
+    qp.mkdir()
+    legacy_add = b"\x00" + struct.pack("<ii", 4 + 3, 2_000_000_000) + b"old"
+    add_xid = b"\x07" + struct.pack("<i", 77) + addx(b"ax")[1:]
+    cont = b"\x08" + struct.pack("<i", 1) + addx(b"ax2")[1:]
+    old = (legacy_add + add_xid + addx(b"third") + struct.pack("<Bi", 4, 40) + b"\x03"
+           + xid_record(9, 1) + cont)
+    (qp / "lg").write_bytes(old)
+    h = start_server(tmp_path, workers=1, queue_path=str(qp))
+    try:
+        s = h.connect()
+        assert ask(s, b"get lg/open\r\n", b"END\r\n") == b"VALUE lg/open 0 3\r\nold\r\nEND\r\n"
+        assert ask(s, b"get lg/close\r\n", b"END\r\n") == b"END\r\n"
+        got = [ask(s, b"get lg\r\n", b"END\r\n") for _ in range(3)]
+        assert got == [b"VALUE lg 0 5\r\nthird\r\nEND\r\n", b"VALUE lg 0 3\r\nax2\r\nEND\r\n", b"END\r\n"]
+        s.close()
+    finally:
+        assert h.stop() == 0
+    data = (qp / "lg").read_bytes()
+    assert data.startswith(old + xid_record(5, 0) + xid_record(9, 2) + xid_record(6, 2) + b"\x01\x01"), \
+        data[len(old):].hex()
