@@ -19,7 +19,7 @@ import pytest
 
 from lanner.queues.placement import partition_of
 from tests.cmdlog.test_cmdlog_fixtures import B as WORKQ_ROTATION, FIXTURES
-from tests.helpers import start_server, wait_for
+from tests.helpers import LAYOUTS, start_server, wait_for
 from tests.server.audit3 import ask, stats
 
 pytestmark = pytest.mark.integration
@@ -100,33 +100,27 @@ def test_the_cleaner_drops_finished_items_on_its_timer_while_the_workers_serve(t
         assert h.stop() == 0
 
 
-@pytest.mark.parametrize("proto", ["memcache", "text"])
-def test_workq_job_names_with_dots_are_legal_for_cmdlog_queues_only(tmp_path, proto):
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_workq_job_names_with_dots_are_legal_for_cmdlog_queues_only(tmp_path, layout):
     """A dotted name (`email.send`) names no file in a command log, so `[default] storage =
-    "cmdlog"` takes it from any client; a journal-stored queue still refuses it."""
-    (tmp_path / "cmdlog").mkdir()
-    (tmp_path / "journal").mkdir()
+    "cmdlog"` takes it from any client, memcache or text, in every process layout (a
+    dedicated front checks names too); a journal-stored queue still refuses it."""
     for storage, cfg in (("cmdlog", CMDLOG), ("journal", None)):
-        h = start_server(tmp_path / storage, workers=2, config=cfg)
+        (tmp_path / storage).mkdir()
+        h = start_server(tmp_path / storage, layout=layout, config=cfg)
         try:
-            if proto == "memcache":
-                s = h.connect()
-                reply = ask(s, b"set email.send 0 0 5\r\nhello\r\n")
-                if storage == "cmdlog":
-                    assert reply == b"STORED\r\n"
-                    assert ask(s, b"get email.send\r\n", b"END\r\n") == \
-                        b"VALUE email.send 0 5\r\nhello\r\nEND\r\n"
-                else:
-                    assert reply.startswith(b"CLIENT_ERROR Queue name contains illegal characters")
+            s, t = h.connect(), h.connect(h.text_port)
+            reply = ask(s, b"set email.send 0 0 5\r\nhello\r\n")
+            put = ask(t, b"put email.send:\nworld\n\n", b"\n")
+            if storage == "cmdlog":
+                assert (reply, put) == (b"STORED\r\n", b"+1\n")
+                assert ask(s, b"get email.send\r\n", b"END\r\n") == b"VALUE email.send 0 5\r\nhello\r\nEND\r\n"
+                assert ask(t, b"get email.send\n", b"\n") == b":world\n"
             else:
-                s = h.connect(h.text_port)
-                reply = ask(s, b"put email.send:\nhello\n\n", b"\n")
-                if storage == "cmdlog":
-                    assert reply == b"+1\n"
-                    assert ask(s, b"get email.send\n", b"\n") == b":hello\n"
-                else:
-                    assert reply.startswith(b"-Queue name contains illegal characters")
+                assert reply.startswith(b"CLIENT_ERROR Queue name contains illegal characters"), reply
+                assert put.startswith(b"-Queue name contains illegal characters"), put
             s.close()
+            t.close()
         finally:
             assert h.stop() == 0
         assert not any(n.startswith("email") for n in os.listdir(h.queue_path))
@@ -154,14 +148,14 @@ def test_an_item_is_a_uuid4_job_named_after_its_queue_with_its_expiry_as_ttl(tmp
     assert adds[1]["lanner_no_expiry"] is True
 
 
-def test_sync_always_shares_one_fsync_among_the_writes_of_a_turn_and_os_never_fsyncs(tmp_path):
+def test_sync_always_shares_fsyncs_interval_fsyncs_on_its_timer_and_os_never(tmp_path):
     """`sync = "always"`: STORED only after the record is on disk, with group commit (the
     writes that arrive together share one fsync: `stats` fsyncs < cmd_set with 20 concurrent
-    writers); `sync = "os"` leaves it to the OS (no fsync at all)."""
-    for policy in ("always", "os"):
+    writers); "interval" fsyncs on its timer, not per write; "os" leaves it to the OS."""
+    for policy in ("always", "interval", "os"):
         (tmp_path / policy).mkdir()
         h = start_server(tmp_path / policy, workers=1,
-                         config=CMDLOG + f'[cmdlog]\nsync = "{policy}"\n')
+                         config=CMDLOG + f'[cmdlog]\nsync = "{policy}"\nsync_interval = "200ms"\n')
         errors = []
 
         def writer(k: int) -> None:
@@ -181,13 +175,16 @@ def test_sync_always_shares_one_fsync_among_the_writes_of_a_turn_and_os_never_fs
             assert not errors, errors
             s = h.connect()
             st = stats(s)
-            s.close()
             sets, fsyncs = int(st["cmd_set"]), int(st["fsyncs"])
             assert sets == 1000
             if policy == "always":
                 assert 0 < fsyncs < sets, st
+            elif policy == "interval":
+                assert wait_for(lambda: int(stats(s)["fsyncs"]) > 0, 10), st
+                assert fsyncs < sets // 10, st
             else:
                 assert fsyncs == 0, st
+            s.close()
         finally:
             assert h.stop() == 0
 
