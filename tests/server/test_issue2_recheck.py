@@ -41,6 +41,29 @@ def every_file(root) -> set[str]:
     return {os.path.join(d, n) for d, _dirs, names in os.walk(root) for n in names}
 
 
+def replay_then_read(tmp_path, name: bytes, journal: bytes, workers: int) -> tuple[bytes, list[bytes], bytes]:
+    """Serve a queue_path holding `journal` as queue `name`; open and confirm one read, then
+    drain the queue with plain gets, and stop: (the item opened, the items drained, the bytes
+    the server appended to the journal)."""
+    qp = tmp_path / "queues"
+    qp.mkdir()
+    (qp / name.decode()).write_bytes(journal)
+    h = start_server(tmp_path, workers=workers, queue_path=str(qp))
+    try:
+        s = h.connect()
+        opened = ask(s, b"get %s/open\r\n" % name, b"END\r\n").split(b"\r\n")[1]
+        assert ask(s, b"get %s/close\r\n" % name, b"END\r\n") == b"END\r\n"
+        rest = []
+        while (r := ask(s, b"get %s\r\n" % name, b"END\r\n")) != b"END\r\n":
+            rest.append(r.split(b"\r\n")[1])
+        s.close()
+    finally:
+        assert h.stop() == 0
+    data = (qp / name.decode()).read_bytes()
+    assert data.startswith(journal)
+    return opened, rest, data[len(journal):]
+
+
 # issue 2: reject `/`, `\`, `.`, `~`, NUL and control bytes, empty names, names over 255 bytes
 BAD_NAMES = [b"../up", b"a/b", b"a\\b", b"..", b".hidden", b"a.b", b"~x", b"a~~1", b"a\x00b",
              b"a\x01b", b"a\x1fb", b"a\x7fb", b"\xe9" * 200, b"x" * 256]
@@ -149,24 +172,12 @@ def test_restart_rolls_back_open_reads_in_descending_xid_order_and_xids_go_on(tm
     descending xid order (an UNREMOVE appended for each), so the lowest xid is first again,
     ahead of the items never fetched; the next open read takes the xid after the last one in
     the journal, not 1."""
-    qp = tmp_path / "queues"
-    qp.mkdir()
     old = (b"".join(addx(d) for d in (b"a", b"b", b"c", b"d", b"e"))
            + xid_record(9, 1) + xid_record(9, 2) + xid_record(9, 3) + xid_record(6, 2))
-    (qp / "r").write_bytes(old)
-    h = start_server(tmp_path, workers=2, queue_path=str(qp))
-    try:
-        s = h.connect()
-        assert ask(s, b"get r/open\r\n", b"END\r\n") == b"VALUE r/open 0 1\r\na\r\nEND\r\n"
-        assert ask(s, b"get r/close\r\n", b"END\r\n") == b"END\r\n"
-        got = [ask(s, b"get r\r\n", b"END\r\n") for _ in range(4)]
-        assert got == [b"VALUE r 0 1\r\n%s\r\nEND\r\n" % d for d in (b"c", b"d", b"e")] + [b"END\r\n"]
-        s.close()
-    finally:
-        assert h.stop() == 0
-    data = (qp / "r").read_bytes()
-    assert data.startswith(old + xid_record(5, 3) + xid_record(5, 1) + xid_record(9, 4) + xid_record(6, 4)), \
-        data[len(old):].hex()
+    opened, rest, appended = replay_then_read(tmp_path, b"r", old, workers=2)
+    assert (opened, rest) == (b"a", [b"c", b"d", b"e"])
+    assert appended.startswith(xid_record(5, 3) + xid_record(5, 1) + xid_record(9, 4) + xid_record(6, 4)), \
+        appended.hex()
 
 
 def journal_opcodes(path: str) -> set[int]:
@@ -311,24 +322,11 @@ def test_legacy_opcodes_and_continue_replay_on_a_real_server(tmp_path):
     reserved under xid 0), and CONTINUE (8: confirm and append).  The read left open under xid
     0 is rolled back to the head at start-up (its UNREMOVE appended) and the next open read
     takes the xid after the last one the journal named."""
-    qp = tmp_path / "queues"
-    qp.mkdir()
     legacy_add = b"\x00" + struct.pack("<ii", 4 + 3, 2_000_000_000) + b"old"
     add_xid = b"\x07" + struct.pack("<i", 77) + addx(b"ax")[1:]
     cont = b"\x08" + struct.pack("<i", 1) + addx(b"ax2")[1:]
     old = (legacy_add + add_xid + addx(b"third") + struct.pack("<Bi", 4, 40) + b"\x03"
            + xid_record(9, 1) + cont)
-    (qp / "lg").write_bytes(old)
-    h = start_server(tmp_path, workers=1, queue_path=str(qp))
-    try:
-        s = h.connect()
-        assert ask(s, b"get lg/open\r\n", b"END\r\n") == b"VALUE lg/open 0 3\r\nold\r\nEND\r\n"
-        assert ask(s, b"get lg/close\r\n", b"END\r\n") == b"END\r\n"
-        got = [ask(s, b"get lg\r\n", b"END\r\n") for _ in range(3)]
-        assert got == [b"VALUE lg 0 5\r\nthird\r\nEND\r\n", b"VALUE lg 0 3\r\nax2\r\nEND\r\n", b"END\r\n"]
-        s.close()
-    finally:
-        assert h.stop() == 0
-    data = (qp / "lg").read_bytes()
-    assert data.startswith(old + xid_record(5, 0) + xid_record(9, 2) + xid_record(6, 2) + b"\x01\x01"), \
-        data[len(old):].hex()
+    opened, rest, appended = replay_then_read(tmp_path, b"lg", old, workers=1)
+    assert (opened, rest) == (b"old", [b"third", b"ax2"])
+    assert appended == xid_record(5, 0) + xid_record(9, 2) + xid_record(6, 2) + b"\x01\x01", appended.hex()
