@@ -330,3 +330,21 @@ def test_legacy_opcodes_and_continue_replay_on_a_real_server(tmp_path):
     opened, rest, appended = replay_then_read(tmp_path, b"lg", old, workers=1)
     assert (opened, rest) == (b"old", [b"third", b"ax2"])
     assert appended == xid_record(5, 0) + xid_record(9, 2) + xid_record(6, 2) + b"\x01\x01", appended.hex()
+
+
+def test_a_torn_tail_is_cut_and_logged_with_its_file_and_offset(tmp_path):
+    """Deviation 7: a record torn at the end of the current file (a crash mid-write) is cut,
+    and the log names the queue, the file and the offset; the items before it are served."""
+    qp = tmp_path / "queues"
+    qp.mkdir()
+    (qp / "t").write_bytes(addx(b"one") + addx(b"two") + b"\x02\x15\x00")
+    h = start_server(tmp_path, workers=2, queue_path=str(qp))
+    try:
+        s = h.connect()
+        assert [ask(s, b"get t\r\n", b"END\r\n") for _ in range(3)] == \
+            [b"VALUE t 0 3\r\none\r\nEND\r\n", b"VALUE t 0 3\r\ntwo\r\nEND\r\n", b"END\r\n"]
+        s.close()
+    finally:
+        assert h.stop() == 0
+    assert f"queue 't': torn record at the end of {qp / 't'}: offset 48" in h.log()
+    assert (qp / "t").read_bytes()[:48] == addx(b"one") + addx(b"two")
