@@ -128,24 +128,31 @@ def test_workq_job_names_with_dots_are_legal_for_cmdlog_queues_only(tmp_path, la
 
 def test_an_item_is_a_uuid4_job_named_after_its_queue_with_its_expiry_as_ttl(tmp_path):
     """The mapping of issue 4: job name = queue name, a random UUIDv4, TTL from the item's
-    expiry; an item without expiry carries Lanner's mark (30 days, max_fails 255)."""
+    expiry; an item without expiry carries Lanner's mark (30 days, max_fails 255); an item
+    that expires at the head is an `expire` of its job."""
     h = start_server(tmp_path, workers=1, config=CMDLOG)
     try:
         s = h.connect()
         assert ask(s, b"set mail.out 0 60 1\r\na\r\n") == b"STORED\r\n"
         assert ask(s, b"set mail.out 0 0 1\r\nb\r\n") == b"STORED\r\n"
+        assert ask(s, b"set mail.late 0 1 1\r\nc\r\n") == b"STORED\r\n"
+        # a peek sweeps the head once the second has passed (and never takes a live item)
+        assert wait_for(lambda: ask(s, b"get mail.late/peek\r\n", b"END\r\n") == b"END\r\n", 10)
         s.close()
     finally:
         assert h.stop() == 0
-    (part,) = os.listdir(os.path.join(h.queue_path, "cmdlog"))
-    adds = [r["command"] for r in dump_json(os.path.join(h.queue_path, "cmdlog", part))]
-    assert [a["cmd"] for a in adds] == ["add", "add"]
-    assert {a["name"] for a in adds} == {"mail.out"}
+    root = os.path.join(h.queue_path, "cmdlog")
+    cmds = [r["command"] for part in sorted(os.listdir(root)) for r in dump_json(os.path.join(root, part))]
+    adds = [c for c in cmds if c["cmd"] == "add" and c["name"] == "mail.out"]
+    assert len(adds) == 2
     ids = [uuid.UUID(a["id"]) for a in adds]
     assert [u.version for u in ids] == [4, 4] and ids[0] != ids[1]
     assert 58_000 <= adds[0]["ttl_ms"] <= 60_000 and not adds[0].get("lanner_no_expiry")
     assert adds[1]["ttl_ms"] == 30 * 86_400_000 and adds[1]["max_fails"] == 255
     assert adds[1]["lanner_no_expiry"] is True
+    (late,) = [c for c in cmds if c.get("name") == "mail.late"]
+    assert 0 < late["ttl_ms"] <= 1000
+    assert [c["cmd"] for c in cmds if c["id"] == late["id"]] == ["add", "expire"]
 
 
 def test_sync_always_shares_fsyncs_interval_fsyncs_on_its_timer_and_os_never(tmp_path):
