@@ -1,16 +1,21 @@
 """Issue 4 rechecked: `lanner cmdlog check|dump` show their progress on a terminal (a byte
 counter on stderr), and never when stderr is a file or a pipe, where stdout stays exactly the
-records."""
+records; the cleaner's rewrite takes memory for the live jobs, not for the log."""
 from __future__ import annotations
 
 import subprocess
 import sys
+import tracemalloc
 
 import pytest
 
 from lanner.clock import FakeClock
 from lanner.queues.item import QItem
+from lanner.storage.cmdlog import segment as sg
 from lanner.storage.cmdlog.partition import PartitionLog
+from lanner.storage.cmdlog.rewrite import rewrite_segments
+from lanner.storage.cmdlog.segment import IdCommand
+from tests.cmdlog.test_cmdlog_rewrite import jid, job, write_log
 from tests.terminal import run_on_a_terminal
 
 
@@ -37,3 +42,32 @@ def test_progress_on_a_terminal_only(logdir, args):
     assert r.stdout == out
     if args[0] == "dump":
         assert len(out.splitlines()) == 2000
+
+
+def finished_log(d: str, clock, finished: int) -> None:
+    """`finished` deleted jobs, then one live job, in 32 KiB segments."""
+    cmds = []
+    for i in range(finished):
+        cmds += [job(i, created_ms=clock.now_ms(), payload=b"x" * 100), IdCommand(sg.DELETE, jid(i))]
+    cmds.append(job(finished, created_ms=clock.now_ms()))
+    write_log(d, clock, cmds, segment_size=32 << 10)
+
+
+def test_a_rewrites_memory_does_not_grow_with_the_log(tmp_path):
+    """Issue 4: the cleaner's rewrite runs "with memory bounded independently of the log's
+    size": a log four times longer, with the same live jobs, takes no more heap (tracemalloc
+    peak, the segments themselves are mapped), and the rewrite leaves only the live job's
+    records in closed segments."""
+    clock = FakeClock(1_800_000_000_000)
+    peaks = []
+    for n in (1000, 4000):
+        d = str(tmp_path / str(n))
+        finished_log(d, clock, n)
+        tracemalloc.start()
+        try:
+            stats = rewrite_segments(d, clock)
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+        assert stats.records_dropped > 1.8 * n and stats.live_jobs == 1, stats
+    assert peaks[1] < 256 << 10 and peaks[1] <= peaks[0] + (32 << 10), peaks
