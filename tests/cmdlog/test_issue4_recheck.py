@@ -3,6 +3,7 @@ counter on stderr), and never when stderr is a file or a pipe, where stdout stay
 records; the cleaner's rewrite takes memory for the live jobs, not for the log."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tracemalloc
@@ -71,3 +72,42 @@ def test_a_rewrites_memory_does_not_grow_with_the_log(tmp_path):
             tracemalloc.stop()
         assert stats.records_dropped > 1.8 * n and stats.live_jobs == 1, stats
     assert peaks[1] < 256 << 10 and peaks[1] <= peaks[0] + (32 << 10), peaks
+
+
+def test_a_rewrite_goes_through_rw_fsync_rename_and_a_directory_fsync(tmp_path, monkeypatch):
+    """Issue 4's order of a cleaner rewrite, seen at the system calls: a mixed segment's live
+    records go to `S.rw`, which is fsynced before it is renamed over `S`, and the directory is
+    fsynced after the rename; a segment with nothing live is unlinked, then the directory is
+    fsynced; the active segment is never opened for writing."""
+    clock = FakeClock(1_800_000_000_000)
+    now = clock.now_ms()
+    d = str(tmp_path / "p")
+    write_log(d, clock, [job(1, created_ms=now), job(2, created_ms=now)])            # 1: mixed
+    write_log(d, clock, [IdCommand(sg.DELETE, jid(2)), job(3, created_ms=now),        # 2: all finished
+                         IdCommand(sg.DELETE, jid(3)), job(4, created_ms=now)], segment_size=9)
+    names = [n for _s, n in sg.list_segments(d)]
+    assert len(names) == 5                 # 000000001 (1, 2), then one record per segment
+    events = []
+    real_fsync, real_replace, real_unlink, real_open = os.fsync, os.replace, os.unlink, os.open
+
+    def path_of(fd: int) -> str:
+        return os.path.relpath(os.readlink(f"/proc/self/fd/{fd}"), d)
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", path_of(fd))), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("rename", os.path.relpath(a, d),
+                                                                    os.path.relpath(b, d))), real_replace(a, b))[1])
+    monkeypatch.setattr(os, "unlink", lambda p: (events.append(("unlink", os.path.relpath(p, d))), real_unlink(p))[1])
+
+    def spy_open(p, flags, *rest):
+        if flags & (os.O_WRONLY | os.O_RDWR):
+            events.append(("write", os.path.relpath(p, d)))
+        return real_open(p, flags, *rest)
+    monkeypatch.setattr(os, "open", spy_open)
+    stats = rewrite_segments(d, clock)
+    assert (stats.rewritten, stats.deleted) == (1, 3), stats
+    first, active = names[0], names[-1]
+    assert events[events.index(("write", first + ".rw")):events.index(("rename", first + ".rw", first)) + 2] == [
+        ("write", first + ".rw"), ("fsync", first + ".rw"), ("rename", first + ".rw", first), ("fsync", ".")]
+    for gone in names[1:4]:
+        i = events.index(("unlink", gone))
+        assert events[i + 1] == ("fsync", "."), events
+    assert ("write", active) not in events and not any(e[-1] == active for e in events), events
