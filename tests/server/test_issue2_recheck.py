@@ -10,6 +10,7 @@ import signal
 import struct
 import time
 
+import psutil
 import pytest
 
 from tests.helpers import start_server, wait_for
@@ -206,7 +207,7 @@ def journal_opcodes(path: str) -> set[int]:
 
 def test_the_writer_emits_only_what_kestrels_writer_emits(tmp_path):
     """Rotation, read-behind, rewrites and checkpoint packs with reads open, then kill -9 of
-    the whole server mid-stream: every file left in queue_path holds only opcodes 1, 2, 5, 6,
+    the supervisor mid-stream (its children follow): every file left in queue_path holds only opcodes 1, 2, 5, 6,
     8 and 9 (so Kestrel can read it), and a restart serves every item once, in order."""
     cfg = ('[default]\ndefault_journal_size = "4KiB"\nmax_memory_size = "8KiB"\n'
            'max_journal_size = "16KiB"\nmin_journal_compact_delay = "0s"\n')
@@ -229,7 +230,10 @@ def test_the_writer_emits_only_what_kestrels_writer_emits(tmp_path):
         st = stats(a)
         assert int(st["queue_rb_journal_rotations"]) > 0 and int(st["queue_rb_journal_rewrites"]) > 0, st
     finally:
+        children = psutil.Process(h.proc.pid).children(recursive=True)
         h.stop(signal.SIGKILL)
+        _, alive = psutil.wait_procs(children, timeout=20)     # they follow their parent
+        assert not alive, alive
     files = [f for f in os.listdir(h.queue_path) if f == "rb" or f.startswith("rb.")]
     assert len(files) > 1, files
     ops = set().union(*(journal_opcodes(os.path.join(h.queue_path, f)) for f in files))
