@@ -153,8 +153,7 @@ def test_replay(benchmark, workdir, size):
 
     benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
     report_rate(benchmark, "MB_per_s", nbytes / 1e6, "MB/s")
-    benchmark.extra_info["records_per_s"] = round(records / benchmark.stats.stats.min)
-    print(f"  {records:,} records, {nbytes / 1e6:.1f} MB: {records / benchmark.stats.stats.min:,.0f} records/s")
+    report_rate(benchmark, "records_per_s", records, f"records ({nbytes / 1e6:.1f} MB)")
 
 
 @pytest.mark.parametrize("size", [64, 1024])

@@ -20,7 +20,10 @@ def workdir():
 
 def report_rate(benchmark, key: str, amount: float, unit: str) -> float:
     """`amount` per second of the best round: stored in extra_info[key] and printed."""
-    best = benchmark.stats.stats.min
+    stats = benchmark.stats
+    best = stats.stats.min if stats is not None else None
+    if not best:        # --benchmark-disable: the body ran once as a plain test, nothing timed
+        return 0.0
     rate = amount / best
     benchmark.extra_info[key] = round(rate, 1)
     print(f"\n{benchmark.name}: {rate:,.0f} {unit} (best of {benchmark.stats.stats.rounds})")

@@ -172,3 +172,13 @@ def test_lanner_perf_needs_nothing_beyond_the_perf_extra(lanner, tmp_path):
                               text=True, timeout=120)
         assert done.returncode == 0, (argv[0], done.stdout[-2000:], done.stderr[-2000:])
     assert [p.name for p in sorted(tmp_path.glob("out/*/*.png"))] == ["latency.png", "throughput.png"]
+
+
+def test_microbenchmarks_run_as_plain_tests_under_benchmark_disable():
+    """`pytest --benchmark-disable perf/bench_*.py` runs each body once as a test (a quick check
+    that they still work): nothing is timed then, and the rate report must not divide by it."""
+    files = sorted(os.path.join("perf", f) for f in os.listdir(os.path.join(REPO, "perf"))
+                   if f.startswith("bench_") and f.endswith(".py"))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "-p", "no:cacheprovider",
+                           "--benchmark-disable", *files], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
