@@ -316,3 +316,42 @@ def test_stats_json_has_the_figures_of_stats(tmp_path):
         c.close()
     finally:
         assert h.stop() == 0
+
+
+def test_status_is_kept_in_the_status_file_enforced_after_the_grace_period_by_every_process(tmp_path):
+    """Reference §5.11 through the real server: a stricter status is reported at once and
+    written to the status file, enforced after `status_change_grace_period` by every process
+    that serves clients, and applied at once on the next start."""
+    grace = 3.0
+    cfg = f'[server]\nstatus_change_grace_period = "{int(grace * 1000)}ms"\n'
+    h = start_server(tmp_path, workers=2, config=cfg)
+    try:
+        cs = clients_of(h, ["lanner-w0", "lanner-w1"])
+        a, b = cs["lanner-w0"], cs["lanner-w1"]
+        q0 = next(b"sq%d" % i for i in range(1000) if worker_of("sq%d" % i, 2) == 0)
+        t0 = time.monotonic()
+        assert a.ask(b"status readonly\r\n") == b"END\r\n"
+        assert b.ask(b"status\r\n") == b"READONLY\r\n"                 # reported at once
+        reply = b.ask(b"set %s 0 0 1\r\nx\r\n" % q0)
+        if time.monotonic() - t0 < grace * 0.8:
+            assert reply == b"STORED\r\n"                                # not yet enforced
+        with open(h.status_file) as f:
+            assert f.read() == "ReadOnly\n"
+
+        def refused(c: Client) -> bool:
+            r = c.ask(b"set %s 0 0 1\r\ny\r\n" % q0)
+            assert r == b"STORED\r\n" or r.startswith(b"SERVER_ERROR "), r
+            return r != b"STORED\r\n"
+        assert wait_for(lambda: refused(b), grace + 10)                  # (and the close follows)
+        assert time.monotonic() - t0 >= grace * 0.9
+        assert refused(a)                                                # the other worker too
+    finally:
+        assert h.stop() == 0
+    h = start_server(tmp_path, workers=2, config=cfg, queue_path=h.queue_path)
+    try:
+        c = Client(h.connect())
+        assert c.ask(b"status\r\n") == b"READONLY\r\n"
+        c.send(b"set restart 0 0 1\r\nx\r\n")                          # enforced at once: no grace
+        assert c.recv_until(b"\r\n").startswith(b"SERVER_ERROR")
+    finally:
+        assert h.stop() == 0
