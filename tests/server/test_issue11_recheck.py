@@ -15,6 +15,7 @@ clients, no dedicated fronts):
 from __future__ import annotations
 
 import random
+import signal
 import socket
 import statistics
 import threading
@@ -199,3 +200,54 @@ def test_bytes_thrown_at_every_listener_leave_no_traceback(tmp_path):
         assert "Traceback" not in log and "ERROR" not in log, log[-4000:]
     finally:
         assert h.stop() == 0
+
+
+def item_back(h, q: bytes, want: bytes, timeout: float = 10.0) -> bool:
+    """Whether `q`'s head is `want` within `timeout` (a held read goes back within a turn or
+    two of its connection's end)."""
+    c = Client(h.connect())
+    try:
+        return wait_for(lambda: c.ask(b"get %s/peek\r\n" % q, b"END\r\n") ==
+                        b"VALUE %s/peek 0 %d\r\n%s\r\nEND\r\n" % (q, len(want), want), timeout)
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("pipeline", [
+    b"get %(qa)s/open\r\nget %(qb)s\r\n",                 # a worker-decided close (slot), a local get
+    b"get %(qa)s\r\nget %(qb)s\r\n",                      # a slot-less routed get closes, a fused get
+    b"get %(qa)s/open\r\nget %(qb)s %(qb)s\r\n",          # ... a local multi-key get
+], ids=["open-then-get", "routed-then-fused", "open-then-multikey"])
+def test_a_local_get_behind_a_close_another_worker_decides_loses_no_item(server, pipeline):
+    """Issue 11, defect 2 ("every reply earned before the offending command is written, then
+    the error, then the close"; nothing handed out is lost).  A client of worker 0 holds an
+    open read on worker 1's queue; it pipelines a second read of that queue (ERROR and a close,
+    decided by worker 1) and a plain get of worker 0's queue.  Worker 0 ran that get at once,
+    while worker 1 (stopped here, so the order is certain) had not answered: the item left its
+    queue and its VALUE went with the closed connection.  Kestrel ran nothing after the error;
+    here the get's item must come back."""
+    qa, qb = queue_on(1, "ca"), queue_on(0, "cb")
+    setup = Client(server.connect())
+    assert setup.ask(b"set %s 0 0 1\r\na\r\nset %s 0 0 1\r\nb\r\n" % (qa, qb),
+                     b"STORED\r\nSTORED\r\n") == b"STORED\r\nSTORED\r\n"
+    setup.close()
+    c, watcher = [clients_of(server, ["lanner-w0"])["lanner-w0"] for _ in range(2)]
+    assert c.ask(b"get %s/open\r\n" % qa, b"END\r\n") == b"VALUE %s/open 0 1\r\na\r\nEND\r\n" % qa
+    w1 = next(p for p in psutil.Process(server.proc.pid).children() if p.name() == "lanner-w1")
+    w1.send_signal(signal.SIGSTOP)
+    try:
+        c.send(pipeline % {b"qa": qa, b"qb": qb})
+        # worker 0 has run the get: the item is no longer at the head of its queue
+        assert wait_for(lambda: watcher.ask(b"get %s/peek\r\n" % qb, b"END\r\n") == b"END\r\n", 10)
+    finally:
+        w1.send_signal(signal.SIGCONT)
+    out = b""
+    c.sock.settimeout(10)
+    while True:
+        chunk = c.sock.recv(65536)
+        if not chunk:
+            break
+        out += chunk
+    assert out == b"ERROR\r\n", out
+    assert item_back(server, qb, b"b"), "the item the local get took was lost with the connection"
+    assert item_back(server, qa, b"a")

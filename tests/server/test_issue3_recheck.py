@@ -355,3 +355,34 @@ def test_status_is_kept_in_the_status_file_enforced_after_the_grace_period_by_ev
         assert c.recv_until(b"\r\n").startswith(b"SERVER_ERROR")
     finally:
         assert h.stop() == 0
+
+
+def test_serve_with_only_ports_given_keeps_its_data_under_dot_data_and_prints_the_ready_line(tmp_path):
+    """contract.md: `lanner serve` without a queue path keeps its data under `./data/`, and
+    prints `lanner ready memcache=HOST:PORT text=... thrift=... admin=...` once every listener
+    accepts (the embedded default ports themselves are outside the ports a test may use)."""
+    import subprocess
+    import sys
+    from lanner.perf.servers import free_port, ready_line
+    ports = {k: free_port() for k in ("memcache", "text", "thrift", "admin")}
+    args = [sys.executable, "-m", "lanner.cli", "serve"]
+    for k, p in ports.items():
+        args += [f"--{k}-port", str(p)]
+    log = open(tmp_path / "serve.log", "wb")
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, cwd=tmp_path)
+    log.close()
+    try:
+        line = ready_line(proc, 60).decode()
+        assert line == "lanner ready " + " ".join(f"{k}=127.0.0.1:{p}" for k, p in ports.items()) + "\n", line
+        for k, p in ports.items():
+            socket.create_connection(("127.0.0.1", p), timeout=5).close()
+        c = Client(socket.create_connection(("127.0.0.1", ports["memcache"]), timeout=10))
+        assert c.ask(b"set dotdata 0 0 1\r\nx\r\nstatus readonly\r\nstatus up\r\n",
+                     b"END\r\nEND\r\n") == b"STORED\r\nEND\r\nEND\r\n"
+        c.close()
+        assert (tmp_path / "data" / "queues" / "dotdata").stat().st_size > 0
+        assert (tmp_path / "data" / "status").read_text() == "Up\n"
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+        proc.stdout.close()
