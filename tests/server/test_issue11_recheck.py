@@ -18,8 +18,6 @@ import random
 import signal
 import socket
 import statistics
-import threading
-import time
 
 import psutil
 import pytest
@@ -27,7 +25,7 @@ import pytest
 from lanner.queues.placement import worker_of
 from tests.helpers import start_server, wait_for
 from tests.server.conftest import Client
-from tests.server.test_flow_control import peak_rss
+from tests.server.test_flow_control import flood_never_reading, peak_rss
 from tests.server.test_issue3_recheck import clients_of, holder
 
 pytestmark = pytest.mark.integration
@@ -55,39 +53,14 @@ def test_a_client_that_never_reads_stalls_only_itself(server):
     assert proc.name() == "lanner-w1"
     before = peak_rss(proc)
     flood.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    flood.sock.settimeout(None)
     payload = b"get %s/peek\r\n" % pk * 1_000_000
-    sent = [0]
-
-    def sender():
-        view = memoryview(payload)
-        try:
-            while sent[0] < len(payload):
-                sent[0] += flood.sock.send(view[sent[0]:sent[0] + 65536])
-        except OSError:
-            pass                      # the test shut the socket down under it
-    t = threading.Thread(target=sender, daemon=True)
-    t.start()
     other = clients_of(server, ["lanner-w1"])["lanner-w1"]       # the same process, its own queue
-    times = []
-    start = last_change = time.monotonic()
-    last_sent = 0
-    while True:
-        t0 = time.perf_counter()
+
+    def probe():
         assert other.ask(b"get %s\r\n" % other_q, b"END\r\n") == b"END\r\n"
-        times.append(time.perf_counter() - t0)
-        now = time.monotonic()
-        if sent[0] != last_sent:
-            last_sent, last_change = sent[0], now
-        if now - last_change > 3.0:
-            break                     # the flooder is stopped: its process no longer reads it
-        assert now - start < 60, "the server kept reading a client that never reads"
-        time.sleep(0.01)              # (a client asking every 10 ms, not a wait)
+    last_sent, times = flood_never_reading(flood.sock, payload, probe)
     growth = peak_rss(proc) - before
     assert holder(server, other).pid == proc.pid        # both clients stayed with that process
-    flood.sock.shutdown(socket.SHUT_RDWR)
-    flood.close()
-    t.join(10)
     print(f"read {last_sent / MiB:.1f} of {len(payload) / MiB:.1f} MiB; peak RSS growth of "
           f"{proc.name()} {growth / MiB:.1f} MiB; other client: median "
           f"{statistics.median(times) * 1000:.2f} ms, max {max(times) * 1000:.1f} ms")
