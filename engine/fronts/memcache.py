@@ -480,30 +480,6 @@ class MemcacheConn(Conn):
         self.reply_now(cmd.reply, close=cmd.close)
 
 
-def routed_ahead(fast) -> bool:
-    """Whether a request of `fast` (Conn.fast) went to another worker (routed.py), whose reply
-    may yet close the connection (issue 11, defect 2: Kestrel ran nothing after the error).  A
-    plain get behind it is not fused: it takes a request, with `hold_flag`."""
-    for ent in fast:
-        if ent[6] >= 0:
-            return True
-    return False
-
-
-def hold_flag(c, w: int) -> int:
-    """F_HOLD for a plain get of worker `w`, the connection's own worker, while a request of
-    `c` is in flight at another one: its item is then held until its reply is written and goes
-    back if the connection closes first (Waiting.op_get, fronts/held.py); else 0."""
-    if w != c.local:
-        return 0
-    if routed_ahead(c.fast):
-        return F_HOLD
-    for part in c.parts.values():
-        if part.worker != w:
-            return F_HOLD
-    return 0
-
-
 def expiry_of(exptime: int, clock) -> int:
     """A set's expiry, absolute epoch ms, from its exptime (not 0): seconds from now below
     1,000,000 (§1.1), else an absolute Unix time in seconds.  "Now" is when the whole set is
@@ -587,6 +563,30 @@ def _finish_alias_set(slot: Slot) -> None:
         slot.out = STORED if all(p.status == R_OK for p in slot.parts) else mr.NOT_STORED
     if slot.call and not slot.close:
         slot.out = b""
+
+
+def routed_ahead(fast) -> bool:
+    """Whether a request of `fast` (Conn.fast) went to another worker (routed.py), whose reply
+    may yet close the connection (issue 11, defect 2: Kestrel ran nothing after the error).  A
+    plain get behind it is not fused: it takes a request, with `hold_flag`."""
+    for ent in fast:
+        if ent[6] >= 0:
+            return True
+    return False
+
+
+def hold_flag(c, w: int) -> int:
+    """F_HOLD for a plain get of worker `w`, the connection's own worker, while a request of
+    `c` is in flight at another one: its item is then held until its reply is written and goes
+    back if the connection closes first (Waiting.op_get, fronts/held.py); else 0."""
+    if w != c.local:
+        return 0
+    if routed_ahead(c.fast):
+        return F_HOLD
+    for part in c.parts.values():
+        if part.worker != w:
+            return F_HOLD
+    return 0
 
 
 def status_moved(f, st) -> bool:
