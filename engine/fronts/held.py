@@ -93,7 +93,11 @@ class Settles:
                 continue
             ids = array("q", conf)
             ids.extend(ab)
-            send(f.req_rings[w], pack_req(0, 0, OP_HELD, 0, 0, len(conf), 0), ids.tobytes())
+            ring = f.req_rings[w]
+            if ring is None:            # a worker's own front: its worker's holds, by a call
+                f.send(w, 0, 0, OP_HELD, 0, b"", len(conf), 0, ids.tobytes())     # (LocalFront.send)
+                continue
+            send(ring, pack_req(0, 0, OP_HELD, 0, 0, len(conf), 0), ids.tobytes())
             f.dirty_rings.add(w)
         self.due = bool(confirm or abort)
 

@@ -17,10 +17,10 @@ from lanner.fronts.conn import Conn, Slot, _append, expiry_at
 from lanner.fronts.counters import C_GET, C_PEEK, C_SET
 from lanner.fronts.rendered import END3, NOT_STORED3, STORED3, opens
 from lanner.server.status import StatusError
-from lanner.ipc.messages import (F_ABORT, F_AFTER_BODY, F_CLOSE, F_NOREPLY, F_OPEN, F_PEEK, F_STREAM, OP_ALIAS_PUT, OP_CONFIRM,
-                       OP_DELETE, OP_FLUSH, OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED, OP_FLUSH_EXPIRED,
-                       OP_GET, OP_MONITOR, OP_SET, R_CLIENT_ERROR, R_EMPTY, R_END, R_ERROR, R_ITEM, R_OK,
-                       R_SERVER_ERROR, R_VALUE, RF_CLOSE)
+from lanner.ipc.messages import (F_ABORT, F_AFTER_BODY, F_CLOSE, F_HOLD, F_NOREPLY, F_OPEN, F_PEEK, F_STREAM,
+                       OP_ALIAS_PUT, OP_CONFIRM, OP_DELETE, OP_FLUSH, OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED,
+                       OP_FLUSH_EXPIRED, OP_GET, OP_MONITOR, OP_SET, R_CLIENT_ERROR, R_EMPTY, R_END, R_ERROR,
+                       R_ITEM, R_OK, R_SERVER_ERROR, R_VALUE, RF_CLOSE)
 
 _VERSION = mr.version_line(__version__)
 #: Set bodies larger than this go to the worker in pieces as they arrive (never whole here).
@@ -210,7 +210,8 @@ class MemcacheConn(Conn):
             my = f.my                   # (compiled: `incr` a C call, memcache.pxd)
             my.incr(C_GET)
             wk = self.worker            # (as in store)
-            if fused and not self.nslots and not wk.closed_conns:
+            if fused and not self.nslots and not wk.closed_conns and (
+                    self.touched == self.local_bit or not self.fast or not routed_ahead(self.fast)):
                 # the fused request's number and reply entry (inline.py), as in store
                 lf = f                  # (fused: a worker's own front; compiled, a LocalFront)
                 n = self.next_req       # (as in store)
@@ -257,7 +258,7 @@ class MemcacheConn(Conn):
                 return True         # no Slot: one reply in flight, as fused (routed.py)
             w = f.owner(q)
             slot = self.new_slot(_finish_get1, call=k.raw)
-            self.request(slot, w, OP_GET, 0, q, -1)
+            self.request(slot, w, OP_GET, hold_flag(self, w), q, -1)
             self.seal(slot)
             return
         keys = cmd.keys
@@ -310,7 +311,8 @@ class MemcacheConn(Conn):
                 self.reply_now(mr.END)
                 return
             slot = self.new_slot(_finish_get1, blocking=blocking, call=k.raw)
-            self.request(slot, f.owner(k.queue), OP_GET, flags, k.queue, timeout)
+            w = f.owner(k.queue)
+            self.request(slot, w, OP_GET, flags or hold_flag(self, w), k.queue, timeout)
             self.seal(slot)
             return
         keys = []
@@ -329,7 +331,8 @@ class MemcacheConn(Conn):
             if flags is None:
                 keys.append((k.raw, None))
                 continue
-            p = self.request(slot, f.owner(k.queue), OP_GET, flags, k.queue, timeout)
+            w = f.owner(k.queue)
+            p = self.request(slot, w, OP_GET, flags or hold_flag(self, w), k.queue, timeout)
             keys.append((k.raw, p))
         self.seal(slot)
 
@@ -560,6 +563,30 @@ def _finish_alias_set(slot: Slot) -> None:
         slot.out = STORED if all(p.status == R_OK for p in slot.parts) else mr.NOT_STORED
     if slot.call and not slot.close:
         slot.out = b""
+
+
+def routed_ahead(fast) -> bool:
+    """Whether a request of `fast` (Conn.fast) went to another worker (routed.py), whose reply
+    may yet close the connection (issue 11, defect 2: Kestrel ran nothing after the error).  A
+    plain get behind it is not fused: it takes a request, with `hold_flag`."""
+    for ent in fast:
+        if ent[6] >= 0:
+            return True
+    return False
+
+
+def hold_flag(c, w: int) -> int:
+    """F_HOLD for a plain get of worker `w`, the connection's own worker, while a request of
+    `c` is in flight at another one: its item is then held until its reply is written and goes
+    back if the connection closes first (Waiting.op_get, fronts/held.py); else 0."""
+    if w != c.local:
+        return 0
+    if routed_ahead(c.fast):
+        return F_HOLD
+    for part in c.parts.values():
+        if part.worker != w:
+            return F_HOLD
+    return 0
 
 
 def status_moved(f, st) -> bool:

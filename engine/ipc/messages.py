@@ -70,6 +70,8 @@ F_THRIFT = 64         # every request of a thrift connection: on DISCONNECT its 
 F_STREAM = 128        # SET: b = body size, the body follows in OP_SET_DATA pieces (bodies.py)
 F_AFTER_BODY = F_OPEN  # SET with F_STREAM: a = ms (memcache's relative exptime) counted from
                        # the body's last piece, not an epoch ms (a set bit of a get's flags)
+F_HOLD = F_STREAM     # GET from a worker's own client, sent while the connection waits on another
+                      # worker: a plain read is held until its reply is written (Waiting.op_get)
 
 # -- response statuses -----------------------------------------------------------------------
 R_OK = 0              # STORED / DELETED / END ...

@@ -47,7 +47,7 @@ from lanner.fronts.counters import C_CURR, C_HANDOFFS, C_HERE, C_ROUTED
 from lanner.fronts.front import Front
 from lanner.ipc import handoff
 from lanner.ipc.messages import (OP_DISCONNECT, OP_DUMP_CONFIG, OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED,
-                                 OP_HANDOFF, OP_RELOAD, OP_STATS, R_ERROR, R_OK, R_SERVER_ERROR,
+                                 OP_HANDOFF, OP_RELOAD, OP_STATS, R_ERROR, R_OK, R_SERVER_ERROR, RF_HELD,
                                  unpack_resp)
 
 log = logging.getLogger(__name__)
@@ -275,8 +275,11 @@ class LocalFront(Front):
                 fast = c.fast
                 if fast and fast[0][0] == req and not c.closing:    # Conn.on_response's first case
                     c.fast_reply(status, flags, payload)
-                else:
-                    c.on_response(req, status, flags, value, payload)
+                    continue
+                if c.on_response(req, status, flags, value, payload):
+                    continue
+            if flags & RF_HELD:         # nobody will write it: the item goes back (Waiting.op_get)
+                self.settles.add(self.local, value, abort=True)
         return n
 
 

@@ -12,10 +12,9 @@ from dataclasses import dataclass
 
 import msgpack
 
-from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_CONFIRM_ALL, F_OPEN, F_PEEK, R_DATA, R_EMPTY, R_END,
-                       R_ERROR,
-                       R_ITEM, RF_CLOSE, RF_HELD, RF_MORE, pack_resp,
-                       resp_fields)
+from lanner.ipc.messages import (F_ABORT, F_CLOSE, F_CONFIRM_ALL, F_HOLD, F_OPEN, F_PEEK, R_DATA,
+                                 R_EMPTY, R_END, R_ERROR, R_ITEM, RF_CLOSE, RF_HELD, RF_MORE,
+                                 pack_resp, resp_fields)
 from lanner.queues.waiters import Waiter
 
 log = logging.getLogger(__name__)
@@ -51,13 +50,14 @@ class Waiting:
     """
     __slots__ = ()              # the worker's (worker.py)
 
-    def plain_get(self, src, conn, req, queue) -> None:
+    def plain_get(self, src, conn, req, queue, hold=False) -> None:
         """`get q` with no option and no wait, the common request: remove the head or answer
         empty; an open read on the queue makes it a protocol error (it closes the connection).
         The fused local path (MemcacheConn.on_get) calls it directly, with no request record
         around it, so it answers its own failure; op_get for every other caller.  A reply to
         this worker's own front keeps its head unpacked (it stays in this process,
-        messages.resp_fields); another process's client gets a held read (holding.py)."""
+        messages.resp_fields); another process's client gets a held read (holding.py), and so
+        does this worker's own client with `hold` (op_get's F_HOLD)."""
         try:
             sessions = self.sessions        # none at all, the common case: no key tuple made
             sess = sessions.get((src, conn)) if sessions else None
@@ -66,7 +66,7 @@ class Waiting:
             else:
                 coll = self.coll
                 coll.undo.ctx = (src, conn, req)
-                if src != self.local_src:
+                if src != self.local_src or hold:
                     if not self.held_remove(src, conn, req, queue):
                         self.replies.append((src, pack_resp(conn, req, R_EMPTY, 0, 0, 0), b""))
                     return
@@ -78,8 +78,15 @@ class Waiting:
             self.request_failed(src, conn, req, queue, e)
 
     def op_get(self, src, conn, req, queue, flags, timeout) -> None:
+        """F_HOLD: this worker's own client sent the get while a request of its connection was
+        in flight at another worker, whose reply may yet close the connection (issue 11, defect
+        2; MemcacheConn.on_get): a plain read is then held as another process's is, so its item
+        goes back if its reply is never written (holding.py, fronts/held.py)."""
+        hold = flags & F_HOLD
+        if hold:
+            flags ^= F_HOLD
         if not flags and timeout <= 0:
-            self.plain_get(src, conn, req, queue)
+            self.plain_get(src, conn, req, queue, hold)
             return
         coll = self.coll
         sess = self.sessions.get((src, conn))
@@ -113,7 +120,7 @@ class Waiting:
         if not flags:
             # a plain get, the common request: a Pending only if it has to wait
             coll.undo.ctx = (src, conn, req)
-            if src != self.local_src:
+            if src != self.local_src or hold:
                 if self.held_remove(src, conn, req, queue):
                     return
             else:

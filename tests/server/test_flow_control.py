@@ -42,6 +42,44 @@ def wait_until(cond, timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
+def flood_never_reading(flood: socket.socket, payload: bytes, probe, check=None) -> tuple[int, list[float]]:
+    """Send `payload` on `flood`, a client that never reads, while another client's round trip
+    `probe()` runs every 10 ms (and `check()` after it), until the server has stopped reading
+    the flooder (3 s without progress).  Returns the bytes it read and the probes' times."""
+    flood.settimeout(None)            # blocks while the server does not read; shutdown ends it
+    sent = [0]
+
+    def sender():
+        view = memoryview(payload)
+        try:
+            while sent[0] < len(payload):
+                sent[0] += flood.send(view[sent[0]:sent[0] + 65536])
+        except OSError:
+            pass                      # the socket was shut down under it
+    t = threading.Thread(target=sender, daemon=True)
+    t.start()
+    times = []
+    start = last_change = time.monotonic()
+    last_sent = 0
+    while True:
+        t0 = time.perf_counter()
+        probe()
+        times.append(time.perf_counter() - t0)
+        now = time.monotonic()
+        if sent[0] != last_sent:
+            last_sent, last_change = sent[0], now
+        if now - last_change > 3.0:
+            break                     # the flooder is stopped: the server no longer reads it
+        assert now - start < 60, "the server kept reading a client that never reads"
+        if check is not None:
+            check()
+        time.sleep(0.01)              # (a client asking every 10 ms, not a wait)
+    flood.shutdown(socket.SHUT_RDWR)
+    flood.close()
+    t.join(10)
+    return last_sent, times
+
+
 @pytest.fixture
 def server(tmp_path):
     h = start_server(tmp_path, workers=1, fronts=1)
@@ -62,43 +100,19 @@ def test_a_client_that_never_reads_stalls_only_itself(server):
     before = peak_rss(front)
 
     flood = server.connect()
-    flood.settimeout(None)            # blocks while the front does not read; shutdown ends it
     flood.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     payload = b"get pk/peek\r\n" * 1_000_000
-    sent = [0]
-
-    def sender():
-        view = memoryview(payload)
-        try:
-            while sent[0] < len(payload):
-                sent[0] += flood.send(view[sent[0]:sent[0] + 65536])
-        except OSError:
-            pass                      # the test shut the socket down under it
-    t = threading.Thread(target=sender, daemon=True)
-    t.start()
-
     other = server.connect()
     other.settimeout(10)
-    times = []
-    start = time.monotonic()
-    last_sent, last_change = 0, start
-    while True:
-        t0 = time.perf_counter()
+
+    def probe():
         other.sendall(b"get other\r\n")
         assert other.recv(100) == b"END\r\n"
-        times.append(time.perf_counter() - t0)
-        now = time.monotonic()
-        if sent[0] != last_sent:
-            last_sent, last_change = sent[0], now
-        if now - last_change > 3.0:
-            break                     # the flooder is stopped: the front no longer reads it
-        assert now - start < 60, "the front kept reading a client that never reads"
+
+    def check():
         assert peak_rss(front) - before < 48 * MiB
-        time.sleep(0.01)
+    last_sent, times = flood_never_reading(flood, payload, probe, check)
     growth = peak_rss(front) - before
-    flood.shutdown(socket.SHUT_RDWR)
-    flood.close()
-    t.join(10)
     print(f"front read {last_sent / MiB:.1f} of {len(payload) / MiB:.1f} MiB; peak RSS growth "
           f"{growth / MiB:.1f} MiB; other client: {len(times)} round trips, median "
           f"{statistics.median(times) * 1000:.2f} ms, max {max(times) * 1000:.1f} ms")
