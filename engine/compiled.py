@@ -22,6 +22,7 @@ HOT_MODULES = (
     "lanner.fronts.front",           # with front.pxd: Front a C type, read as one by memcache.pxd
     "lanner.server.local",           # with local.pxd: LocalFront a C type (the fused path's front)
     "lanner.fronts.memcache",        # with memcache.pxd: MemcacheConn a C type, store/on_get typed
+    "lanner.fronts.memcache_outcomes",   # no .pxd: set_fused/get1_fused, once per reply
     "lanner.queues.item",            # with item.pxd: QItem a C type (an add: a C allocation, struct stores)
     "lanner.queues.undo",            # with undo.pxd: UndoLog a C type (the queue notes, the fused path sets ctx)
     "lanner.queues.queue",           # with queue.pxd: PersistentQueue a C type (add, remove)

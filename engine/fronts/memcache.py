@@ -13,14 +13,16 @@ from lanner.protocols.memcache_commands import Get, Set
 from lanner.protocols.memcache_replies import END_TAIL, SPLICE_MIN, STORED, value_heads
 
 from lanner import __version__
-from lanner.fronts.conn import Conn, Slot, _append, expiry_at
+from lanner.fronts.conn import Conn, _append, expiry_at
 from lanner.fronts.counters import C_GET, C_PEEK, C_SET
+from lanner.fronts.memcache_outcomes import (finish_alias_set, finish_get1, finish_stored, first_failure,
+                                             get1_fused, set_fused)
 from lanner.fronts.rendered import END3, NOT_STORED3, STORED3, opens
 from lanner.server.status import StatusError
+from lanner.fronts.slots import Slot
 from lanner.ipc.messages import (F_ABORT, F_AFTER_BODY, F_CLOSE, F_HOLD, F_NOREPLY, F_OPEN, F_PEEK, F_STREAM,
                        OP_ALIAS_PUT, OP_CONFIRM, OP_DELETE, OP_FLUSH, OP_FLUSH_ALL, OP_FLUSH_ALL_EXPIRED,
-                       OP_FLUSH_EXPIRED, OP_GET, OP_MONITOR, OP_SET, R_CLIENT_ERROR, R_EMPTY, R_END, R_ERROR,
-                       R_ITEM, R_OK, R_SERVER_ERROR, R_VALUE, RF_CLOSE)
+                       OP_FLUSH_EXPIRED, OP_GET, OP_MONITOR, OP_SET, R_ITEM, R_OK, R_VALUE)
 
 _VERSION = mr.version_line(__version__)
 #: Set bodies larger than this go to the worker in pieces as they arrive (never whole here).
@@ -164,13 +166,13 @@ class MemcacheConn(Conn):
         if dests is None:                # one queue, one reply, through its worker's ring
             if not stream and self.route_fast(q, OP_SET, expiry, payload, STORED, set_fused, None):
                 return True             # no Slot: one reply in flight, as fused (routed.py)
-            slot = self.new_slot(_finish_stored)
+            slot = self.new_slot(finish_stored)
             part = self.request(slot, f.owner(q), OP_SET, flags, q, expiry, size, payload)
             self.seal(slot)
             if stream:
                 self.begin_body([(part.worker, part.req)])
             return
-        slot = self.new_slot(_finish_alias_set, call=noreply)
+        slot = self.new_slot(finish_alias_set, call=noreply)
         f.send(f.owner(q), self.id, 0, OP_ALIAS_PUT, 0, q, 1, size)
         targets = []
         for d in dests:
@@ -257,7 +259,7 @@ class MemcacheConn(Conn):
             if self.route_fast(q, OP_GET, -1, b"", None, get1_fused, k.raw):
                 return True         # no Slot: one reply in flight, as fused (routed.py)
             w = f.owner(q)
-            slot = self.new_slot(_finish_get1, call=k.raw)
+            slot = self.new_slot(finish_get1, call=k.raw)
             self.request(slot, w, OP_GET, hold_flag(self, w), q, -1)
             self.seal(slot)
             return
@@ -310,7 +312,7 @@ class MemcacheConn(Conn):
             if flags is None:
                 self.reply_now(mr.END)
                 return
-            slot = self.new_slot(_finish_get1, blocking=blocking, call=k.raw)
+            slot = self.new_slot(finish_get1, blocking=blocking, call=k.raw)
             w = f.owner(k.queue)
             self.request(slot, w, OP_GET, flags or hold_flag(self, w), k.queue, timeout)
             self.seal(slot)
@@ -489,82 +491,6 @@ def expiry_of(exptime: int, clock) -> int:
     return exptime * 1000
 
 
-def set_reply(status: int, flags: int, payload, call=None) -> tuple[bytes, bool]:
-    """A one-queue set's reply and whether it closes the connection (both paths use it)."""
-    if status == R_OK:
-        return STORED, False
-    if status == R_SERVER_ERROR:
-        return mr.server_error(bytes(payload).decode("latin-1", "replace")), True
-    if status == R_CLIENT_ERROR:
-        return mr.client_error(bytes(payload).decode("latin-1", "replace")), True
-    return mr.NOT_STORED, False
-
-
-def get1_reply(status: int, flags: int, payload, key) -> tuple[bytes, bool]:
-    """A one-key get's reply (`key`: as the client sent it, echoed in VALUE) and whether it
-    closes the connection (both paths use it)."""
-    if status == R_ITEM:
-        return mr.get_reply(key, payload), False       # big: not copied (spill.py writes it)
-    if status == R_END or status == R_EMPTY:
-        return mr.END, False
-    failure = failure_reply(status, flags, payload)
-    return failure if failure is not None else (b"", False)
-
-
-def set_fused(out: list, status: int, flags: int, payload, call=None) -> int:
-    """set_reply for the fused path (Conn.fast_reply's `render`, which answers R_OK
-    with the STORED it was given): the reply goes to `out`; its size, or -1 if it closes the
-    connection."""
-    return _fused(out, set_reply(status, flags, payload))
-
-
-def get1_fused(out: list, status: int, flags: int, payload, key) -> int:
-    """get1_reply for the fused and routed paths, as set_fused, for what Conn.fast_reply
-    does not splice itself: a value up to SPLICE_MIN that is not `bytes` (a routed reply's view
-    of the ring, reused once read: copied here) goes to `out` as its VALUE line, its own bytes
-    and END, joined only with the rest of the turn's output (Conn.flush_out)."""
-    if status == R_ITEM:
-        n = len(payload)
-        if n < SPLICE_MIN:
-            head = value_heads[key, n]
-            out += (head, payload if payload.__class__ is bytes else bytes(payload), END_TAIL)
-            return len(head) + n + 7
-    return _fused(out, get1_reply(status, flags, payload, key))
-
-
-def _fused(out: list, reply: tuple[bytes, bool]) -> int:
-    data, close = reply
-    out.append(data)
-    return -1 if close else len(data)
-
-
-def failure_reply(status: int, flags: int, payload) -> tuple[bytes, bool] | None:
-    """The reply to a failed part (worker error, protocol violation) and whether it closes the
-    connection; None if `status` is no failure."""
-    if status == R_SERVER_ERROR:
-        return mr.server_error(bytes(payload).decode("latin-1", "replace")), True
-    if status == R_CLIENT_ERROR:
-        return mr.client_error(bytes(payload).decode("latin-1", "replace")), bool(flags & RF_CLOSE)
-    if status == R_ERROR:
-        return mr.ERROR, bool(flags & RF_CLOSE)
-    return None
-
-
-def _finish_stored(slot: Slot) -> None:
-    p = slot.parts[0]
-    slot.out, slot.close = set_reply(p.status, p.flags, p.payload)
-
-
-def _finish_alias_set(slot: Slot) -> None:
-    """STORED only if every destination stored it (§1.3); `slot.call`: noreply."""
-    if any(p.status == R_SERVER_ERROR for p in slot.parts):
-        first_failure(slot)
-    else:
-        slot.out = STORED if all(p.status == R_OK for p in slot.parts) else mr.NOT_STORED
-    if slot.call and not slot.close:
-        slot.out = b""
-
-
 def routed_ahead(fast) -> bool:
     """Whether a request of `fast` (Conn.fast) went to another worker (routed.py), whose reply
     may yet close the connection (issue 11, defect 2: Kestrel ran nothing after the error).  A
@@ -599,22 +525,6 @@ def status_moved(f, st) -> bool:
         clear = st.clear
         return word != clear
     return st.seq[0] != st.clear
-
-
-def _finish_get1(slot: Slot) -> None:
-    """One key's reply; `slot.call`: the key as the client sent it (echoed in VALUE)."""
-    p = slot.parts[0]
-    slot.out, slot.close = get1_reply(p.status, p.flags, p.payload, slot.call)
-
-
-def first_failure(slot: Slot) -> bool:
-    """If any part failed (worker error, protocol violation), make that the reply."""
-    for p in slot.parts:
-        failure = failure_reply(p.status, p.flags, p.payload)
-        if failure is not None:
-            slot.out, slot.close = failure
-            return True
-    return False
 
 
 HANDLERS = {kind: getattr(MemcacheConn, name) for kind, name in {
