@@ -9,20 +9,17 @@ pytest-benchmark files cover the hot paths the issue names.
 """
 from __future__ import annotations
 
-import fcntl
 import importlib.metadata
 import os
-import pty
-import struct
 import subprocess
 import sys
-import termios
 import tomllib
 
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests import terminal
 from tests.helpers import start_server
 
 pytestmark = pytest.mark.integration
@@ -37,21 +34,8 @@ max_memory_size = "4KiB"
 def run_on_terminal(argv: list[str], cwd) -> tuple[int, str]:
     """Run a command with a 100x24 pseudo-terminal as stdin, stdout and stderr, as from a
     user's shell; (exit status, everything it wrote)."""
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
-    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, cwd=str(cwd), close_fds=True)
-    os.close(slave)
-    out = b""
-    while True:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:                  # EIO: the child closed its end
-            break
-        if not chunk:
-            break
-        out += chunk
-    os.close(master)
-    return proc.wait(timeout=60), out.decode(errors="replace")
+    rc, _, seen = terminal.run_on_terminal(argv, cwd=str(cwd), columns=100, whole=True)
+    return rc, seen.decode(errors="replace")
 
 
 def test_lanner_perf_draws_a_progress_bar_on_a_terminal(lanner, tmp_path):
