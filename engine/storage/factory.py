@@ -159,11 +159,22 @@ class StorageFactory:
         return plog
 
     def queue_names(self) -> list[str]:
-        """Queues held in this factory's command-log partitions (journal queues are files)."""
+        """Queues held in this factory's command-log partitions (journal queues are files).  A
+        queue with live jobs in a partition that is not its own (a workq log copied into one
+        partition's directory) is logged: a queue's storage is its own partition's log
+        (placement.py), so those jobs are not served, and a silent count would hide them."""
         names = []
         for p in self.partitions:
             if os.path.isdir(partition_dir(self.queue_path, p)):
-                names.extend(self.partition_log(p).queue_names())
+                plog = self.partition_log(p)
+                for name in plog.queue_names():
+                    home = partition_of(name)
+                    if home != p and plog.live_count(name):
+                        log.warning("queue %r: %d live jobs in command-log partition %d (%s) are not served: "
+                                    "the queue's partition is %d (%s)", name, plog.live_count(name), p,
+                                    partition_dir(self.queue_path, p), home,
+                                    partition_dir(self.queue_path, home))
+                    names.append(name)
         return names
 
     def close(self) -> None:

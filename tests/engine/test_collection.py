@@ -719,6 +719,9 @@ def fake_backends(monkeypatch):
         def queue_names(self):
             return ["from.cmdlog"] if self.p == 3 else []
 
+        def live_count(self, name):
+            return 0
+
         def close(self):
             calls.append(("close_log", self.p))
 
