@@ -183,8 +183,9 @@ def test_with_a_client_not_waiting_the_fdatasync_goes_through_the_ring(tmp_path,
         rig.conns[0].data_received(b"set q 0 0 1\r\nx\r\n")
         rig.turn()
         w = rig.worker
-        assert calls == [] and w.sync_inflight and w.syncer.uring.inflight == 1
-        assert rig.conns[0].transport.written == []
+        assert calls == []              # not the loop's own fdatasync: io_uring's
+        if w.sync_inflight:             # (a loaded box can finish it within that same turn)
+            assert w.syncer.uring.inflight == 1 and rig.conns[0].transport.written == []
         while w.sync_inflight:
             assert select.select([w.syncer.fd], [], [], 10)[0]
             w.on_uring_readable()
@@ -205,7 +206,10 @@ def test_a_round_of_more_replies_than_inline_max_goes_through_the_ring(tmp_path,
             c.data_received(b"set q 0 0 1\r\nx\r\n")
         rig.turn()
         w = rig.worker
-        assert calls == [] and w.sync_inflight and w.syncer.uring.inflight == 1
+        assert calls == []              # not the loop's own fdatasync: io_uring's
+        if w.sync_inflight:             # (a loaded box can finish it within that same turn)
+            assert w.syncer.uring.inflight == 1
+            assert [c.transport.written for c in rig.conns] == [[], []]
         while w.sync_inflight:
             assert select.select([w.syncer.fd], [], [], 10)[0]
             w.on_uring_readable()
