@@ -169,9 +169,10 @@ class StorageFactory:
                 plog = self.partition_log(p)
                 for name in plog.queue_names():
                     home = partition_of(name)
-                    if home != p and plog.live_count(name):
+                    stray = plog.live_count(name) if home != p else 0
+                    if stray:
                         log.warning("queue %r: %d live jobs in command-log partition %d (%s) are not served: "
-                                    "the queue's partition is %d (%s)", name, plog.live_count(name), p,
+                                    "the queue's partition is %d (%s)", name, stray, p,
                                     partition_dir(self.queue_path, p), home,
                                     partition_dir(self.queue_path, home))
                     names.append(name)
